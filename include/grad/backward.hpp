@@ -1,0 +1,60 @@
+// The reverse walk: once over the tape from the loss down, each touched node
+// handing its gradient to its inputs through its tag's backward kernel.
+//
+// Accumulation order (part of the determinism contract): a node's
+// contribution to one input is computed whole, then added to that input's
+// gradient (the first contribution is stored as is). Contributions arrive in
+// descending consumer index; for an op whose two operands are the same node,
+// operand 1 before operand 2.
+#pragma once
+
+#include <type_traits>
+
+#include "grad/tape.hpp"
+
+namespace grad {
+
+template <class T>
+bool Tape<T>::backward(Var<T> loss) {
+  if (!accept("backward", {loss})) return false;
+  const Node<T>& root = nodes_[loss.index_];
+  if (root.dims.size() != 1)
+    return fail("backward: the loss has shape " + shape_string(root.dims) +
+                "; expected a single element (reduce it with sum or mean first)");
+  clear_gradients();
+  if (!root.grad) return true;  // no parameter upstream: every gradient reads zero
+  nodes_[loss.index_].grad[0] = T(1);
+  nodes_[loss.index_].touched = true;
+  for (std::size_t i = loss.index_ + 1; i-- > 0;) {
+    Node<T>& n = nodes_[i];
+    if (n.touched) with_op(n.op, [&](auto op) { backward_node<decltype(op)>(n); });
+  }
+  return true;
+}
+
+template <class T>
+template <class Op>
+void Tape<T>::backward_node(Node<T>& n) {
+  if constexpr (Op::arity > 0) {
+    const NodeArgs<T> x = args(n);
+    auto hand_down = [&](auto input) {
+      constexpr int In = decltype(input)::value;
+      Node<T>& in = nodes_[In == 0 ? n.a : n.b];
+      if (!in.grad) return;  // no parameter upstream of this input: no work
+      const std::size_t size = in.dims.size();
+      T* target = in.grad;
+      if (in.touched) {
+        if (scratch_.size() < size) scratch_.resize(size);
+        target = scratch_.data();
+      }
+      Op::template backward_tensor<In>(x, n.value, n.grad, target);
+      if (in.touched)
+        for (std::size_t k = 0; k < size; ++k) in.grad[k] = in.grad[k] + target[k];
+      in.touched = true;
+    };
+    hand_down(std::integral_constant<int, 0>{});
+    if constexpr (Op::arity > 1) hand_down(std::integral_constant<int, 1>{});
+  }
+}
+
+}  // namespace grad

@@ -1,0 +1,132 @@
+// What every op tag sees of its node, and the loop shapes that families of
+// tags share. A tag's element functors are GRAD_HD so that device kernels
+// call exactly the code the tape calls; the *_tensor loops are the host
+// kernels, written so that every output element is accumulated in the one
+// order ARCHITECTURE.md documents.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "grad/config.hpp"
+#include "grad/tensor.hpp"
+
+namespace grad {
+
+template <class T>
+struct Operand {
+  const T* data = nullptr;
+  Dims dims;
+};
+
+// Everything an op's kernels read besides the output and gradient buffers.
+template <class T>
+struct NodeArgs {
+  Operand<T> a, b;
+  Dims out;
+  T scalar = T(0);
+  std::uint32_t axis = 0;             // softmax, concat
+  const std::size_t* extra = nullptr;  // slice starts, one per axis
+};
+
+// Visits every flat output index j of `out` with the flat indices of the two
+// broadcast inputs (strides from broadcast_strides), in ascending j.
+template <class F>
+inline void broadcast_loop(const Dims& out, const Dims& sa, const Dims& sb, F&& f) {
+  if (out.rank == 0) {
+    f(std::size_t{0}, std::size_t{0}, std::size_t{0});
+    return;
+  }
+  const std::size_t n = out.size();
+  if (n == 0) return;
+  const std::size_t inner = out.back(), ia_step = sa.back(), ib_step = sb.back();
+  std::array<std::size_t, max_rank> idx{};
+  std::size_t ia = 0, ib = 0;
+  for (std::size_t j = 0; j < n; j += inner) {
+    for (std::size_t c = 0; c < inner; ++c) f(j + c, ia + c * ia_step, ib + c * ib_step);
+    for (std::size_t ax = out.rank - 1; ax-- > 0;) {
+      ++idx[ax];
+      ia += sa.d[ax];
+      ib += sb.d[ax];
+      if (idx[ax] < out.d[ax]) break;
+      ia -= sa.d[ax] * out.d[ax];
+      ib -= sb.d[ax] * out.d[ax];
+      idx[ax] = 0;
+    }
+  }
+}
+
+// y = f(x, scalar) elementwise; the tag supplies forward(x, s) and
+// backward(x, y, g, s) = dL/dx for one element.
+template <class Derived>
+struct Unary {
+  static constexpr int arity = 1;
+  static constexpr bool row_local = true;
+
+  template <class T>
+  static void forward_tensor(const NodeArgs<T>& x, T* y) {
+    const std::size_t n = x.out.size();
+    const T* a = x.a.data;
+    for (std::size_t i = 0; i < n; ++i) y[i] = Derived::forward(a[i], x.scalar);
+  }
+  template <int In, class T>
+  static void backward_tensor(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
+    const std::size_t n = x.out.size();
+    const T* a = x.a.data;
+    for (std::size_t i = 0; i < n; ++i) dx[i] = Derived::backward(a[i], y[i], g[i], x.scalar);
+  }
+};
+
+// y = f(a, b) with numpy broadcasting. Gradient of a broadcast input: each
+// of its elements sums its contributions starting from zero in ascending
+// flat output index (the documented broadcast-reduce order).
+template <class Derived>
+struct Binary {
+  static constexpr int arity = 2;
+  static constexpr bool row_local = true;
+
+  template <class T>
+  static void forward_tensor(const NodeArgs<T>& x, T* y) {
+    const T* a = x.a.data;
+    const T* b = x.b.data;
+    if (x.a.dims == x.out && x.b.dims == x.out) {
+      const std::size_t n = x.out.size();
+      for (std::size_t i = 0; i < n; ++i) y[i] = Derived::forward(a[i], b[i]);
+      return;
+    }
+    broadcast_loop(x.out, broadcast_strides(x.a.dims, x.out), broadcast_strides(x.b.dims, x.out),
+                   [&](std::size_t j, std::size_t ia, std::size_t ib) { y[j] = Derived::forward(a[ia], b[ib]); });
+  }
+
+  template <int In, class T>
+  static void backward_tensor(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
+    const T* a = x.a.data;
+    const T* b = x.b.data;
+    const Dims& mine = In == 0 ? x.a.dims : x.b.dims;
+    auto contribution = [&](std::size_t j, std::size_t ia, std::size_t ib) {
+      if constexpr (In == 0)
+        return Derived::backward_a(a[ia], b[ib], y[j], g[j]);
+      else
+        return Derived::backward_b(a[ia], b[ib], y[j], g[j]);
+    };
+    if (x.a.dims == x.out && x.b.dims == x.out) {
+      const std::size_t n = x.out.size();
+      for (std::size_t i = 0; i < n; ++i) dx[i] = contribution(i, i, i);
+      return;
+    }
+    const Dims sa = broadcast_strides(x.a.dims, x.out), sb = broadcast_strides(x.b.dims, x.out);
+    if (mine == x.out) {
+      broadcast_loop(x.out, sa, sb, [&](std::size_t j, std::size_t ia, std::size_t ib) { dx[j] = contribution(j, ia, ib); });
+      return;
+    }
+    const std::size_t m = mine.size();
+    for (std::size_t i = 0; i < m; ++i) dx[i] = T(0);
+    broadcast_loop(x.out, sa, sb, [&](std::size_t j, std::size_t ia, std::size_t ib) {
+      T& d = dx[In == 0 ? ia : ib];
+      d = d + contribution(j, ia, ib);
+    });
+  }
+};
+
+}  // namespace grad

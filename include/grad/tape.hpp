@@ -1,0 +1,301 @@
+// Tape<T>: the single-owner arena a define-by-run program records into, and
+// Var<T>, the small handle to one recorded node. A node is plain data
+// {op, a, b, scalar, axis/extra, dims, value, grad}; values and gradients
+// live in two chunked arenas that mark/reset rewind without freeing.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "grad/arena.hpp"
+#include "grad/ops/op_list.hpp"
+#include "grad/tensor.hpp"
+
+namespace grad {
+
+template <class T>
+class Tape;
+
+inline constexpr std::uint32_t no_node = std::numeric_limits<std::uint32_t>::max();
+
+// A copyable handle: which tape, which node, and the node's serial number so
+// that a handle outliving its node (dropped by reset_to) is detected.
+template <class T>
+class Var {
+ public:
+  Var() = default;
+  Tape<T>* tape() const { return tape_; }
+  std::uint32_t index() const { return index_; }
+  // False for a default Var and for what an op returns on a poisoned tape.
+  bool valid() const { return tape_ != nullptr && index_ != no_node; }
+
+ private:
+  friend class Tape<T>;
+  Var(Tape<T>* tape, std::uint32_t index, std::uint64_t serial) : tape_(tape), index_(index), serial_(serial) {}
+  Tape<T>* tape_ = nullptr;
+  std::uint32_t index_ = no_node;
+  std::uint64_t serial_ = 0;
+};
+
+// A borrowed look at a node's value or gradient.
+template <class T>
+struct View {
+  std::span<const std::size_t> shape;
+  std::span<const T> data;
+  std::size_t rank() const { return shape.size(); }
+  std::size_t size() const { return data.size(); }
+  bool empty() const { return data.empty(); }
+  const T& operator[](std::size_t i) const { return data[i]; }
+  auto begin() const { return data.begin(); }
+  auto end() const { return data.end(); }
+  Tensor<T> tensor() const { return Tensor<T>(Shape(shape.begin(), shape.end()), std::vector<T>(data.begin(), data.end())); }
+};
+
+template <class T>
+struct Node {
+  std::uint8_t op = 0;
+  bool requires_grad = false;  // some parameter is upstream: has a gradient buffer
+  bool touched = false;        // the latest backward wrote into grad
+  std::uint32_t a = no_node, b = no_node;
+  std::uint32_t axis = 0;
+  std::uint32_t extra = no_node;  // offset of per-axis parameters in the tape's index pool
+  T scalar = T(0);
+  Dims dims;
+  T* value = nullptr;
+  T* grad = nullptr;  // null when !requires_grad
+  std::uint64_t serial = 0;
+};
+
+template <class T>
+class Tape {
+  static_assert(Scalar<T>, "Tape<T> is for T = float or double");
+
+ public:
+  struct Mark {
+    const Tape* tape = nullptr;
+    std::size_t nodes = 0, extras = 0;
+    typename Arena<T>::Position values, grads;
+  };
+
+  Tape() = default;
+  Tape(const Tape&) = delete;  // Vars point at their tape
+  Tape& operator=(const Tape&) = delete;
+
+  Var<T> param(const Tensor<T>& t) { return leaf<Param>(t); }
+  Var<T> constant(const Tensor<T>& t) { return leaf<Const>(t); }
+
+  // Gradients of `loss` (one element) with respect to every node; previous
+  // gradients are cleared first. Defined in backward.hpp.
+  bool backward(Var<T> loss);
+
+  // Queries never poison: an invalid, foreign or dropped Var reads as empty
+  // (scalar reads NaN).
+  View<T> value(Var<T> v) const {
+    const Node<T>* n = find(v);
+    if (!n) return {};
+    return {n->dims.span(), {n->value, n->dims.size()}};
+  }
+  View<T> grad(Var<T> v) const {
+    const Node<T>* n = find(v);
+    if (!n) return {};
+    if (n->grad) return {n->dims.span(), {n->grad, n->dims.size()}};
+    return {n->dims.span(), {zeros(n->dims.size()), n->dims.size()}};
+  }
+  T scalar(Var<T> v) const {
+    const Node<T>* n = find(v);
+    return n ? n->value[0] : std::numeric_limits<T>::quiet_NaN();
+  }
+  bool requires_grad(Var<T> v) const {
+    const Node<T>* n = find(v);
+    return n && n->requires_grad;
+  }
+  // Did the latest backward reach this node? Optimizers skip parameters it did not.
+  bool has_grad(Var<T> v) const {
+    const Node<T>* n = find(v);
+    return n && n->touched;
+  }
+  // Writable value of a parameter or constant (optimizers, checkpoints, new
+  // minibatch rows). Empty for a computed node: its value is a function of its inputs.
+  std::span<T> leaf_value(Var<T> v) {
+    const Node<T>* n = find(v);
+    if (!n || (n->op != op_code<Param> && n->op != op_code<Const>)) return {};
+    return {n->value, n->dims.size()};
+  }
+
+  bool ok() const { return error_.empty(); }
+  const std::string& error() const { return error_; }
+  std::size_t size() const { return nodes_.size(); }
+  std::span<const Node<T>> nodes() const { return nodes_; }
+  std::span<const std::size_t> extras() const { return extras_; }
+  // Bytes of gradient buffers held by live nodes (frozen branches hold none).
+  std::size_t grad_bytes() const {
+    std::size_t n = 0;
+    for (const Node<T>& node : nodes_)
+      if (node.grad) n += node.dims.size() * sizeof(T);
+    return n;
+  }
+
+  Mark mark() const { return {this, nodes_.size(), extras_.size(), values_.position(), grads_.position()}; }
+
+  // Drops every node recorded after m and zeroes the survivors' gradients;
+  // all capacity is kept for the next episode.
+  void reset_to(const Mark& m) {
+    if (m.tape != this) return poison("reset_to: the mark was taken on a different tape");
+    if (m.nodes > nodes_.size())
+      return poison("reset_to: the mark holds " + std::to_string(m.nodes) + " nodes but the tape has only " +
+                    std::to_string(nodes_.size()) + " (was it taken before an earlier reset?)");
+    nodes_.resize(m.nodes);
+    extras_.resize(m.extras);
+    values_.rewind(m.values);
+    grads_.rewind(m.grads);
+    clear_gradients();
+  }
+
+  // ---- recording interface, used by the op functions in ops.hpp ----
+
+  // The first error wins; later ones would only describe its consequences.
+  void poison(std::string message) {
+    if (error_.empty()) error_ = "grad: " + std::move(message);
+  }
+
+  // Checks that every operand is a live node of this tape; poisons otherwise.
+  bool accept(std::string_view op, std::initializer_list<Var<T>> operands) {
+    if (!ok()) return false;
+    std::size_t k = 0;
+    for (const Var<T>& v : operands) {
+      ++k;
+      std::string which = std::string(op) + ": operand " + std::to_string(k);
+      if (v.tape_ != this) return fail(which + " belongs to a different tape");
+      if (v.index_ >= nodes_.size() || nodes_[v.index_].serial != v.serial_)
+        return fail(which + " (node " + std::to_string(v.index_) + ") was dropped by reset_to");
+    }
+    return true;
+  }
+
+  const Dims& dims(Var<T> v) const { return nodes_[v.index_].dims; }
+
+  // Appends one node of op Op and computes its value eagerly. Operands must
+  // have passed accept() and the shapes the op's checks.
+  template <class Op>
+  Var<T> record(Var<T> a, Var<T> b, const Dims& out, T scalar = T(0), std::uint32_t axis = 0,
+                std::span<const std::size_t> extra = {}) {
+    if (nodes_.size() >= no_node) return invalid("tape is full (2^32 - 1 nodes)");
+    Node<T> n;
+    n.op = op_code<Op>;
+    n.a = a.index_;
+    n.b = b.index_;
+    n.axis = axis;
+    n.scalar = scalar;
+    n.dims = out;
+    if (!extra.empty()) {
+      n.extra = static_cast<std::uint32_t>(extras_.size());
+      extras_.insert(extras_.end(), extra.begin(), extra.end());
+    }
+    n.requires_grad = (a.valid() && nodes_[n.a].requires_grad) || (b.valid() && nodes_[n.b].requires_grad);
+    allocate(n);
+    Op::forward_tensor(args(n), n.value);
+    return push(n);
+  }
+
+  // What an op returns when it records nothing: the tape is (now) poisoned.
+  Var<T> invalid(std::string message) {
+    poison(std::move(message));
+    return rejected();
+  }
+  Var<T> rejected() { return Var<T>(this, no_node, 0); }
+
+  NodeArgs<T> args(const Node<T>& n) const {
+    NodeArgs<T> x;
+    if (n.a != no_node) x.a = {nodes_[n.a].value, nodes_[n.a].dims};
+    if (n.b != no_node) x.b = {nodes_[n.b].value, nodes_[n.b].dims};
+    x.out = n.dims;
+    x.scalar = n.scalar;
+    x.axis = n.axis;
+    if (n.extra != no_node) x.extra = extras_.data() + n.extra;
+    return x;
+  }
+
+ private:
+  template <class Op>
+  Var<T> leaf(const Tensor<T>& t) {
+    if (!ok()) return rejected();
+    std::string op(Op::name);
+    if (t.rank() > max_rank)
+      return invalid(op + ": tensor of shape " + shape_string(t.shape()) + " has rank " + std::to_string(t.rank()) +
+                     "; at most " + std::to_string(max_rank) + " is supported");
+    if (t.size() == 0) return invalid(op + ": tensor of shape " + shape_string(t.shape()) + " has no elements");
+    Node<T> n;
+    n.op = op_code<Op>;
+    n.dims = t.rank() == 0 ? Dims::of(std::array<std::size_t, 1>{1}) : Dims::of(t.shape());
+    n.requires_grad = std::is_same_v<Op, Param>;
+    allocate(n);
+    std::copy(t.data().begin(), t.data().end(), n.value);
+    return push(n);
+  }
+
+  void allocate(Node<T>& n) {
+    const std::size_t size = n.dims.size();
+    n.value = values_.allocate(size);
+    if (n.requires_grad) {
+      n.grad = grads_.allocate(size);
+      std::fill(n.grad, n.grad + size, T(0));
+    }
+  }
+
+  Var<T> push(Node<T>& n) {
+    n.serial = ++serial_;
+    nodes_.push_back(n);
+    return Var<T>(this, static_cast<std::uint32_t>(nodes_.size() - 1), n.serial);
+  }
+
+  bool fail(std::string message) {
+    poison(std::move(message));
+    return false;
+  }
+
+  const Node<T>* find(Var<T> v) const {
+    if (v.tape_ != this || v.index_ >= nodes_.size() || nodes_[v.index_].serial != v.serial_) return nullptr;
+    return &nodes_[v.index_];
+  }
+
+  const T* zeros(std::size_t n) const {
+    if (zero_size_ < n) {
+      zero_blocks_.push_back(std::make_unique<T[]>(n));  // value-initialised: zeros
+      zero_size_ = n;
+    }
+    return zero_blocks_.back().get();
+  }
+
+  // Invariant: a gradient buffer not touched by the latest backward is zero.
+  void clear_gradients() {
+    for (Node<T>& n : nodes_)
+      if (n.touched) {
+        std::fill(n.grad, n.grad + n.dims.size(), T(0));
+        n.touched = false;
+      }
+  }
+
+  template <class Op>
+  void backward_node(Node<T>& n);
+
+  std::vector<Node<T>> nodes_;
+  std::vector<std::size_t> extras_;
+  Arena<T> values_, grads_;
+  std::vector<T> scratch_;      // one input's contribution when it already holds a gradient
+  // What grad() shows for a node without a gradient buffer. Blocks are only
+  // added, never freed, so earlier views stay valid.
+  mutable std::vector<std::unique_ptr<T[]>> zero_blocks_;
+  mutable std::size_t zero_size_ = 0;
+  std::string error_;
+  std::uint64_t serial_ = 0;
+};
+
+}  // namespace grad
