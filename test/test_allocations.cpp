@@ -1,1 +1,69 @@
+// Steady state: after the first episode, a mark/reset minibatch loop makes no
+// heap allocations at all. Counted by replacing the global operator new.
 #include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include "support.hpp"
+
+namespace {
+std::atomic<long> allocations{0};
+}
+
+// These replacements pair malloc/aligned_alloc with free on purpose; GCC's
+// mismatch warning cannot see that every new here is ours.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+void* operator new(std::size_t n) {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new(std::size_t n, std::align_val_t al) {
+  allocations.fetch_add(1, std::memory_order_relaxed);
+  const std::size_t a = static_cast<std::size_t>(al);
+  if (void* p = std::aligned_alloc(a, (n + a - 1) / a * a)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+
+using namespace grad;
+using namespace grad::testing;
+
+TEST_CASE_TEMPLATE("a mark/reset minibatch loop allocates nothing after the first episode", T, double, float) {
+  Rng rng(9);
+  Tape<T> tp;
+  auto w1 = tp.param(random_tensor<T>({6, 16}, rng)), b1 = tp.param(random_tensor<T>({16}, rng));
+  auto w2 = tp.param(random_tensor<T>({16, 6}, rng));
+  const Tensor<T> data = random_tensor<T>({64, 6}, rng);
+  auto x = tp.constant(Tensor<T>({32, 6}));  // the minibatch slot, refreshed in place
+  const auto m = tp.mark();
+
+  auto episode = [&](std::size_t batch) {
+    std::span<T> rows = tp.leaf_value(x);
+    std::copy_n(data.data().begin() + static_cast<std::ptrdiff_t>((batch % 2) * rows.size()), rows.size(), rows.begin());
+    auto h = grad::tanh(matmul(x, w1) + b1);
+    auto parts = concat(slice(h, {0, 0}, {32, 8}), slice(h, {0, 8}, {32, 16}), -1);
+    auto y = matmul(sigmoid(parts) * h, w2);
+    auto loss = mse(y, x) + mean(softmax(reshape(y, {16, 12}), -1)) + sum(transpose(h) * T(0.01));
+    if (!tp.backward(loss)) return;  // no doctest macro inside the counted loop: they may allocate
+    for (auto p : {w1, b1, w2}) {  // a plain SGD step through the writable leaf view
+      std::span<T> v = tp.leaf_value(p);
+      const View<T> g = tp.grad(p);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] = v[i] - T(0.1) * g[i];
+    }
+    tp.reset_to(m);
+  };
+
+  episode(0);  // warm-up: arenas and scratch grow to their steady size
+  const long before = allocations.load();
+  for (std::size_t b = 1; b <= 20; ++b) episode(b);
+  const long during = allocations.load() - before;
+  CHECK(tp.ok());
+  CHECK(during == 0);
+}

@@ -172,10 +172,10 @@ class Tape {
     std::size_t k = 0;
     for (const Var<T>& v : operands) {
       ++k;
-      std::string which = std::string(op) + ": operand " + std::to_string(k);
-      if (v.tape_ != this) return fail(which + " belongs to a different tape");
+      auto which = [&] { return std::string(op) + ": operand " + std::to_string(k); };  // built only on failure
+      if (v.tape_ != this) return fail(which() + " belongs to a different tape");
       if (v.index_ >= nodes_.size() || nodes_[v.index_].serial != v.serial_)
-        return fail(which + " (node " + std::to_string(v.index_) + ") was dropped by reset_to");
+        return fail(which() + " (node " + std::to_string(v.index_) + ") was dropped by reset_to");
     }
     return true;
   }
