@@ -58,6 +58,8 @@ std::vector<FdCase<T>> fd_table() {
   add("sum", {r({3, 4})}, [](Tp, V v) { return sum(v[0] * v[0]); });
   add("mean", {r({3, 4})}, [](Tp, V v) { return mean(grad::tanh(v[0])); });
   add("mse", {r({3, 4}), r({3, 4})}, [](Tp, V v) { return mse(v[0], v[1]); });
+  add("row_sum", {r({3, 4})}, [](Tp, V v) { return weighted_sum(row_sum(v[0])); });
+  add("row_sum rank 3", {r({2, 3, 4})}, [](Tp, V v) { return weighted_sum(row_sum(v[0] * v[0])); });
   // linear algebra
   add("matmul", {r({3, 4}), r({4, 5})}, [](Tp, V v) { return weighted_sum(matmul(v[0], v[1])); });
   add("bmm", {r({2, 3, 4}), r({2, 4, 2})}, [](Tp, V v) { return weighted_sum(bmm(v[0], v[1])); });

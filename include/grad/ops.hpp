@@ -95,6 +95,16 @@ template <class T> Var<T> sqrt(Var<T> a) { return detail::unary<Sqrt>(a); }
 template <class T> Var<T> sum(Var<T> a) { return detail::reduce_all<Sum>(a); }
 template <class T> Var<T> mean(Var<T> a) { return detail::reduce_all<Mean>(a); }
 
+// Sum over the last axis, kept as size 1: [..., n] -> [..., 1].
+template <class T>
+Var<T> row_sum(Var<T> a) {
+  Tape<T>& tp = detail::tape_of("row_sum", a);
+  if (!tp.accept("row_sum", {a})) return tp.rejected();
+  Dims out = tp.dims(a);
+  out.d[out.rank - 1] = 1;
+  return tp.template record<RowSum>(a, Var<T>{}, out);
+}
+
 // mean((y - target)^2); y and target must have the same shape.
 template <class T>
 Var<T> mse(Var<T> y, Var<T> target) {

@@ -11,6 +11,7 @@
 #include "grad/ops/layout.hpp"
 #include "grad/ops/linalg.hpp"
 #include "grad/ops/reduce.hpp"
+#include "grad/ops/row_sum.hpp"
 #include "grad/ops/softmax.hpp"
 #include "grad/ops/unary.hpp"
 
@@ -35,7 +36,8 @@ using OpList = boost::mp11::mp_list<Param, Const,                               
                                     AddScalar, MulScalar, DivScalar, ScalarSub, ScalarDiv,  //
                                     Relu, Sigmoid, Tanh, Exp, Log, Sqrt,                   //
                                     Sum, Mean, Matmul, Bmm, Transpose,                     //
-                                    Reshape, Slice, Concat, Softmax>;
+                                    Reshape, Slice, Concat, Softmax,                      //
+                                    RowSum>;
 
 inline constexpr std::size_t op_count = boost::mp11::mp_size<OpList>::value;
 static_assert(op_count <= 256, "op codes are one byte");
