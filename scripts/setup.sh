@@ -1,0 +1,17 @@
+#!/bin/sh
+# Installs what grad needs from Debian 12's repositories, skipping what is there.
+# Run as root (or through sudo). python3-torch is optional: it enables the live
+# PyTorch oracle comparisons (the checked-in golden data is always compared).
+set -eu
+want="meson ninja-build pkg-config cmake g++ doctest-dev libboost-dev libbenchmark-dev"
+[ "${GRAD_WITH_TORCH:-1}" = 1 ] && want="$want python3-torch"
+missing=""
+for p in $want; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  echo "setup: installing$missing"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
