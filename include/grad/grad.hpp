@@ -9,7 +9,9 @@
 #pragma once
 
 #include "grad/backward.hpp"
+#include "grad/checkpoint.hpp"
 #include "grad/config.hpp"
 #include "grad/ops.hpp"
+#include "grad/opt.hpp"
 #include "grad/tape.hpp"
 #include "grad/tensor.hpp"

@@ -1,0 +1,285 @@
+// Optimizers over tape parameters: SGD and Adam, each parameter with its own
+// L2 coefficient, optional global-norm clipping.
+//
+// The per-element math lives in GRAD_HD rule structs (ClipRule, SgdRule,
+// AdamRule) so that the device engine calls the very same functions on the
+// GPU and lands on the same bits. The host loops below only decide which
+// elements go through them, in which order.
+//
+// One optimizer step, exactly:
+//   1. Parameters the latest backward did not reach (tp.has_grad(w) false)
+//      are skipped entirely: no decay, moments untouched, no norm share.
+//   2. Clipping (when max_norm > 0) looks at the RAW gradients, before L2,
+//      as torch.nn.utils.clip_grad_norm_ followed by an optimizer's
+//      weight_decay does. Sum of squares in one order: parameters in add
+//      order, elements ascending, acc = acc + g*g starting from zero; then
+//      norm = sqrt(acc); scale = max_norm / norm if norm > max_norm, else 1.
+//      (torch divides by norm + 1e-6; grad does not.)
+//   3. Per element: g = grad * scale + l2 * w, then the rule's update.
+//      SGD:  w = w - lr * g
+//      Adam: m = b1 * m + (1 - b1) * g
+//            v = b2 * v + (1 - b2) * (g * g)
+//            w = w - step_size * (m / (sqrt(v) + eps)),
+//            step_size = lr * sqrt(1 - b2^t) / (1 - b1^t)
+//      b1^t and b2^t are running products (b1p = b1p * b1 each step), not
+//      pow(), so that host and device compute the same constants.
+//
+// How Adam differs from torch.optim.Adam: torch adds eps to the
+// bias-corrected root, denom = sqrt(v) / sqrt(1 - b2^t) + eps. Folding the
+// correction into the step size (the Adam paper's "efficient" form) makes
+// grad's eps equal to torch's eps * sqrt(1 - b2^t): the two agree exactly
+// in exact arithmetic when torch's eps is set to eps / sqrt(1 - b2^t) at
+// step t (test_optimizers does that). torch also keeps a step count per
+// parameter that only advances when that parameter has a gradient; grad
+// has one count that advances on every step().
+//
+// After add(), step() allocates nothing: the moments are sized at add().
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "grad/backward.hpp"
+#include "grad/tape.hpp"
+
+namespace grad {
+
+// Global-norm clipping, split into the pieces a device reduction needs.
+struct ClipRule {
+  template <class T>
+  GRAD_HD static T accumulate(T acc, T g) {
+    return acc + g * g;
+  }
+  // The factor every gradient is multiplied by; 1 when clipping is off
+  // (max_norm == 0) or the norm is within bounds.
+  template <class T>
+  GRAD_HD static T scale(T sum_of_squares, T max_norm) {
+    const T norm = std::sqrt(sum_of_squares);
+    return max_norm > T(0) && norm > max_norm ? max_norm / norm : T(1);
+  }
+  // The gradient the rules see: clipped raw gradient plus L2 decay.
+  template <class T>
+  GRAD_HD static T effective(T grad, T w, T scale, T l2) {
+    return grad * scale + l2 * w;
+  }
+};
+
+struct SgdRule {
+  template <class T>
+  GRAD_HD static T update(T w, T g, T lr) {
+    return w - lr * g;
+  }
+};
+
+// Per-step constants, computed once (host or device) from the running powers.
+template <class T>
+struct AdamStepConstants {
+  T step_size;     // lr * sqrt(1 - b2^t) / (1 - b1^t)
+  T one_minus_b1;  // 1 - b1
+  T one_minus_b2;  // 1 - b2
+};
+
+struct AdamRule {
+  // Advances the running powers b1^t, b2^t by one step.
+  template <class T>
+  GRAD_HD static void advance(T& beta1_power, T& beta2_power, T beta1, T beta2) {
+    beta1_power = beta1_power * beta1;
+    beta2_power = beta2_power * beta2;
+  }
+  template <class T>
+  GRAD_HD static AdamStepConstants<T> constants(T lr, T beta1, T beta2, T beta1_power, T beta2_power) {
+    return {lr * std::sqrt(T(1) - beta2_power) / (T(1) - beta1_power), T(1) - beta1, T(1) - beta2};
+  }
+  template <class T>
+  GRAD_HD static void update(T& w, T& m, T& v, T g, T beta1, T beta2, T eps, const AdamStepConstants<T>& c) {
+    m = beta1 * m + c.one_minus_b1 * g;
+    v = beta2 * v + c.one_minus_b2 * (g * g);
+    w = w - c.step_size * (m / (std::sqrt(v) + eps));
+  }
+};
+
+enum class OptimizerKind : std::uint32_t { sgd = 1, adam = 2 };
+
+// What SGD and Adam share: the parameter list, L2 coefficients, clipping.
+template <class T>
+class Optimizer {
+  static_assert(Scalar<T>, "optimizers are for T = float or double");
+
+ public:
+  struct Entry {
+    Var<T> var;
+    T l2;
+    std::size_t offset;  // into the moment buffers (Adam); running element count
+    std::size_t size;
+  };
+
+  // Adds a parameter (a tp.param leaf) with its own L2 coefficient. Returns
+  // false, poisoning the tape with a message, for a constant, a computed
+  // node, a dropped Var, a parameter added twice or one from another tape
+  // than the first; throws std::invalid_argument for a default Var.
+  bool add(Var<T> param, T l2 = T(0)) {
+    if (!param.tape())
+      throw std::invalid_argument(std::string(kind_name()) + ".add: the parameter is a default-constructed Var");
+    Tape<T>& tp = *param.tape();
+    const std::string who = std::string(kind_name()) + ".add: parameter " + std::to_string(entries_.size() + 1);
+    if (!tp.accept(who, {param})) return false;
+    if (tape_ && tape_ != &tp) return fail(tp, who + " belongs to a different tape than the parameters added before it");
+    if (!tp.requires_grad(param) || tp.leaf_value(param).empty())
+      return fail(tp, who + " (node " + std::to_string(param.index()) +
+                          ") is not a parameter; expected a Var made by tape.param(tensor)");
+    for (const Entry& e : entries_)
+      if (e.var.index() == param.index()) return fail(tp, who + " (node " + std::to_string(param.index()) + ") was already added");
+    if (!(l2 >= T(0))) return fail(tp, who + ": L2 coefficient " + std::to_string(l2) + " must be >= 0");
+    tape_ = &tp;
+    const std::size_t size = tp.value(param).size();
+    entries_.push_back({param, l2, elements_, size});
+    elements_ += size;
+    on_add(size);
+    return true;
+  }
+
+  // Global-norm clipping threshold; 0 turns clipping off.
+  void set_clip(T max_norm) { clip_ = max_norm > T(0) ? max_norm : T(0); }
+  T clip() const { return clip_; }
+  T lr() const { return lr_; }
+  void set_lr(T lr) { lr_ = lr; }
+
+  std::span<const Entry> params() const { return entries_; }
+  std::size_t elements() const { return elements_; }
+  Tape<T>* tape() const { return tape_; }
+
+  // The clip factor for the current gradients (1 when off), in the order the
+  // header documents. Exposed so tests and the device engine can check it.
+  T clip_scale() const {
+    if (clip_ == T(0) || !tape_) return T(1);
+    T acc = T(0);
+    for (const Entry& e : entries_)
+      if (tape_->has_grad(e.var))
+        for (T g : tape_->grad(e.var)) acc = ClipRule::accumulate(acc, g);
+    return ClipRule::scale(acc, clip_);
+  }
+
+ protected:
+  explicit Optimizer(T lr) : lr_(lr) {}
+  virtual ~Optimizer() = default;
+  virtual const char* kind_name() const = 0;
+  virtual void on_add(std::size_t) {}
+
+  bool fail(Tape<T>& tp, std::string message) {
+    tp.poison(std::move(message));
+    return false;
+  }
+
+  // Calls f(entry, value span, grad span, clip scale) for every parameter
+  // the latest backward reached. False (and no call) on a poisoned tape.
+  template <class F>
+  bool for_each_reached(F&& f) {
+    if (!tape_) return true;
+    if (!tape_->ok()) return false;
+    const T scale = clip_scale();
+    for (const Entry& e : entries_) {
+      if (!tape_->has_grad(e.var)) continue;
+      f(e, tape_->leaf_value(e.var), tape_->grad(e.var).data, scale);
+    }
+    return true;
+  }
+
+  std::vector<Entry> entries_;
+  std::size_t elements_ = 0;
+  Tape<T>* tape_ = nullptr;
+  T lr_;
+  T clip_ = T(0);
+
+  template <class U, class Opt>
+  friend struct CheckpointAccess;
+};
+
+template <class T>
+class SGD : public Optimizer<T> {
+ public:
+  static constexpr OptimizerKind kind = OptimizerKind::sgd;
+  explicit SGD(T lr) : Optimizer<T>(lr) {}
+
+  // w -= lr * (grad * clip_scale + l2 * w) for every reached parameter.
+  // False on a poisoned tape (nothing changes).
+  bool step() {
+    const bool ok = this->for_each_reached([&](const auto& e, std::span<T> w, std::span<const T> g, T scale) {
+      for (std::size_t i = 0; i < e.size; ++i)
+        w[i] = SgdRule::update(w[i], ClipRule::effective(g[i], w[i], scale, e.l2), this->lr_);
+    });
+    if (ok) ++steps_;
+    return ok;
+  }
+  std::uint64_t steps() const { return steps_; }
+
+ private:
+  const char* kind_name() const override { return "sgd"; }
+  std::uint64_t steps_ = 0;
+  template <class U, class Opt>
+  friend struct CheckpointAccess;
+};
+
+template <class T>
+class Adam : public Optimizer<T> {
+ public:
+  static constexpr OptimizerKind kind = OptimizerKind::adam;
+  explicit Adam(T lr, T beta1 = T(0.9), T beta2 = T(0.999), T eps = T(1e-8))
+      : Optimizer<T>(lr), beta1_(beta1), beta2_(beta2), eps_(eps) {}
+
+  // Advances the step count and the running powers, then updates every
+  // reached parameter. False on a poisoned tape (nothing changes).
+  bool step() {
+    if (this->tape_ && !this->tape_->ok()) return false;
+    AdamRule::advance(beta1_power_, beta2_power_, beta1_, beta2_);
+    ++steps_;
+    const AdamStepConstants<T> c = AdamRule::constants(this->lr_, beta1_, beta2_, beta1_power_, beta2_power_);
+    return this->for_each_reached([&](const auto& e, std::span<T> w, std::span<const T> g, T scale) {
+      T* m = m_.data() + e.offset;
+      T* v = v_.data() + e.offset;
+      for (std::size_t i = 0; i < e.size; ++i)
+        AdamRule::update(w[i], m[i], v[i], ClipRule::effective(g[i], w[i], scale, e.l2), beta1_, beta2_, eps_, c);
+    });
+  }
+
+  std::uint64_t steps() const { return steps_; }
+  T beta1() const { return beta1_; }
+  T beta2() const { return beta2_; }
+  T eps() const { return eps_; }
+  T beta1_power() const { return beta1_power_; }  // b1^steps()
+  T beta2_power() const { return beta2_power_; }
+  // First and second moments of every parameter, in add order (Entry::offset).
+  std::span<const T> first_moments() const { return m_; }
+  std::span<const T> second_moments() const { return v_; }
+
+ private:
+  const char* kind_name() const override { return "adam"; }
+  void on_add(std::size_t size) override {
+    m_.resize(m_.size() + size, T(0));
+    v_.resize(v_.size() + size, T(0));
+  }
+
+  T beta1_, beta2_, eps_;
+  T beta1_power_ = T(1), beta2_power_ = T(1);
+  std::uint64_t steps_ = 0;
+  std::vector<T> m_, v_;
+  template <class U, class Opt>
+  friend struct CheckpointAccess;
+};
+
+// grad::SGD opt(0.1) is SGD<double>; SGD opt(0.1f) is SGD<float>.
+template <class T>
+SGD(T) -> SGD<T>;
+template <class T>
+Adam(T) -> Adam<T>;
+template <class T>
+Adam(T, T) -> Adam<T>;
+template <class T>
+Adam(T, T, T) -> Adam<T>;
+template <class T>
+Adam(T, T, T, T) -> Adam<T>;
+
+}  // namespace grad
