@@ -1,0 +1,559 @@
+// nn layers: central differences for each layer, then a Qwen2-style block
+// with LoRA adapters (finite differences, the PEFT initialisation identity,
+// a PyTorch float64 oracle, frozen-base memory, Adam training), and one test
+// per kind of bad input.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <grad/nn.hpp>
+#include <grad/opt.hpp>
+
+#include "golden.hpp"
+#include "support.hpp"
+
+using namespace grad;
+using namespace grad::testing;
+
+namespace {
+
+using V = const std::vector<Var<double>>&;
+using Tp = Tape<double>&;
+
+Tensor<double> onehot_rows(const std::vector<std::size_t>& tokens, std::size_t vocab) {
+  Tensor<double> t({tokens.size(), vocab});
+  for (std::size_t r = 0; r < tokens.size(); ++r) t[r * vocab + tokens[r]] = 1;
+  return t;
+}
+
+void check_fd(const std::vector<Tensor<double>>& params, const Builder<double>& build) {
+  const FdResult r = check_gradients<double>(params, build, 1e-6);
+  CAPTURE(r.where);
+  CAPTURE(r.error);
+  CHECK(r.worst <= 1e-6);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- layers --
+
+TEST_CASE("linear and linear_bias match central differences") {
+  Rng rng(1);
+  check_fd({random_tensor<double>({3, 4}, rng), random_tensor<double>({4, 5}, rng)},
+           [](Tp, V v) { return weighted_sum(nn::linear(v[0], v[1])); });
+  check_fd({random_tensor<double>({3, 4}, rng), random_tensor<double>({4, 5}, rng), random_tensor<double>({5}, rng)},
+           [](Tp, V v) { return weighted_sum(nn::linear_bias(v[0], v[1], v[2])); });
+}
+
+TEST_CASE("lora_linear matches central differences in x, w0, A and B") {
+  Rng rng(2);
+  check_fd({random_tensor<double>({3, 6}, rng), random_tensor<double>({6, 5}, rng), random_tensor<double>({6, 2}, rng),
+            random_tensor<double>({2, 5}, rng)},
+           [](Tp, V v) { return weighted_sum(nn::lora_linear(v[0], v[1], v[2], v[3], 1.5)); });
+}
+
+TEST_CASE("lora_linear is x.w0 + scale * (x.A).B") {
+  Tape<double> tp;
+  auto x = tp.constant(Tensor<double>({1, 2}, {1, 2}));
+  auto w0 = tp.constant(Tensor<double>({2, 1}, {3, 4}));       // x.w0 = 11
+  auto a = tp.constant(Tensor<double>({2, 1}, {0.5, 0.25}));   // x.A = 1
+  auto b = tp.constant(Tensor<double>({1, 1}, {8}));           // (x.A).B = 8
+  CHECK(tp.scalar(nn::lora_linear(x, w0, a, b, 0.5)) == 15);  // 11 + 0.5 * 8
+}
+
+TEST_CASE("rmsnorm and layernorm match central differences") {
+  Rng rng(3);
+  check_fd({random_tensor<double>({3, 5}, rng), random_tensor<double>({5}, rng, 0.5, 1.5)},
+           [](Tp, V v) { return weighted_sum(nn::rmsnorm(v[0], v[1], 1e-6)); });
+  check_fd({random_tensor<double>({3, 5}, rng), random_tensor<double>({5}, rng, 0.5, 1.5), random_tensor<double>({5}, rng)},
+           [](Tp, V v) { return weighted_sum(nn::layernorm(v[0], v[1], v[2], 1e-5)); });
+}
+
+TEST_CASE("rmsnorm rows have unit root mean square and layernorm rows zero mean, unit variance") {
+  Rng rng(4);
+  Tape<double> tp;
+  auto x = tp.constant(random_tensor<double>({3, 8}, rng, -2, 3));
+  auto ones = tp.constant(Tensor<double>::ones({8})), zeros = tp.constant(Tensor<double>::zeros({8}));
+  const View<double> r = tp.value(nn::rmsnorm(x, ones, 0.0));
+  const View<double> l = tp.value(nn::layernorm(x, ones, zeros, 0.0));
+  for (std::size_t row = 0; row < 3; ++row) {
+    double square = 0, mean = 0, var = 0;
+    for (std::size_t j = 0; j < 8; ++j) {
+      square += r[row * 8 + j] * r[row * 8 + j];
+      mean += l[row * 8 + j] / 8;
+    }
+    for (std::size_t j = 0; j < 8; ++j) var += (l[row * 8 + j] - mean) * (l[row * 8 + j] - mean) / 8;
+    CHECK(square / 8 == doctest::Approx(1).epsilon(1e-14));
+    CHECK(std::abs(mean) < 1e-15);
+    CHECK(var == doctest::Approx(1).epsilon(1e-14));
+  }
+}
+
+TEST_CASE("silu, swiglu and softmax match central differences") {
+  Rng rng(5);
+  check_fd({random_tensor<double>({3, 4}, rng, -3, 3)}, [](Tp, V v) { return weighted_sum(nn::silu(v[0])); });
+  check_fd({random_tensor<double>({3, 4}, rng, -3, 3), random_tensor<double>({3, 4}, rng)},
+           [](Tp, V v) { return weighted_sum(nn::swiglu(v[0], v[1])); });
+  check_fd({random_tensor<double>({3, 4}, rng)}, [](Tp, V v) { return weighted_sum(nn::softmax(v[0], -1)); });
+}
+
+TEST_CASE("rope_tables follow the NEOX half split with theta_j = base^(-2j/head_dim)") {
+  const auto tables = nn::rope_tables<double>(5, 6, 100.0);
+  REQUIRE(tables.cos.shape() == Shape{5, 6});
+  for (std::size_t p = 0; p < 5; ++p)
+    for (std::size_t j = 0; j < 3; ++j) {
+      const double angle = static_cast<double>(p) * std::pow(100.0, -2.0 * static_cast<double>(j) / 6.0);
+      CHECK(tables.cos[p * 6 + j] == doctest::Approx(std::cos(angle)).epsilon(1e-15));
+      CHECK(tables.sin[p * 6 + j] == doctest::Approx(std::sin(angle)).epsilon(1e-15));
+      CHECK(tables.cos[p * 6 + j + 3] == tables.cos[p * 6 + j]);
+      CHECK(tables.sin[p * 6 + j + 3] == tables.sin[p * 6 + j]);
+    }
+}
+
+TEST_CASE("rope rotates each pair (j, j + head_dim/2) by its angle and matches central differences") {
+  const auto tables = nn::rope_tables<double>(4, 6, 10000.0);
+  Tape<double> tp;
+  Rng rng(6);
+  const Tensor<double> h = random_tensor<double>({4, 6}, rng);
+  const View<double> y = tp.value(nn::rope(tp.constant(h), tp.constant(tables.cos), tp.constant(tables.sin)));
+  for (std::size_t p = 0; p < 4; ++p)
+    for (std::size_t j = 0; j < 3; ++j) {
+      const double c = tables.cos[p * 6 + j], s = tables.sin[p * 6 + j];
+      const double x1 = h[p * 6 + j], x2 = h[p * 6 + j + 3];
+      CHECK(y[p * 6 + j] == doctest::Approx(x1 * c - x2 * s).epsilon(1e-15));
+      CHECK(y[p * 6 + j + 3] == doctest::Approx(x2 * c + x1 * s).epsilon(1e-15));
+    }
+  check_fd({h}, [&](Tp t, V v) { return weighted_sum(nn::rope(v[0], t.constant(tables.cos), t.constant(tables.sin))); });
+}
+
+TEST_CASE("head takes one head's columns and matches central differences") {
+  Tape<double> tp;
+  auto q = tp.constant(Tensor<double>({2, 6}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}));
+  const View<double> h = tp.value(nn::head(q, 2, 2));
+  CHECK(std::vector<double>(h.begin(), h.end()) == std::vector<double>{4, 5, 10, 11});
+  Rng rng(7);
+  check_fd({random_tensor<double>({3, 8}, rng)}, [](Tp, V v) { return weighted_sum(nn::head(v[0], 1, 4)); });
+}
+
+TEST_CASE("causal_mask is 0 on and below the diagonal and -1e9 above") {
+  const Tensor<double> m = nn::causal_mask<double>(3);
+  CHECK(std::vector<double>(m.data().begin(), m.data().end()) == std::vector<double>{0, -1e9, -1e9, 0, 0, -1e9, 0, 0, 0});
+}
+
+TEST_CASE("gqa_attention matches central differences in q, k and v") {
+  const std::size_t t = 4, hd = 4;
+  const auto tables = nn::rope_tables<double>(t, hd, 10000.0);
+  Rng rng(8);
+  check_fd({random_tensor<double>({t, 4 * hd}, rng), random_tensor<double>({t, 2 * hd}, rng),
+            random_tensor<double>({t, 2 * hd}, rng)},
+           [&](Tp tp, V v) {
+             return weighted_sum(nn::gqa_attention(v[0], v[1], v[2], tp.constant(tables.cos), tp.constant(tables.sin),
+                                                   tp.constant(nn::causal_mask<double>(t)), 4, 2, hd));
+           });
+}
+
+TEST_CASE("gqa_attention: the first position attends only to itself, so its context is its value row") {
+  const std::size_t t = 3, hd = 2;
+  const auto tables = nn::rope_tables<double>(t, hd, 10000.0);
+  Rng rng(9);
+  Tape<double> tp;
+  auto v = tp.constant(random_tensor<double>({t, hd}, rng));
+  auto ctx = nn::gqa_attention(tp.constant(random_tensor<double>({t, 2 * hd}, rng)),
+                               tp.constant(random_tensor<double>({t, hd}, rng)), v, tp.constant(tables.cos),
+                               tp.constant(tables.sin), tp.constant(nn::causal_mask<double>(t)), 2, 1, hd);
+  REQUIRE(tp.ok());
+  const View<double> c = tp.value(ctx), vv = tp.value(v);
+  for (std::size_t h = 0; h < 2; ++h)  // both query heads share the one key/value head
+    for (std::size_t j = 0; j < hd; ++j) CHECK(c[h * hd + j] == vv[j]);
+}
+
+TEST_CASE("cross_entropy and cross_entropy_rows match central differences and -log softmax at the target") {
+  Rng rng(10);
+  const Tensor<double> targets = onehot_rows({2, 0, 3}, 4);
+  check_fd({random_tensor<double>({3, 4}, rng, -2, 2)},
+           [&](Tp tp, V v) { return nn::cross_entropy(v[0], tp.constant(targets)); });
+  check_fd({random_tensor<double>({4, 4}, rng, -2, 2)},
+           [&](Tp tp, V v) { return nn::cross_entropy_rows(v[0], tp.constant(targets), 2); });
+
+  Tape<double> tp;
+  const Tensor<double> logits({2, 3}, {1, 2, 3, 1000, 0, -1000});  // large logits must not overflow
+  const double loss = tp.scalar(nn::cross_entropy(tp.constant(logits), tp.constant(onehot_rows({0, 0}, 3))));
+  const double row0 = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0)) - 1;
+  CHECK(loss == doctest::Approx(row0 / 2).epsilon(1e-15));
+}
+
+// ----------------------------------------------------- the Qwen2 block --
+
+namespace {
+
+const std::vector<std::string> modules = {"q", "k", "v", "o", "gate", "up", "down"};
+
+// Everything a block needs, by the names qwen_block.py writes.
+struct BlockSpec {
+  std::size_t t, d, n_heads, n_kv, hd, ffn, vocab, rank;
+  double eps, scale, base;
+  std::map<std::string, Tensor<double>> tensors;
+  std::vector<std::size_t> tokens;
+
+  // a_q, b_q, a_k, b_k, ...: the 14 adapter tensors in a fixed order.
+  std::vector<Tensor<double>> adapters() const {
+    std::vector<Tensor<double>> out;
+    for (const auto& m : modules)
+      for (const char* s : {"a_", "b_"}) out.push_back(tensors.at(s + m));
+    return out;
+  }
+};
+
+BlockSpec spec_from(const std::map<std::string, Tensor<double>>& g) {
+  BlockSpec s;
+  const auto& z = g.at("sizes");
+  s.t = static_cast<std::size_t>(z[0]);
+  s.d = static_cast<std::size_t>(z[1]);
+  s.n_heads = static_cast<std::size_t>(z[2]);
+  s.n_kv = static_cast<std::size_t>(z[3]);
+  s.hd = static_cast<std::size_t>(z[4]);
+  s.ffn = static_cast<std::size_t>(z[5]);
+  s.vocab = static_cast<std::size_t>(z[6]);
+  s.rank = static_cast<std::size_t>(z[7]);
+  s.eps = g.at("scalars")[0];
+  s.scale = g.at("scalars")[1];
+  s.base = g.at("scalars")[2];
+  s.tensors = g;
+  for (double tok : g.at("tokens").data()) s.tokens.push_back(static_cast<std::size_t>(tok));
+  return s;
+}
+
+// A block at the oracle's sizes from our own generator (for the tests that
+// need no oracle): small-scale weights keep the initial loss near ln(vocab).
+BlockSpec random_spec(std::uint64_t seed, bool peft_init) {
+  BlockSpec s{6, 16, 4, 2, 4, 24, 11, 2, 1e-6, 2.0, 10000.0, {}, {}};
+  Rng rng(seed);
+  auto uniform = [&](Shape shape, double scale) { return random_tensor<double>(std::move(shape), rng, -scale, scale); };
+  const std::map<std::string, std::pair<std::size_t, std::size_t>> dims = {
+      {"q", {s.d, s.n_heads * s.hd}}, {"k", {s.d, s.n_kv * s.hd}}, {"v", {s.d, s.n_kv * s.hd}}, {"o", {s.n_heads * s.hd, s.d}},
+      {"gate", {s.d, s.ffn}},         {"up", {s.d, s.ffn}},         {"down", {s.ffn, s.d}}};
+  for (std::size_t i = 0; i < s.t; ++i) s.tokens.push_back(rng.next() % s.vocab);
+  s.tensors["x"] = uniform({s.t, s.d}, 1.0);
+  for (const char* n : {"norm_in", "norm_post", "norm_final"}) s.tensors[n] = random_tensor<double>({s.d}, rng, 0.9, 1.1);
+  for (const auto& [m, io] : dims) {
+    const double fan = 1.7 / std::sqrt(static_cast<double>(io.first));
+    s.tensors["w_" + m] = uniform({io.first, io.second}, fan);
+    s.tensors["a_" + m] = uniform({io.first, s.rank}, fan);
+    s.tensors["b_" + m] = peft_init ? Tensor<double>({s.rank, io.second}) : uniform({s.rank, io.second}, 0.2);
+  }
+  for (const char* m : {"q", "k", "v"}) s.tensors[std::string("bias_") + m] = uniform({dims.at(m).second}, 0.1);
+  s.tensors["w_vocab"] = uniform({s.d, s.vocab}, 0.3 / std::sqrt(static_cast<double>(s.d)));
+  return s;
+}
+
+// Records the block on tp. `adapters` holds the 14 adapter Vars in
+// BlockSpec::adapters() order; with no adapters the block is the base model
+// (plain linear layers). With base_as_params every base tensor is a
+// parameter too (for comparing gradient memory).
+Var<double> record_block(Tape<double>& tp, const BlockSpec& s, const std::vector<Var<double>>& adapters,
+                         bool base_as_params = false) {
+  auto in = [&](const std::string& name) {
+    return base_as_params ? tp.param(s.tensors.at(name)) : tp.constant(s.tensors.at(name));
+  };
+  auto proj = [&](Var<double> x, const std::string& m) {
+    const Var<double> w = in("w_" + m);
+    if (adapters.empty()) return nn::linear(x, w);
+    const std::size_t k = 2 * static_cast<std::size_t>(std::find(modules.begin(), modules.end(), m) - modules.begin());
+    return nn::lora_linear(x, w, adapters[k], adapters[k + 1], s.scale);
+  };
+  const auto tables = nn::rope_tables(s.t, s.hd, s.base);
+  Var<double> x = in("x");
+  Var<double> h = nn::rmsnorm(x, in("norm_in"), s.eps);
+  Var<double> q = proj(h, "q") + in("bias_q"), k = proj(h, "k") + in("bias_k"), v = proj(h, "v") + in("bias_v");
+  Var<double> ctx = nn::gqa_attention(q, k, v, tp.constant(tables.cos), tp.constant(tables.sin),
+                                      tp.constant(nn::causal_mask<double>(s.t)), s.n_heads, s.n_kv, s.hd);
+  Var<double> x2 = x + proj(ctx, "o");
+  Var<double> h2 = nn::rmsnorm(x2, in("norm_post"), s.eps);
+  Var<double> x3 = x2 + proj(nn::swiglu(proj(h2, "gate"), proj(h2, "up")), "down");
+  Var<double> logits = nn::linear(nn::rmsnorm(x3, in("norm_final"), s.eps), in("w_vocab"));
+  const std::vector<std::size_t> next(s.tokens.begin() + 1, s.tokens.end());
+  return nn::cross_entropy_rows(logits, tp.constant(onehot_rows(next, s.vocab)), s.t - 1);
+}
+
+std::vector<Var<double>> params_of(Tape<double>& tp, const std::vector<Tensor<double>>& tensors) {
+  std::vector<Var<double>> out;
+  for (const auto& t : tensors) out.push_back(tp.param(t));
+  return out;
+}
+
+// max |a - b| / max |b| over one tensor.
+double normwise_error(View<double> a, const Tensor<double>& b) {
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    diff = std::max(diff, std::abs(a[i] - b[i]));
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  return diff / scale;
+}
+
+void check_against_oracle(const std::map<std::string, Tensor<double>>& golden) {
+  const BlockSpec s = spec_from(golden);
+  const auto tables = nn::rope_tables(s.t, s.hd, s.base);
+  for (std::size_t i = 0; i < tables.cos.size(); ++i) {
+    CHECK(std::abs(tables.cos[i] - golden.at("rope_cos")[i]) <= 1e-15);
+    CHECK(std::abs(tables.sin[i] - golden.at("rope_sin")[i]) <= 1e-15);
+  }
+  Tape<double> tp;
+  const auto adapters = params_of(tp, s.adapters());
+  const Var<double> loss = record_block(tp, s, adapters);
+  REQUIRE(tp.backward(loss));
+  const double expected = golden.at("loss")[0];
+  CHECK(std::abs(tp.scalar(loss) - expected) / expected <= 1e-14);
+  std::size_t k = 0;
+  for (const auto& m : modules)
+    for (const char* side : {"a_", "b_"}) {
+      CAPTURE(side + m);
+      CHECK(normwise_error(tp.grad(adapters[k++]), golden.at("grad_" + (side + m))) <= 1e-11);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("the block: central differences through all 14 LoRA adapters (worst relative error <= 1e-6)") {
+  const BlockSpec s = random_spec(11, false);
+  const FdResult r = check_gradients<double>(s.adapters(), [&](Tp tp, V v) { return record_block(tp, s, v); }, 1e-6);
+  CAPTURE(r.where);
+  CAPTURE(r.error);
+  CHECK(r.worst <= 1e-6);
+}
+
+TEST_CASE("the block: PEFT initialisation (B = 0) is the base model bitwise, dL/dA exactly zero, dL/dB not") {
+  const BlockSpec s = random_spec(12, true);
+  Tape<double> tp;
+  const auto adapters = params_of(tp, s.adapters());
+  const Var<double> loss = record_block(tp, s, adapters);
+  REQUIRE(tp.backward(loss));
+  Tape<double> base;
+  CHECK(tp.scalar(loss) == base.scalar(record_block(base, s, {})));
+  for (std::size_t k = 0; k < adapters.size(); k += 2) {
+    CAPTURE(modules[k / 2]);
+    const View<double> ga = tp.grad(adapters[k]), gb = tp.grad(adapters[k + 1]);
+    const std::vector<double> zeros(ga.size(), 0.0);
+    CHECK(tp.has_grad(adapters[k]));
+    CHECK(bitwise_equal(ga.data, std::span<const double>(zeros)));
+    CHECK(std::any_of(gb.begin(), gb.end(), [](double g) { return std::abs(g) > 1e-8; }));
+  }
+}
+
+TEST_CASE("the block matches PyTorch float64 (checked-in golden): loss <= 1e-14, adapter gradients <= 1e-11 relative") {
+  check_against_oracle(load_golden(oracle_dir() + "/qwen_block_golden.txt"));
+}
+
+namespace {
+bool torch_available() {
+  return std::system("/usr/bin/python3 -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(\"torch\") is None)'"
+                     " >/dev/null 2>&1") == 0;
+}
+}  // namespace
+
+TEST_CASE("the block matches PyTorch float64 run live now" * doctest::skip(!torch_available())) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("grad_nn_oracle_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string fresh = (dir / "qwen_block_golden.txt").string();
+  const std::string command = "/usr/bin/python3 -B '" + oracle_dir() + "/qwen_block.py' '" + fresh + "'";
+  REQUIRE(std::system(command.c_str()) == 0);
+  const auto live = load_golden(fresh);
+  std::filesystem::remove_all(dir);
+  check_against_oracle(live);  // from the live run's own inputs, whatever its torch RNG drew
+}
+
+TEST_CASE("the block: the frozen base holds no gradient buffers") {
+  const BlockSpec s = random_spec(13, false);
+  Tape<double> frozen;
+  const auto adapters = params_of(frozen, s.adapters());
+  REQUIRE(frozen.backward(record_block(frozen, s, adapters)));
+
+  // Independently of the tape's flag: a node needs a gradient exactly when it
+  // is an adapter or one of its inputs needs one.
+  const auto nodes = frozen.nodes();
+  std::vector<bool> needs(nodes.size(), false);
+  std::size_t expected = 0, all_values = 0;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const Node<double>& n = nodes[i];
+    bool is_adapter = false;
+    for (const auto& a : adapters) is_adapter = is_adapter || a.index() == i;
+    needs[i] = is_adapter || (n.a != no_node && needs[n.a]) || (n.b != no_node && needs[n.b]);
+    if (needs[i]) expected += n.dims.size() * sizeof(double);
+    all_values += n.dims.size() * sizeof(double);
+    if (n.op == op_code<Const>) CHECK(n.grad == nullptr);
+  }
+  CHECK(frozen.grad_bytes() == expected);
+  CHECK(frozen.grad_bytes() < all_values);
+
+  // The same block with every base tensor a parameter: gradients everywhere,
+  // and the adapters' gradients unchanged bit for bit.
+  Tape<double> full;
+  const auto adapters_full = params_of(full, s.adapters());
+  REQUIRE(full.backward(record_block(full, s, adapters_full, true)));
+  std::size_t base_bytes = 0;
+  for (const char* n : {"x", "norm_in", "norm_post", "norm_final", "w_q", "w_k", "w_v", "w_o", "w_gate", "w_up", "w_down",
+                        "bias_q", "bias_k", "bias_v", "w_vocab"})
+    base_bytes += s.tensors.at(n).size() * sizeof(double);
+  CHECK(full.grad_bytes() >= frozen.grad_bytes() + base_bytes);
+  for (std::size_t k = 0; k < adapters.size(); ++k)
+    CHECK(bitwise_equal(frozen.grad(adapters[k]).data, full.grad(adapters_full[k]).data));
+}
+
+TEST_CASE("the block: 60 Adam steps on the adapters drive next-token cross-entropy from about ln V to well below 1") {
+  const BlockSpec s = random_spec(14, true);
+  Tape<double> tp;
+  const auto adapters = params_of(tp, s.adapters());
+  Adam opt(0.02);
+  for (const auto& a : adapters) opt.add(a);
+  const auto episode = tp.mark();
+  double first = 0, last = 0;
+  for (int step = 0; step < 60; ++step) {
+    const Var<double> loss = record_block(tp, s, adapters);
+    REQUIRE(tp.backward(loss));
+    (step == 0 ? first : last) = tp.scalar(loss);
+    opt.step();
+    tp.reset_to(episode);
+  }
+  CHECK(std::abs(first - std::log(static_cast<double>(s.vocab))) < 0.3);
+  CHECK(last < 0.25);
+  CHECK(tp.ok());
+}
+
+// ------------------------------------------------------------ bad input --
+
+namespace {
+// The tape is poisoned by `layer`, the message names the shapes, and later
+// ops return at once.
+void check_poisoned(Tape<double>& tp, const std::string& layer, std::initializer_list<std::string> mentions) {
+  CAPTURE(tp.error());
+  CHECK(!tp.ok());
+  CHECK(tp.error().rfind("grad: " + layer + ":", 0) == 0);
+  for (const auto& m : mentions) CHECK(tp.error().find(m) != std::string::npos);
+  const std::size_t before = tp.size();
+  auto c = tp.constant(Tensor<double>::ones({2, 2}));
+  CHECK(!nn::silu(c + c).valid());
+  CHECK(tp.size() == before);
+}
+}  // namespace
+
+TEST_CASE("bad input: gqa_attention with heads that do not divide") {
+  Tape<double> tp;
+  auto q = tp.constant(Tensor<double>({4, 12})), kv = tp.constant(Tensor<double>({4, 6}));
+  const auto tables = nn::rope_tables<double>(4, 2, 10000.0);
+  nn::gqa_attention(q, kv, kv, tp.constant(tables.cos), tp.constant(tables.sin), tp.constant(nn::causal_mask<double>(4)),
+                    6, 4, 2);
+  check_poisoned(tp, "nn::gqa_attention", {"n_heads 6", "n_kv_heads 4", "dividing"});
+}
+
+TEST_CASE("bad input: gqa_attention with projections of the wrong width") {
+  Tape<double> tp;
+  auto q = tp.constant(Tensor<double>({4, 8})), kv = tp.constant(Tensor<double>({4, 6}));
+  const auto tables = nn::rope_tables<double>(4, 2, 10000.0);
+  nn::gqa_attention(q, kv, kv, tp.constant(tables.cos), tp.constant(tables.sin), tp.constant(nn::causal_mask<double>(4)),
+                    4, 2, 2);
+  check_poisoned(tp, "nn::gqa_attention", {"q [4, 8]", "k [4, 6]", "expected q [t, 8], k and v [t, 4]"});
+}
+
+TEST_CASE("bad input: rope on an odd head dimension") {
+  Tape<double> tp;
+  auto h = tp.constant(Tensor<double>({4, 3}));
+  nn::rope(h, h, h);
+  check_poisoned(tp, "nn::rope", {"head [4, 3]", "even head_dim"});
+}
+
+TEST_CASE("bad input: rope_tables for an odd head dimension throws") {
+  CHECK_THROWS_WITH_AS(nn::rope_tables<double>(4, 5, 10000.0),
+                       doctest::Contains("nn::rope_tables: t 4, head_dim 5: expected t >= 1 and an even head_dim"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("bad input: gqa_attention with an odd head dimension") {
+  Tape<double> tp;
+  auto x = tp.constant(Tensor<double>({4, 6}));
+  nn::gqa_attention(x, x, x, x, x, x, 2, 2, 3);
+  check_poisoned(tp, "nn::gqa_attention", {"head_dim 3", "even"});
+}
+
+TEST_CASE("bad input: lora_linear with mismatched adapter ranks") {
+  Tape<double> tp;
+  auto x = tp.constant(Tensor<double>({2, 4}));
+  nn::lora_linear(x, tp.constant(Tensor<double>({4, 5})), tp.constant(Tensor<double>({4, 2})),
+                  tp.constant(Tensor<double>({3, 5})), 1.0);
+  check_poisoned(tp, "nn::lora_linear", {"A [4, 2]", "B [3, 5]", "mismatched adapter ranks"});
+}
+
+TEST_CASE("bad input: lora_linear with adapters that do not fit w0") {
+  Tape<double> tp;
+  auto x = tp.constant(Tensor<double>({2, 4}));
+  nn::lora_linear(x, tp.constant(Tensor<double>({4, 5})), tp.constant(Tensor<double>({4, 2})),
+                  tp.constant(Tensor<double>({2, 6})), 1.0);
+  check_poisoned(tp, "nn::lora_linear", {"w0 [4, 5]", "B [2, 6]", "expected A [4, r] and B [r, 5]"});
+}
+
+TEST_CASE("bad input: cross_entropy with a one-hot of the wrong width") {
+  Tape<double> tp;
+  nn::cross_entropy(tp.constant(Tensor<double>({3, 5})), tp.constant(onehot_rows({0, 1, 2}, 4)));
+  check_poisoned(tp, "nn::cross_entropy", {"logits [3, 5]", "targets [3, 4]"});
+}
+
+TEST_CASE("bad input: cross_entropy_rows with a one-hot of the wrong width") {
+  Tape<double> tp;
+  nn::cross_entropy_rows(tp.constant(Tensor<double>({3, 5})), tp.constant(onehot_rows({0, 1}, 4)), 2);
+  check_poisoned(tp, "nn::cross_entropy_rows", {"logits [3, 5]", "targets [2, 4]", "same width"});
+}
+
+TEST_CASE("bad input: cross_entropy with targets that are not one-hot") {
+  Tape<double> tp;
+  Tensor<double> soft = onehot_rows({0, 1}, 3);
+  soft[3] = 0.5;  // row 1: 0.5 1 0
+  nn::cross_entropy(tp.constant(Tensor<double>({2, 3})), tp.constant(soft));
+  check_poisoned(tp, "nn::cross_entropy", {"row 1", "not one-hot"});
+}
+
+TEST_CASE("bad input: cross_entropy_rows keeping more rows than there are") {
+  Tape<double> tp;
+  nn::cross_entropy_rows(tp.constant(Tensor<double>({3, 4})), tp.constant(onehot_rows({0, 1, 2}, 4)), 4);
+  check_poisoned(tp, "nn::cross_entropy_rows", {"keep 4", "logits [3, 4]", "1 <= keep <= the rows"});
+}
+
+TEST_CASE("bad input: linear and linear_bias with inner sizes that differ") {
+  Tape<double> tp;
+  nn::linear(tp.constant(Tensor<double>({2, 3})), tp.constant(Tensor<double>({4, 5})));
+  check_poisoned(tp, "nn::linear", {"x [2, 3]", "weight [4, 5]"});
+  Tape<double> tb;
+  nn::linear_bias(tb.constant(Tensor<double>({2, 3})), tb.constant(Tensor<double>({3, 5})), tb.constant(Tensor<double>({4})));
+  check_poisoned(tb, "nn::linear_bias", {"bias [4]", "bias [out]"});
+}
+
+TEST_CASE("bad input: rmsnorm and layernorm with a weight of the wrong size") {
+  Tape<double> tp;
+  nn::rmsnorm(tp.constant(Tensor<double>({2, 3})), tp.constant(Tensor<double>({4})), 1e-6);
+  check_poisoned(tp, "nn::rmsnorm", {"x [2, 3]", "weight [4]", "weight [cols]"});
+  Tape<double> tl;
+  nn::layernorm(tl.constant(Tensor<double>({2, 3})), tl.constant(Tensor<double>({3})), tl.constant(Tensor<double>({2})), 1e-5);
+  check_poisoned(tl, "nn::layernorm", {"bias [2]", "bias [cols]"});
+}
+
+TEST_CASE("bad input: swiglu with gate and up of different shapes") {
+  Tape<double> tp;
+  nn::swiglu(tp.constant(Tensor<double>({2, 3})), tp.constant(Tensor<double>({2, 4})));
+  check_poisoned(tp, "nn::swiglu", {"gate [2, 3]", "up [2, 4]"});
+}
+
+TEST_CASE("bad input: head index past the last head") {
+  Tape<double> tp;
+  nn::head(tp.constant(Tensor<double>({2, 8})), 2, 4);
+  check_poisoned(tp, "nn::head", {"head 2", "[2, 8]", "index < n"});
+}
+
+TEST_CASE("bad input: causal_mask of no positions throws") {
+  CHECK_THROWS_AS(nn::causal_mask<double>(0), std::invalid_argument);
+}
