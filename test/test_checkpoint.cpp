@@ -1,0 +1,245 @@
+// Checkpoints: a resumed run is bitwise the uninterrupted run; every kind of
+// bad file is refused with a message naming the problem, changing nothing.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <grad/grad.hpp>
+#include <iterator>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "support.hpp"
+
+using grad::Tensor;
+using grad::testing::bitwise_equal;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A scratch directory per test process, removed at exit.
+struct ScratchDir {
+  fs::path dir = fs::temp_directory_path() / ("grad_checkpoint_test_" + std::to_string(::getpid()));
+  ScratchDir() { fs::create_directories(dir); }
+  ~ScratchDir() { fs::remove_all(dir); }
+  std::string file(const std::string& name) const { return (dir / name).string(); }
+};
+const ScratchDir scratch;
+
+std::vector<unsigned char> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+void write_bytes(const std::string& path, const std::vector<unsigned char>& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+// x [16, 3] -> tanh(x w1 + b1) [16, hidden] -> w2 [hidden, 2]; L2 on w1, clipping on.
+template <class T, template <class> class Opt>
+struct Run {
+  grad::Tape<T> tp;
+  grad::Var<T> x, target, w1, b1, w2;
+  Opt<T> opt;
+  typename grad::Tape<T>::Mark mark;
+
+  explicit Run(T lr, std::size_t hidden = 5, std::uint64_t init_seed = 1) : opt(lr) {
+    grad::testing::Rng data(99), init(init_seed);
+    x = tp.constant(grad::testing::random_tensor<T>({16, 3}, data));
+    target = tp.constant(grad::testing::random_tensor<T>({16, 2}, data, -0.5, 0.5));
+    w1 = tp.param(grad::testing::random_tensor<T>({3, hidden}, init));
+    b1 = tp.param(grad::testing::random_tensor<T>({hidden}, init, -0.1, 0.1));
+    w2 = tp.param(grad::testing::random_tensor<T>({hidden, 2}, init));
+    REQUIRE(opt.add(w1, T(0.01)));
+    REQUIRE(opt.add(b1));
+    REQUIRE(opt.add(w2));
+    opt.set_clip(T(0.5));
+    mark = tp.mark();
+  }
+  void train(int steps) {
+    for (int i = 0; i < steps; ++i) {
+      tp.reset_to(mark);
+      REQUIRE(tp.backward(grad::mse(grad::matmul(grad::tanh(grad::matmul(x, w1) + b1), w2), target)));
+      REQUIRE(opt.step());
+    }
+  }
+  // Everything a load could change, for "changes nothing" checks.
+  std::vector<T> state() const {
+    std::vector<T> s;
+    for (auto v : {w1, b1, w2}) s.insert(s.end(), tp.value(v).begin(), tp.value(v).end());
+    for (const auto& e : opt.params()) s.push_back(e.l2);
+    s.push_back(opt.lr());
+    s.push_back(opt.clip());
+    s.push_back(static_cast<T>(opt.steps()));
+    if constexpr (requires { opt.first_moments(); }) {
+      s.insert(s.end(), opt.first_moments().begin(), opt.first_moments().end());
+      s.insert(s.end(), opt.second_moments().begin(), opt.second_moments().end());
+      s.push_back(opt.beta1_power());
+      s.push_back(opt.beta2_power());
+    }
+    return s;
+  }
+};
+
+template <class T, template <class> class Opt>
+void resume_is_bitwise(const std::string& path) {
+  Run<T, Opt> straight(T(0.05));
+  straight.train(20);
+
+  Run<T, Opt> first(T(0.05));
+  first.train(10);
+  REQUIRE(grad::save_checkpoint(path, first.tp, first.opt).ok());
+  CHECK_FALSE(fs::exists(path + ".tmp"));  // renamed into place
+
+  // A fresh tape with different initial weights and an optimizer built with
+  // a different rate and no clipping: the checkpoint restores all of it.
+  Run<T, Opt> resumed(T(0.5), 5, 12345);
+  resumed.opt.set_clip(T(0));
+  const auto r = grad::load_checkpoint(path, resumed.tp, resumed.opt);
+  REQUIRE_MESSAGE(r.ok(), r.error);
+  CHECK(bitwise_equal<T>(resumed.state(), first.state()));
+  resumed.train(10);
+  CHECK(resumed.opt.steps() == 20);
+  CHECK(bitwise_equal<T>(resumed.state(), straight.state()));
+}
+
+}  // namespace
+
+TEST_CASE("Adam: train 10, save, load into a fresh tape and optimizer, train 10 == 20 uninterrupted, bitwise") {
+  resume_is_bitwise<double, grad::Adam>(scratch.file("adam64.ckpt"));
+  resume_is_bitwise<float, grad::Adam>(scratch.file("adam32.ckpt"));
+}
+
+TEST_CASE("SGD: the same promise") {
+  resume_is_bitwise<double, grad::SGD>(scratch.file("sgd64.ckpt"));
+}
+
+TEST_CASE("saving over an existing checkpoint replaces it whole") {
+  const std::string path = scratch.file("replace.ckpt");
+  Run<double, grad::Adam> a(0.05);
+  a.train(3);
+  REQUIRE(grad::save_checkpoint(path, a.tp, a.opt).ok());
+  const auto first = read_bytes(path);
+  a.train(3);
+  REQUIRE(grad::save_checkpoint(path, a.tp, a.opt).ok());
+  CHECK(read_bytes(path).size() == first.size());
+  CHECK(read_bytes(path) != first);
+}
+
+TEST_CASE("saving into a directory that does not exist fails with a message") {
+  Run<double, grad::Adam> a(0.05);
+  const std::string path = scratch.file("no/such/dir/x.ckpt");
+  const auto r = grad::save_checkpoint(path, a.tp, a.opt);
+  CHECK_FALSE(r.ok());
+  CHECK(r.error.find("cannot create '" + path + ".tmp'") != std::string::npos);
+}
+
+// ---- bad files: a clear message, and nothing changes ----
+
+namespace {
+
+// A valid 5-step Adam checkpoint's bytes.
+std::vector<unsigned char> good_file() {
+  const std::string path = scratch.file("good.ckpt");
+  Run<double, grad::Adam> a(0.05);
+  a.train(5);
+  REQUIRE(grad::save_checkpoint(path, a.tp, a.opt).ok());
+  return read_bytes(path);
+}
+
+// Loads `path` into a run trained 2 steps and checks the message and that
+// nothing changed.
+template <class T = double, template <class> class Opt = grad::Adam>
+void refused(const std::string& path, const std::string& expected_message, std::size_t hidden = 5) {
+  Run<T, Opt> target(T(0.05), hidden, 77);
+  target.train(2);
+  const auto before = target.state();
+  const auto r = grad::load_checkpoint(path, target.tp, target.opt);
+  CHECK_FALSE(r.ok());
+  CHECK_MESSAGE(r.error.find(expected_message) != std::string::npos, r.error);
+  CHECK(r.error.find("grad: checkpoint '" + path + "': ") == 0);
+  CHECK(bitwise_equal<T>(target.state(), before));
+}
+
+}  // namespace
+
+TEST_CASE("a missing file is refused") { refused(scratch.file("missing.ckpt"), "cannot open: No such file or directory"); }
+
+TEST_CASE("a truncated file is refused") {
+  const auto bytes = good_file();
+  const std::string path = scratch.file("truncated.ckpt");
+  write_bytes(path, {bytes.begin(), bytes.end() - 9});
+  refused(path, "truncated: " + std::to_string(bytes.size() - 9) + " bytes, the header promises " + std::to_string(bytes.size()));
+  write_bytes(path, {bytes.begin(), bytes.begin() + 20});
+  refused(path, "truncated: 20 bytes, shorter than the 32-byte header");
+  write_bytes(path, {});
+  refused(path, "truncated: 0 bytes");
+}
+
+TEST_CASE("a corrupted file fails its checksum") {
+  auto bytes = good_file();
+  const std::string path = scratch.file("corrupt.ckpt");
+  bytes[bytes.size() / 2] ^= 0x10;  // one bit in the middle of the values
+  write_bytes(path, bytes);
+  refused(path, "checksum mismatch: the file is corrupted");
+}
+
+TEST_CASE("trailing bytes after the checksum are refused") {
+  auto bytes = good_file();
+  bytes.push_back(0);
+  const std::string path = scratch.file("trailing.ckpt");
+  write_bytes(path, bytes);
+  refused(path, "corrupted: 1 unexpected bytes after the checksum");
+}
+
+TEST_CASE("a file that is not a checkpoint is refused") {
+  auto bytes = good_file();
+  std::memcpy(bytes.data(), "NOTACKPT", 8);
+  const std::string path = scratch.file("magic.ckpt");
+  write_bytes(path, bytes);
+  refused(path, "not a grad checkpoint (bad magic bytes)");
+}
+
+TEST_CASE("an unknown format version is refused") {
+  auto bytes = good_file();
+  const std::uint32_t version = 2;
+  std::memcpy(bytes.data() + 8, &version, 4);
+  const std::string path = scratch.file("version.ckpt");
+  write_bytes(path, bytes);
+  refused(path, "unsupported format version 2; this build reads version 1");
+}
+
+TEST_CASE("a float32 checkpoint does not load into a float64 tape") {
+  const std::string path = scratch.file("f32.ckpt");
+  Run<float, grad::Adam> f(0.05f);
+  f.train(2);
+  REQUIRE(grad::save_checkpoint(path, f.tp, f.opt).ok());
+  refused(path, "dtype mismatch: the file holds float32 values, the tape is float64");
+}
+
+TEST_CASE("SGD state does not load into Adam") {
+  const std::string path = scratch.file("sgd.ckpt");
+  Run<double, grad::SGD> s(0.05);
+  REQUIRE(grad::save_checkpoint(path, s.tp, s.opt).ok());
+  refused(path, "optimizer mismatch: the file holds sgd state, loading into adam");
+}
+
+TEST_CASE("mismatched shapes are refused, naming the parameter and both shapes") {
+  write_bytes(scratch.file("shapes.ckpt"), good_file());
+  refused(scratch.file("shapes.ckpt"), "shape mismatch: parameter 1 is [3, 5] in the file but [3, 4] in the optimizer", 4);
+}
+
+TEST_CASE("a different parameter count is refused") {
+  write_bytes(scratch.file("count.ckpt"), good_file());
+  Run<double, grad::Adam> target(0.05);
+  auto extra = target.tp.param(Tensor<double>({2}, {1, 2}));
+  // A fourth parameter: the optimizer's list no longer matches the file's three.
+  REQUIRE(target.opt.add(extra));
+  const auto before = target.state();
+  const auto r = grad::load_checkpoint(scratch.file("count.ckpt"), target.tp, target.opt);
+  CHECK(r.error.find("parameter count mismatch: the file holds 3 parameters, the optimizer has 4") != std::string::npos);
+  CHECK(bitwise_equal<double>(target.state(), before));
+}
