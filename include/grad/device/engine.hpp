@@ -1,0 +1,96 @@
+// What a backend receives from capture (Layout: plain data, no pointers)
+// and the interface every backend implements (Engine). Backends live in the
+// grad_device library (kernels/): the CPU backend always, CUDA when built.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "grad/tensor.hpp"
+
+namespace grad::device {
+
+enum class Backend { cpu, cuda };
+enum class Mode { per_node, graph, fused };
+
+inline constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+
+// One captured node. Offsets are in elements of the program's flat value and
+// gradient buffers; `grad == none` for nodes no parameter is upstream of.
+template <class S>
+struct DeviceNode {
+  std::uint8_t op = 0;
+  std::uint32_t a = std::numeric_limits<std::uint32_t>::max(), b = std::numeric_limits<std::uint32_t>::max();
+  Dims dims;
+  S scalar = S(0);
+  std::uint32_t axis = 0;
+  std::size_t extra = none;  // offset into Layout::extras
+  std::size_t value = 0, grad = none;
+};
+
+// One backward launch: node `node` hands input `input` (0 = a, 1 = b) its
+// contribution. The first contribution an input receives is stored as is;
+// later ones (`accumulate`) go through scratch and are then added, exactly as
+// the tape's reverse walk does, in the same order.
+struct BackwardStep {
+  std::uint32_t node = 0;
+  std::uint8_t input = 0;
+  bool accumulate = false;
+};
+
+template <class S>
+struct Layout {
+  std::vector<DeviceNode<S>> nodes;  // tape order, up to and including the loss
+  std::vector<std::size_t> extras;   // slice starts
+  std::vector<BackwardStep> backward;
+  std::vector<S> values;        // initial value buffer (leaves filled in)
+  std::size_t grad_size = 0;    // elements of the gradient buffer
+  std::size_t scratch_size = 0; // largest accumulated contribution
+  std::uint32_t loss = 0;
+};
+
+// Optimizer state lives beside the program on its backend. The update rules
+// are grad/opt.hpp's; the engine only runs them over the parameter buffers.
+struct ParamSlot {
+  std::size_t value = 0, grad = 0, size = 0;
+  double l2 = 0;
+};
+struct OptimizerSettings {
+  bool adam = false;
+  double lr = 0, beta1 = 0, beta2 = 0, eps = 0, clip = 0;  // clip 0 = off
+};
+
+template <class S>
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  // Plain copies between host memory and the value / gradient buffers.
+  virtual void write_values(std::size_t offset, std::span<const S> src) = 0;
+  virtual void read_values(std::size_t offset, std::span<S> dst) = 0;
+  virtual void read_grads(std::size_t offset, std::span<S> dst) = 0;
+  virtual void forward() = 0;
+  virtual void backward() = 0;
+
+  // One optimizer per program: (re)starts its state (zero moments, b^0 = 1)
+  // over the parameters a step updates, in add order.
+  virtual void set_optimizer(std::span<const ParamSlot> params, bool adam) = 0;
+  // Clip factor, per-step constants and every update, all on the backend.
+  virtual void optimizer_step(const OptimizerSettings& s) = 0;
+};
+
+// Defined in the grad_device library for S = float and double. Throws
+// std::runtime_error when the backend cannot run here (no CUDA device).
+template <class S>
+std::unique_ptr<Engine<S>> make_engine(Backend backend, const Layout<S>& layout);
+
+// True when the CUDA backend was built and a device answers.
+bool cuda_available();
+// Why cuda_available() is false, in one line ("" when it is true).
+std::string cuda_unavailable_reason();
+
+}  // namespace grad::device

@@ -1,0 +1,419 @@
+// Per-work-item kernel bodies of every op the device engine replays.
+//
+// `DeviceKernel<Op>` is the one table the CUDA kernels and the CPU backend
+// both instantiate: work item w of a node computes whole output elements
+// (forward) or whole input-gradient elements (backward, gather form: each
+// dx element sums its own contributions from zero in ascending output
+// index, the order the host loops in grad/ops/*.hpp follow). The element
+// math is always the tag's own GRAD_HD functor; what lives here is only the
+// index arithmetic that maps a work item onto the tag's loop.
+//
+// Families (Unary, Binary, MatrixProduct) are covered once for all their
+// members; an op with no specialisation has no device kernel and capture
+// refuses it by name (`has_device_kernel<Op>`).
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <type_traits>
+
+#include "grad/ops/op_list.hpp"
+#include "grad/opt.hpp"
+
+namespace grad::device {
+
+template <class Op>
+struct DeviceKernel;  // no definition: the op has no device kernel
+
+template <class Op>
+concept has_device_kernel = requires { sizeof(DeviceKernel<Op>); };
+
+namespace kernel_detail {
+
+GRAD_HD inline bool same_dims(const Dims& x, const Dims& y) {
+  if (x.rank != y.rank) return false;
+  for (std::size_t i = 0; i < x.rank; ++i)
+    if (x.d[i] != y.d[i]) return false;
+  return true;
+}
+
+// broadcast_strides (tensor.hpp), callable from device code.
+GRAD_HD inline Dims strides_in(const Dims& in, const Dims& out) {
+  Dims s;
+  s.rank = out.rank;
+  std::size_t stride = 1;
+  for (std::size_t i = 0; i < out.rank; ++i) {
+    const std::size_t ax = out.rank - 1 - i;
+    const std::size_t n = i < in.rank ? in.d[in.rank - 1 - i] : 1;
+    s.d[ax] = n == 1 ? 0 : stride;
+    stride *= n;
+  }
+  return s;
+}
+
+template <class Op, class Base>
+inline constexpr bool in_family = std::is_base_of_v<Base, Op>;
+
+}  // namespace kernel_detail
+
+// y = f(x, scalar): item w is element w.
+template <class Op>
+  requires kernel_detail::in_family<Op, Unary<Op>>
+struct DeviceKernel<Op> {
+  template <class T>
+  static std::size_t forward_items(const NodeArgs<T>& x) { return x.out.size(); }
+  template <class T>
+  GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
+    y[w] = Op::forward(x.a.data[w], x.scalar);
+  }
+  template <int In, class T>
+  static std::size_t backward_items(const NodeArgs<T>& x) { return x.out.size(); }
+  template <int In, class T>
+  GRAD_HD static void backward(const NodeArgs<T>& x, const T* y, const T* g, T* dx, std::size_t w) {
+    dx[w] = Op::backward(x.a.data[w], y[w], g[w], x.scalar);
+  }
+};
+
+// Broadcasting binary ops. An input of the output's exact shape stores its
+// one contribution as is; a broadcast input's element w starts from zero and
+// adds its contributions in ascending output index (Binary::backward_tensor).
+template <class Op>
+  requires kernel_detail::in_family<Op, Binary<Op>>
+struct DeviceKernel<Op> {
+  template <class T>
+  static std::size_t forward_items(const NodeArgs<T>& x) { return x.out.size(); }
+  template <class T>
+  GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
+    const std::size_t ia = kernel_detail::same_dims(x.a.dims, x.out)
+                               ? w : broadcast_index(w, x.out, kernel_detail::strides_in(x.a.dims, x.out));
+    const std::size_t ib = kernel_detail::same_dims(x.b.dims, x.out)
+                               ? w : broadcast_index(w, x.out, kernel_detail::strides_in(x.b.dims, x.out));
+    y[w] = Op::forward(x.a.data[ia], x.b.data[ib]);
+  }
+
+  template <int In, class T>
+  static std::size_t backward_items(const NodeArgs<T>& x) { return (In == 0 ? x.a.dims : x.b.dims).size(); }
+
+  template <int In, class T>
+  GRAD_HD static void backward(const NodeArgs<T>& x, const T* y, const T* g, T* dx, std::size_t w) {
+    using kernel_detail::same_dims;
+    const Dims sa = kernel_detail::strides_in(x.a.dims, x.out), sb = kernel_detail::strides_in(x.b.dims, x.out);
+    auto contribution = [&](std::size_t j) {
+      const std::size_t ia = broadcast_index(j, x.out, sa), ib = broadcast_index(j, x.out, sb);
+      if constexpr (In == 0)
+        return Op::backward_a(x.a.data[ia], x.b.data[ib], y[j], g[j]);
+      else
+        return Op::backward_b(x.a.data[ia], x.b.data[ib], y[j], g[j]);
+    };
+    const Dims& mine = In == 0 ? x.a.dims : x.b.dims;
+    if (same_dims(mine, x.out)) {
+      dx[w] = contribution(w);
+      return;
+    }
+    // The outputs that read element w: its coordinates fixed on the axes it
+    // spans, every combination of the broadcast (stride 0) axes, enumerated
+    // row-major so that j ascends.
+    const Dims& s = In == 0 ? sa : sb;
+    std::size_t base = 0, free_count = 1, ostride = 1;
+    for (std::size_t ax = x.out.rank; ax-- > 0;) {
+      if (s.d[ax] != 0) base += (w / s.d[ax]) % x.out.d[ax] * ostride;
+      else free_count *= x.out.d[ax];
+      ostride *= x.out.d[ax];
+    }
+    T acc = T(0);
+    for (std::size_t k = 0; k < free_count; ++k) {
+      std::size_t j = base, rest = k, os = 1;
+      for (std::size_t ax = x.out.rank; ax-- > 0;) {
+        if (s.d[ax] == 0) {
+          j += rest % x.out.d[ax] * os;
+          rest /= x.out.d[ax];
+        }
+        os *= x.out.d[ax];
+      }
+      acc = acc + contribution(j);
+    }
+    dx[w] = acc;
+  }
+};
+
+// Matmul and Bmm: every inner product from zero in ascending index, as
+// gemm_nn / gemm_nt / gemm_tn (linalg.hpp) accumulate it.
+template <class Op>
+  requires kernel_detail::in_family<Op, MatrixProduct<Op>>
+struct DeviceKernel<Op> {
+  struct Sizes {
+    std::size_t m, k, n;
+  };
+  template <class T>
+  GRAD_HD static Sizes sizes(const NodeArgs<T>& x) {
+    return {x.a.dims.back(1), x.a.dims.back(), x.b.dims.back()};
+  }
+  template <class T>
+  static std::size_t forward_items(const NodeArgs<T>& x) { return x.out.size(); }
+  template <class T>
+  GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
+    const auto [m, k, n] = sizes(x);
+    const std::size_t s = w / (m * n), i = w % (m * n) / n, j = w % n;
+    const T* A = x.a.data + s * m * k + i * k;
+    const T* B = x.b.data + s * k * n + j;
+    T acc = T(0);
+    for (std::size_t p = 0; p < k; ++p) acc = acc + A[p] * B[p * n];
+    y[w] = acc;
+  }
+  template <int In, class T>
+  static std::size_t backward_items(const NodeArgs<T>& x) { return (In == 0 ? x.a.dims : x.b.dims).size(); }
+  template <int In, class T>
+  GRAD_HD static void backward(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
+    const auto [m, k, n] = sizes(x);
+    T acc = T(0);
+    if constexpr (In == 0) {  // dA[i,p] = sum_j G[i,j] B[p,j]
+      const std::size_t s = w / (m * k), i = w % (m * k) / k, p = w % k;
+      const T* G = g + s * m * n + i * n;
+      const T* B = x.b.data + s * k * n + p * n;
+      for (std::size_t j = 0; j < n; ++j) acc = acc + G[j] * B[j];
+    } else {  // dB[p,j] = sum_i A[i,p] G[i,j]
+      const std::size_t s = w / (k * n), p = w % (k * n) / n, j = w % n;
+      const T* A = x.a.data + s * m * k + p;
+      const T* G = g + s * m * n + j;
+      for (std::size_t i = 0; i < m; ++i) acc = acc + A[i * k] * G[i * n];
+    }
+    dx[w] = acc;
+  }
+};
+
+// sum and mean: one item computes the whole reduction (sum_ascending, the
+// one documented order); backward hands every element the same share.
+template <class Op>
+  requires(std::same_as<Op, Sum> || std::same_as<Op, Mean>)
+struct DeviceKernel<Op> {
+  template <class T>
+  static std::size_t forward_items(const NodeArgs<T>&) { return 1; }
+  template <class T>
+  GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t) {
+    const std::size_t n = x.a.dims.size();
+    if constexpr (std::same_as<Op, Mean>)
+      y[0] = sum_ascending(x.a.data, n) / static_cast<T>(n);
+    else
+      y[0] = sum_ascending(x.a.data, n);
+  }
+  template <int In, class T>
+  static std::size_t backward_items(const NodeArgs<T>& x) { return x.a.dims.size(); }
+  template <int In, class T>
+  GRAD_HD static void backward(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
+    if constexpr (std::same_as<Op, Mean>)
+      dx[w] = g[0] / static_cast<T>(x.a.dims.size());
+    else
+      dx[w] = g[0];
+  }
+};
+
+// Swaps the last two axes (transpose_batches).
+template <>
+struct DeviceKernel<Transpose> {
+  template <class T>
+  static std::size_t forward_items(const NodeArgs<T>& x) { return x.out.size(); }
+  template <class T>
+  GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
+    const std::size_t r = x.a.dims.back(1), c = x.a.dims.back(), s = w / (r * c), q = w % (r * c);
+    y[w] = x.a.data[s * r * c + (q % r) * c + q / r];
+  }
+  template <int In, class T>
+  static std::size_t backward_items(const NodeArgs<T>& x) { return x.a.dims.size(); }
+  template <int In, class T>
+  GRAD_HD static void backward(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
+    const std::size_t r = x.a.dims.back(1), c = x.a.dims.back(), s = w / (r * c), q = w % (r * c);
+    dx[w] = g[s * r * c + (q % c) * r + q / c];
+  }
+};
+
+template <>
+struct DeviceKernel<Reshape> {
+  template <class T>
+  static std::size_t forward_items(const NodeArgs<T>& x) { return x.out.size(); }
+  template <class T>
+  GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) { y[w] = x.a.data[w]; }
+  template <int In, class T>
+  static std::size_t backward_items(const NodeArgs<T>& x) { return x.out.size(); }
+  template <int In, class T>
+  GRAD_HD static void backward(const NodeArgs<T>&, const T*, const T* g, T* dx, std::size_t w) { dx[w] = g[w]; }
+};
+
+// Slice: forward gathers from the input box; backward gives each input
+// element its output's gradient inside the box and zero outside.
+template <>
+struct DeviceKernel<Slice> {
+  template <class T>
+  static std::size_t forward_items(const NodeArgs<T>& x) { return x.out.size(); }
+  template <class T>
+  GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
+    std::size_t src = 0, in_stride = 1, rest = w;
+    for (std::size_t ax = x.out.rank; ax-- > 0;) {
+      src += (rest % x.out.d[ax] + x.extra[ax]) * in_stride;
+      rest /= x.out.d[ax];
+      in_stride *= x.a.dims.d[ax];
+    }
+    y[w] = x.a.data[src];
+  }
+  template <int In, class T>
+  static std::size_t backward_items(const NodeArgs<T>& x) { return x.a.dims.size(); }
+  template <int In, class T>
+  GRAD_HD static void backward(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
+    std::size_t j = 0, out_stride = 1, rest = w;
+    for (std::size_t ax = x.a.dims.rank; ax-- > 0;) {
+      const std::size_t at = rest % x.a.dims.d[ax];
+      rest /= x.a.dims.d[ax];
+      if (at < x.extra[ax] || at >= x.extra[ax] + x.out.d[ax]) {
+        dx[w] = T(0);
+        return;
+      }
+      j += (at - x.extra[ax]) * out_stride;
+      out_stride *= x.out.d[ax];
+    }
+    dx[w] = g[j];
+  }
+};
+
+// Concat: per outer index, a's block then b's block.
+template <>
+struct DeviceKernel<Concat> {
+  struct Blocks {
+    std::size_t a, b;
+  };
+  template <class T>
+  GRAD_HD static Blocks blocks(const NodeArgs<T>& x) {
+    Blocks k{1, 1};
+    for (std::size_t i = x.axis; i < x.a.dims.rank; ++i) {
+      k.a *= x.a.dims.d[i];
+      k.b *= x.b.dims.d[i];
+    }
+    return k;
+  }
+  template <class T>
+  static std::size_t forward_items(const NodeArgs<T>& x) { return x.out.size(); }
+  template <class T>
+  GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
+    const Blocks k = blocks(x);
+    const std::size_t o = w / (k.a + k.b), r = w % (k.a + k.b);
+    y[w] = r < k.a ? x.a.data[o * k.a + r] : x.b.data[o * k.b + (r - k.a)];
+  }
+  template <int In, class T>
+  static std::size_t backward_items(const NodeArgs<T>& x) { return (In == 0 ? x.a.dims : x.b.dims).size(); }
+  template <int In, class T>
+  GRAD_HD static void backward(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
+    const Blocks k = blocks(x);
+    const std::size_t width = In == 0 ? k.a : k.b, offset = In == 0 ? 0 : k.a;
+    dx[w] = g[w / width * (k.a + k.b) + offset + w % width];
+  }
+};
+
+// Softmax: item w is one whole lane, run by the tag's own lane functions.
+template <>
+struct DeviceKernel<Softmax> {
+  struct Lane {
+    std::size_t base, n, stride;
+  };
+  template <class T>
+  GRAD_HD static Lane lane(const NodeArgs<T>& x, std::size_t w) {
+    std::size_t inner = 1;
+    for (std::size_t i = x.axis + 1; i < x.out.rank; ++i) inner *= x.out.d[i];
+    const std::size_t n = x.out.d[x.axis];
+    return {w / inner * n * inner + w % inner, n, inner};
+  }
+  template <class T>
+  static std::size_t forward_items(const NodeArgs<T>& x) { return x.out.size() / x.out.d[x.axis]; }
+  template <class T>
+  GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
+    const Lane l = lane(x, w);
+    Softmax::forward_lane(x.a.data + l.base, y + l.base, l.n, l.stride);
+  }
+  template <int In, class T>
+  static std::size_t backward_items(const NodeArgs<T>& x) { return x.out.size() / x.out.d[x.axis]; }
+  template <int In, class T>
+  GRAD_HD static void backward(const NodeArgs<T>& x, const T* y, const T* g, T* dx, std::size_t w) {
+    const Lane l = lane(x, w);
+    Softmax::backward_lane(y + l.base, g + l.base, dx + l.base, l.n, l.stride);
+  }
+};
+
+// row_sum: item w is row w, run by the tag's own row functions.
+template <>
+struct DeviceKernel<RowSum> {
+  template <class T>
+  static std::size_t forward_items(const NodeArgs<T>& x) { return x.out.size(); }
+  template <class T>
+  GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
+    const std::size_t n = x.a.dims.back();
+    y[w] = RowSum::forward_row(x.a.data + w * n, n);
+  }
+  template <int In, class T>
+  static std::size_t backward_items(const NodeArgs<T>& x) { return x.out.size(); }
+  template <int In, class T>
+  GRAD_HD static void backward(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
+    const std::size_t n = x.a.dims.back();
+    RowSum::backward_row(g[w], dx + w * n, n);
+  }
+};
+
+// What a fan-out input does with a later contribution (backward.hpp):
+// the contribution was computed whole into scratch, then grad = grad + it.
+template <class T>
+GRAD_HD inline void accumulate_element(T* grad, const T* contribution, std::size_t w) {
+  grad[w] = grad[w] + contribution[w];
+}
+
+// ---- device optimizers: grad/opt.hpp's rules over the parameter buffers ----
+
+template <class S>
+struct ParamView {
+  S* w = nullptr;
+  const S* g = nullptr;
+  S* m = nullptr;  // Adam moments (null for SGD)
+  S* v = nullptr;
+  std::size_t size = 0;
+  S l2 = S(0);
+};
+
+template <class S>
+struct OptimizerHyper {
+  S lr, beta1, beta2, eps, clip;
+  bool adam;
+};
+
+// Per-step values computed on the device, so that a step needs no host round trip.
+template <class S>
+struct OptimizerState {
+  S scale = S(1);  // clip factor of this step
+  S beta1_power = S(1), beta2_power = S(1);
+  AdamStepConstants<S> constants{};
+};
+
+// One work item: the clip factor (opt.hpp's order: parameters in add order,
+// elements ascending, from zero), then Adam's per-step constants.
+template <class S>
+GRAD_HD inline void optimizer_prepare(const ParamView<S>* params, std::size_t count, const OptimizerHyper<S>& h,
+                                      OptimizerState<S>* st) {
+  S scale = S(1);
+  if (h.clip != S(0)) {
+    S acc = S(0);
+    for (std::size_t k = 0; k < count; ++k)
+      for (std::size_t i = 0; i < params[k].size; ++i) acc = ClipRule::accumulate(acc, params[k].g[i]);
+    scale = ClipRule::scale(acc, h.clip);
+  }
+  st->scale = scale;
+  if (h.adam) {
+    AdamRule::advance(st->beta1_power, st->beta2_power, h.beta1, h.beta2);
+    st->constants = AdamRule::constants(h.lr, h.beta1, h.beta2, st->beta1_power, st->beta2_power);
+  }
+}
+
+template <class S>
+GRAD_HD inline void optimizer_update(const ParamView<S>& p, const OptimizerHyper<S>& h, const OptimizerState<S>& st,
+                                     std::size_t i) {
+  const S g = ClipRule::effective(p.g[i], p.w[i], st.scale, p.l2);
+  if (h.adam)
+    AdamRule::update(p.w[i], p.m[i], p.v[i], g, h.beta1, h.beta2, h.eps, st.constants);
+  else
+    p.w[i] = SgdRule::update(p.w[i], g, h.lr);
+}
+
+}  // namespace grad::device

@@ -1,0 +1,86 @@
+// device::SGD and device::Adam: grad::SGD / grad::Adam (grad/opt.hpp) over a
+// captured Program's parameters, with their state on the program's backend.
+// A step runs opt.hpp's rules there: clip factor, Adam's per-step constants
+// and every update are computed on the backend, so a step reads nothing back.
+//
+// As on the tape, a parameter the loss's backward never reaches is skipped
+// (no decay, no moments, no share of the clip norm). One optimizer drives a
+// program at a time; add every parameter before the first step.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "grad/device/program.hpp"
+
+namespace grad::device {
+
+template <class T>
+class Optimizer {
+ public:
+  // A captured parameter (tape.param) with its own L2 coefficient. Throws
+  // std::invalid_argument for anything else, a repeat, or l2 < 0, and
+  // std::logic_error after the first step.
+  void add(Var<T> param, T l2 = T(0)) {
+    const std::string who = std::string(name_) + ".add";
+    if (steps_ > 0)
+      throw std::logic_error("grad::device::" + who + ": add every parameter before the first step");
+    ParamSlot slot = program_->param_slot(param, who);
+    for (std::uint32_t i : added_)
+      if (i == param.index())
+        throw std::invalid_argument("grad::device::" + who + ": parameter (node " + std::to_string(i) + ") was already added");
+    if (!(l2 >= T(0)))
+      throw std::invalid_argument("grad::device::" + who + ": L2 coefficient " + std::to_string(l2) + " must be >= 0");
+    added_.push_back(param.index());
+    slot.l2 = static_cast<double>(l2);
+    if (slot.grad != none) slots_.push_back(slot);
+    dirty_ = true;
+  }
+  // Global-norm clipping threshold; 0 turns clipping off (grad::Optimizer::set_clip).
+  void set_clip(T max_norm) { settings_.clip = max_norm > T(0) ? static_cast<double>(max_norm) : 0.0; }
+  void set_lr(T lr) { settings_.lr = static_cast<double>(lr); }
+
+  void step() {
+    program_->with_engine([&](auto& e, auto) {
+      if (dirty_) e.set_optimizer(slots_, settings_.adam);
+      e.optimizer_step(settings_);
+    });
+    dirty_ = false;
+    ++steps_;
+  }
+  std::uint64_t steps() const { return steps_; }
+
+ protected:
+  Optimizer(Program<T>& program, const char* name, bool adam, T lr) : program_(&program), name_(name) {
+    settings_.adam = adam;
+    settings_.lr = static_cast<double>(lr);
+  }
+  Program<T>* program_;
+  const char* name_;
+  OptimizerSettings settings_;
+  std::vector<ParamSlot> slots_;  // reached parameters, in add order
+  std::vector<std::uint32_t> added_;
+  bool dirty_ = true;
+  std::uint64_t steps_ = 0;
+};
+
+template <class T>
+class SGD : public Optimizer<T> {
+ public:
+  SGD(Program<T>& program, T lr) : Optimizer<T>(program, "sgd", false, lr) {}
+};
+
+template <class T>
+class Adam : public Optimizer<T> {
+ public:
+  Adam(Program<T>& program, T lr, T beta1 = T(0.9), T beta2 = T(0.999), T eps = T(1e-8))
+      : Optimizer<T>(program, "adam", true, lr) {
+    this->settings_.beta1 = static_cast<double>(beta1);
+    this->settings_.beta2 = static_cast<double>(beta2);
+    this->settings_.eps = static_cast<double>(eps);
+  }
+};
+
+}  // namespace grad::device

@@ -1,0 +1,306 @@
+// capture(): one recorded episode of a Tape becomes a Program that a backend
+// replays: forward, backward (and a device optimizer's step) per minibatch,
+// with fresh input rows uploaded into the captured constants.
+//
+// Capture fails closed: anything it cannot replay exactly is refused with a
+// CaptureError whose message says what and why.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "grad/device/engine.hpp"
+#include "grad/device/kernels.hpp"
+#include "grad/tape.hpp"
+
+namespace grad::device {
+
+struct Options {
+  Backend backend = Backend::cpu;
+  Mode mode = Mode::per_node;
+  bool f32 = false;  // hold and compute everything in float32 on the device
+};
+
+class CaptureError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+inline std::string_view backend_name(Backend b) { return b == Backend::cpu ? "cpu" : "cuda"; }
+inline std::string_view mode_name(Mode m) {
+  return m == Mode::per_node ? "per_node" : m == Mode::graph ? "graph" : "fused";
+}
+
+template <class T>
+class Program;
+
+template <class T>
+Program<T> capture(const Tape<T>& tape, Var<T> loss, Options options = {});
+
+template <class T>
+class Program {
+ public:
+  // Uploads fresh values into a captured constant (tp.constant) of the same shape.
+  void set_input(Var<T> input, const Tensor<T>& values) {
+    const std::uint32_t i = node_of(input, "set_input");
+    if (tape_->nodes()[i].op != op_code<Const>)
+      throw std::invalid_argument("grad::device::set_input: node " + std::to_string(i) + " is a " +
+                                  std::string(op_name(tape_->nodes()[i].op)) +
+                                  " node; only constants (tape.constant) are inputs");
+    if (!(Dims::of(values.shape()) == dims_[i]))
+      throw std::invalid_argument("grad::device::set_input: node " + std::to_string(i) + " has shape " +
+                                  shape_string(dims_[i]) + " but the tensor has shape " + shape_string(values.shape()));
+    with_engine([&](auto& e, auto zero) {
+      using S = decltype(zero);
+      if constexpr (std::is_same_v<S, T>) {
+        e.write_values(value_offset_[i], values.data());
+      } else {
+        staging_.resize(values.size());
+        std::transform(values.data().begin(), values.data().end(), staging_.begin(),
+                       [](T x) { return static_cast<float>(x); });
+        e.write_values(value_offset_[i], staging_);
+      }
+    });
+  }
+
+  void forward() {
+    with_engine([](auto& e, auto) { e.forward(); });
+  }
+  void backward() {
+    with_engine([](auto& e, auto) { e.backward(); });
+  }
+  // The loss of the latest forward(): the only value a training step reads back.
+  T loss() { return read(loss_, false)[0]; }
+
+  // A captured node's value / gradient (zeros for a node without gradient).
+  Tensor<T> value(Var<T> v) { return Tensor<T>(dims_[node_of(v, "value")].shape(), read(node_of(v, "value"), false)); }
+  Tensor<T> grad(Var<T> v) { return Tensor<T>(dims_[node_of(v, "grad")].shape(), read(node_of(v, "grad"), true)); }
+
+  // Writes every captured parameter's device value into the tape it came from.
+  void sync_params_to(Tape<T>& tape) {
+    if (&tape != tape_)
+      throw std::invalid_argument("grad::device::sync_params_to: the program was captured from a different tape");
+    for (std::uint32_t i = 0; i <= loss_; ++i) {
+      if (tape.nodes()[i].op != op_code<Param>) continue;
+      check_node(i, "sync_params_to");
+      const std::vector<T> v = read(i, false);
+      std::copy(v.begin(), v.end(), tape.nodes()[i].value);
+    }
+  }
+
+  Backend backend() const { return options_.backend; }
+  Mode mode() const { return options_.mode; }
+  bool f32() const { return narrow_ != nullptr; }
+  std::size_t nodes() const { return dims_.size(); }
+  // Kernel launches of one forward() and one backward() (per-node mode).
+  std::size_t forward_launches() const { return forward_launches_; }
+  std::size_t backward_launches() const { return backward_launches_; }
+  // Bytes of device gradient buffers: only nodes the loss's backward reaches have one.
+  std::size_t grad_bytes() const { return grad_elements_ * (f32() ? sizeof(float) : sizeof(T)); }
+  bool reaches(Var<T> v) const { return grad_offset_[node_of(v, "reaches")] != none; }
+
+  // For device optimizers: where a parameter lives, or an exception saying why it cannot be trained.
+  ParamSlot param_slot(Var<T> param, std::string_view who) const {
+    const std::uint32_t i = node_of(param, who);
+    if (tape_->nodes()[i].op != op_code<Param>)
+      throw std::invalid_argument("grad::device::" + std::string(who) + ": node " + std::to_string(i) + " is a " +
+                                  std::string(op_name(tape_->nodes()[i].op)) + " node; expected a parameter (tape.param)");
+    return {value_offset_[i], grad_offset_[i], dims_[i].size(), 0.0};
+  }
+  template <class F>
+  decltype(auto) with_engine(F&& f) {
+    if constexpr (std::is_same_v<T, double>)
+      if (narrow_) return f(*narrow_, float{});
+    return f(*same_, T{});
+  }
+
+ private:
+  friend Program capture<T>(const Tape<T>&, Var<T>, Options);
+  Program() = default;
+
+  std::uint32_t node_of(Var<T> v, std::string_view who) const {
+    if (v.tape() != tape_ || tape_->value(v).empty())
+      throw std::invalid_argument("grad::device::" + std::string(who) +
+                                  ": the Var is not a live node of the captured tape (default, from another tape, or dropped)");
+    if (v.index() > loss_)
+      throw std::invalid_argument("grad::device::" + std::string(who) + ": node " + std::to_string(v.index()) +
+                                  " was recorded after the loss (node " + std::to_string(loss_) + ") and is not captured");
+    check_node(v.index(), who);
+    return v.index();
+  }
+  void check_node(std::uint32_t i, std::string_view who) const {
+    if (tape_->size() <= i || tape_->nodes()[i].serial != serials_[i])
+      throw std::invalid_argument("grad::device::" + std::string(who) + ": node " + std::to_string(i) +
+                                  " of the tape was re-recorded after capture; capture again");
+  }
+  std::vector<T> read(std::uint32_t i, bool gradient) {
+    std::vector<T> out(dims_[i].size(), T(0));
+    const std::size_t offset = gradient ? grad_offset_[i] : value_offset_[i];
+    if (offset == none) return out;
+    with_engine([&](auto& e, auto zero) {
+      using S = decltype(zero);
+      std::vector<S> tmp(out.size());
+      if (gradient)
+        e.read_grads(offset, tmp);
+      else
+        e.read_values(offset, tmp);
+      std::transform(tmp.begin(), tmp.end(), out.begin(), [](S x) { return static_cast<T>(x); });
+    });
+    return out;
+  }
+
+  const Tape<T>* tape_ = nullptr;
+  Options options_;
+  std::uint32_t loss_ = 0;
+  std::vector<Dims> dims_;
+  std::vector<std::size_t> value_offset_, grad_offset_;
+  std::vector<std::uint64_t> serials_;
+  std::size_t grad_elements_ = 0, forward_launches_ = 0, backward_launches_ = 0;
+  std::unique_ptr<Engine<T>> same_;
+  std::unique_ptr<Engine<float>> narrow_;  // f32 capture of a double tape
+  std::vector<float> staging_;
+};
+
+namespace capture_detail {
+
+// Buffers start on 256-byte boundaries so that every node's loads coalesce.
+inline std::size_t aligned(std::size_t n, std::size_t elem) {
+  const std::size_t per = 256 / elem;
+  return (n + per - 1) / per * per;
+}
+
+template <class S, class T>
+Layout<S> build_layout(const Tape<T>& tape, std::uint32_t loss, std::vector<std::size_t>& value_offset,
+                       std::vector<std::size_t>& grad_offset) {
+  const auto nodes = tape.nodes().first(loss + 1);
+  Layout<S> L;
+  L.loss = loss;
+  L.extras.assign(tape.extras().begin(), tape.extras().end());
+
+  // Which nodes the loss's backward reaches, and for each (node, input) pair
+  // whether the input already holds a contribution: the tape's reverse walk
+  // (backward.hpp), replayed statically.
+  std::vector<char> reached(nodes.size(), 0);
+  reached[loss] = nodes[loss].requires_grad;
+  for (std::size_t i = loss + 1; i-- > 0;) {
+    const Node<T>& n = nodes[i];
+    if (!reached[i]) continue;
+    const std::uint32_t in[2] = {n.a, n.b};
+    for (std::uint8_t k = 0; k < 2; ++k) {
+      if (in[k] == no_node || !nodes[in[k]].requires_grad) continue;
+      L.backward.push_back({static_cast<std::uint32_t>(i), k, reached[in[k]] != 0});
+      if (reached[in[k]]) L.scratch_size = std::max(L.scratch_size, nodes[in[k]].dims.size());
+      reached[in[k]] = 1;
+    }
+  }
+
+  std::size_t values = 0, grads = 0;
+  value_offset.assign(nodes.size(), none);
+  grad_offset.assign(nodes.size(), none);
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const std::size_t size = nodes[i].dims.size();
+    value_offset[i] = values;
+    values += aligned(size, sizeof(S));
+    if (reached[i]) {
+      grad_offset[i] = grads;
+      grads += aligned(size, sizeof(S));
+    }
+  }
+  L.values.assign(values, S(0));
+  L.grad_size = grads;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    const Node<T>& n = nodes[i];
+    DeviceNode<S> d;
+    d.op = n.op;
+    d.a = n.a;
+    d.b = n.b;
+    d.dims = n.dims;
+    d.scalar = static_cast<S>(n.scalar);
+    d.axis = n.axis;
+    d.extra = n.extra == no_node ? none : n.extra;
+    d.value = value_offset[i];
+    d.grad = grad_offset[i];
+    L.nodes.push_back(d);
+    // Every value starts as the tape recorded it: leaves are the inputs and
+    // weights; computed values are overwritten by the first forward().
+    std::transform(n.value, n.value + n.dims.size(), L.values.begin() + static_cast<std::ptrdiff_t>(d.value),
+                   [](T x) { return static_cast<S>(x); });
+  }
+  return L;
+}
+
+}  // namespace capture_detail
+
+template <class T>
+Program<T> capture(const Tape<T>& tape, Var<T> loss, Options options) {
+  const std::string who = "grad::device::capture: ";
+  if (!tape.ok())
+    throw CaptureError(who + "the tape is poisoned (" + tape.error() + "); record a clean episode before capturing");
+  if (loss.tape() != &tape)
+    throw CaptureError(who + "the loss Var belongs to a different tape (or to none)");
+  if (tape.value(loss).empty())
+    throw CaptureError(who + "the loss Var is not a live node of the tape (rejected, or dropped by reset_to)");
+  const Node<T>& root = tape.nodes()[loss.index()];
+  if (root.dims.size() != 1)
+    throw CaptureError(who + "the loss has shape " + shape_string(root.dims) +
+                       "; expected a single element (reduce it with sum or mean first)");
+  for (std::uint32_t i = 0; i <= loss.index(); ++i) {
+    const Node<T>& n = tape.nodes()[i];
+    const bool has_kernel = with_op(n.op, [](auto op) {
+      using Op = decltype(op);
+      return Op::arity == 0 || has_device_kernel<Op>;
+    });
+    if (!has_kernel)
+      throw CaptureError(who + "node " + std::to_string(i) + " is a '" + std::string(op_name(n.op)) +
+                         "' op, which has no device kernel (add a DeviceKernel specialisation in grad/device/kernels.hpp)");
+    if (n.op == op_code<Bmm>) {
+      const Dims &a = tape.nodes()[n.a].dims, &b = tape.nodes()[n.b].dims;
+      if (a.rank != 3 || b.rank != 3 || a[0] != n.dims[0] || b[0] != n.dims[0])
+        throw CaptureError(who + "node " + std::to_string(i) + ": bmm operands " + shape_string(a) + " x " + shape_string(b) +
+                           " do not both carry the full batch of " + std::to_string(n.dims[0]));
+    }
+  }
+  if (options.mode != Mode::per_node)
+    throw CaptureError(who + "mode '" + std::string(mode_name(options.mode)) +
+                       "' is not available in this build; use Mode::per_node");
+  if (options.backend == Backend::cuda && !cuda_available())
+    throw CaptureError(who + "backend 'cuda' requested but " + cuda_unavailable_reason());
+
+  Program<T> p;
+  p.tape_ = &tape;
+  p.options_ = options;
+  p.loss_ = loss.index();
+  for (std::uint32_t i = 0; i <= p.loss_; ++i) {
+    p.dims_.push_back(tape.nodes()[i].dims);
+    p.serials_.push_back(tape.nodes()[i].serial);
+  }
+  auto finish = [&](const auto& layout) {
+    p.grad_elements_ = layout.grad_size;
+    p.backward_launches_ = layout.backward.size();
+    for (const auto& s : layout.backward) p.backward_launches_ += s.accumulate;
+    for (const auto& n : layout.nodes)
+      p.forward_launches_ += n.op != op_code<Param> && n.op != op_code<Const>;
+  };
+  try {
+    if (options.f32 && std::is_same_v<T, double>) {
+      const Layout<float> L = capture_detail::build_layout<float>(tape, p.loss_, p.value_offset_, p.grad_offset_);
+      finish(L);
+      p.narrow_ = make_engine<float>(options.backend, L);
+    } else {
+      const Layout<T> L = capture_detail::build_layout<T>(tape, p.loss_, p.value_offset_, p.grad_offset_);
+      finish(L);
+      p.same_ = make_engine<T>(options.backend, L);
+    }
+  } catch (const std::runtime_error& e) {
+    throw CaptureError(who + "backend '" + std::string(backend_name(options.backend)) + "' failed to start: " + e.what());
+  }
+  return p;
+}
+
+}  // namespace grad::device

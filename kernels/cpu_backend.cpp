@@ -1,0 +1,90 @@
+// The CPU backend: the device kernel bodies (grad/device/kernels.hpp) run on
+// the host, one loop over blocks and threads per launch, launches in order.
+// It exists so the bit-exactness contract can be checked on any machine; it
+// is not meant to be fast.
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <vector>
+
+#include "grad/device/replay.hpp"
+
+namespace grad::device {
+
+namespace {
+
+// Same launch geometry as the CUDA backend: work item w = block * threads + thread.
+constexpr std::size_t threads_per_block = 256;
+
+template <class F>
+void for_each_item(std::size_t items, F&& body) {
+  const std::size_t blocks = (items + threads_per_block - 1) / threads_per_block;
+  for (std::size_t block = 0; block < blocks; ++block)
+    for (std::size_t thread = 0; thread < threads_per_block; ++thread) {
+      const std::size_t w = block * threads_per_block + thread;
+      if (w < items) body(w);
+    }
+}
+
+class CpuLauncher {
+ public:
+  template <class U>
+  U* allocate(std::size_t n) {
+    auto& block = blocks_.emplace_back(new (std::align_val_t{64}) unsigned char[std::max<std::size_t>(n, 1) * sizeof(U)]);
+    std::memset(block.get(), 0, std::max<std::size_t>(n, 1) * sizeof(U));
+    return reinterpret_cast<U*>(block.get());
+  }
+  void upload(void* dst, const void* src, std::size_t bytes) {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void download(void* dst, const void* src, std::size_t bytes) {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+
+  template <class Op, class S>
+  void forward(const NodeArgs<S>& x, S* y, std::size_t items) {
+    for_each_item(items, [&](std::size_t w) { DeviceKernel<Op>::forward(x, y, w); });
+  }
+  template <class Op, int In, class S>
+  void backward(const NodeArgs<S>& x, const S* y, const S* g, S* dx, std::size_t items) {
+    for_each_item(items, [&](std::size_t w) { DeviceKernel<Op>::template backward<In>(x, y, g, dx, w); });
+  }
+  template <class S>
+  void accumulate(S* grad, const S* contribution, std::size_t n) {
+    for_each_item(n, [&](std::size_t w) { accumulate_element(grad, contribution, w); });
+  }
+  template <class S>
+  void optimizer_prepare(const ParamView<S>* params, std::size_t count, const OptimizerHyper<S>& h, OptimizerState<S>* st) {
+    device::optimizer_prepare(params, count, h, st);
+  }
+  template <class S>
+  void optimizer_update(const ParamView<S>& p, const OptimizerHyper<S>& h, const OptimizerState<S>* st) {
+    for_each_item(p.size, [&](std::size_t w) { device::optimizer_update(p, h, *st, w); });
+  }
+
+ private:
+  struct Free {
+    void operator()(unsigned char* p) const { ::operator delete[](p, std::align_val_t{64}); }
+  };
+  std::vector<std::unique_ptr<unsigned char[], Free>> blocks_;
+};
+
+}  // namespace
+
+// Declared here, defined by the CUDA library (kernels/cuda_backend.cu) or,
+// in a build without CUDA, by kernels/cuda_absent.cpp.
+template <class S>
+std::unique_ptr<Engine<S>> make_cuda_engine(const Layout<S>& layout);
+
+template <class S>
+std::unique_ptr<Engine<S>> make_engine(Backend backend, const Layout<S>& layout) {
+  if (backend == Backend::cuda) return make_cuda_engine<S>(layout);
+  return std::make_unique<ReplayEngine<S, CpuLauncher>>(layout);
+}
+
+template std::unique_ptr<Engine<float>> make_engine<float>(Backend, const Layout<float>&);
+template std::unique_ptr<Engine<double>> make_engine<double>(Backend, const Layout<double>&);
+
+}  // namespace grad::device

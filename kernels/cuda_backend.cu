@@ -1,0 +1,167 @@
+// The CUDA backend: one __global__ template per direction, instantiated for
+// every op in OpList (through with_op in the shared replay, ReplayEngine),
+// each thread running one work item of the op's DeviceKernel body: the same
+// source the CPU backend runs. Built with --fmad=false so that no a*b+c is
+// contracted; launches go in order on one stream.
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "grad/device/replay.hpp"
+
+namespace grad::device {
+
+namespace {
+
+constexpr unsigned threads_per_block = 256;
+
+void check(cudaError_t rc, const char* what) {
+  if (rc != cudaSuccess)
+    throw std::runtime_error(std::string("grad::device (cuda): ") + what + " failed: " + cudaGetErrorName(rc) + " (" +
+                             cudaGetErrorString(rc) + ")");
+}
+
+__device__ inline std::size_t work_item() {
+  return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+
+template <class Op, class S>
+__global__ void forward_kernel(NodeArgs<S> x, S* y, std::size_t items) {
+  const std::size_t w = work_item();
+  if (w < items) DeviceKernel<Op>::forward(x, y, w);
+}
+
+template <class Op, int In, class S>
+__global__ void backward_kernel(NodeArgs<S> x, const S* y, const S* g, S* dx, std::size_t items) {
+  const std::size_t w = work_item();
+  if (w < items) DeviceKernel<Op>::template backward<In>(x, y, g, dx, w);
+}
+
+template <class S>
+__global__ void accumulate_kernel(S* grad, const S* contribution, std::size_t n) {
+  const std::size_t w = work_item();
+  if (w < n) accumulate_element(grad, contribution, w);
+}
+
+template <class S>
+__global__ void optimizer_prepare_kernel(const ParamView<S>* params, std::size_t count, OptimizerHyper<S> h,
+                                         OptimizerState<S>* st) {
+  optimizer_prepare(params, count, h, st);
+}
+
+template <class S>
+__global__ void optimizer_update_kernel(ParamView<S> p, OptimizerHyper<S> h, const OptimizerState<S>* st) {
+  const std::size_t w = work_item();
+  if (w < p.size) optimizer_update(p, h, *st, w);
+}
+
+unsigned blocks_for(std::size_t items) {
+  return static_cast<unsigned>((items + threads_per_block - 1) / threads_per_block);
+}
+
+class CudaLauncher {
+ public:
+  CudaLauncher() { check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"); }
+  ~CudaLauncher() {
+    cudaStreamSynchronize(stream_);
+    for (void* p : buffers_) cudaFree(p);
+    cudaStreamDestroy(stream_);
+  }
+  CudaLauncher(const CudaLauncher&) = delete;
+  CudaLauncher& operator=(const CudaLauncher&) = delete;
+
+  template <class U>
+  U* allocate(std::size_t n) {
+    void* p = nullptr;
+    const std::size_t bytes = (n ? n : 1) * sizeof(U);
+    check(cudaMalloc(&p, bytes), "cudaMalloc");
+    buffers_.push_back(p);
+    check(cudaMemsetAsync(p, 0, bytes, stream_), "cudaMemsetAsync");
+    return static_cast<U*>(p);
+  }
+  void upload(void* dst, const void* src, std::size_t bytes) {
+    if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (upload)");
+    // The source may be a temporary: wait until the copy has read it.
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+  void download(void* dst, const void* src, std::size_t bytes) {
+    if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (download)");
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+  template <class Op, class S>
+  void forward(const NodeArgs<S>& x, S* y, std::size_t items) {
+    if (!items) return;
+    forward_kernel<Op, S><<<blocks_for(items), threads_per_block, 0, stream_>>>(x, y, items);
+    check(cudaGetLastError(), "forward kernel launch");
+  }
+  template <class Op, int In, class S>
+  void backward(const NodeArgs<S>& x, const S* y, const S* g, S* dx, std::size_t items) {
+    if (!items) return;
+    backward_kernel<Op, In, S><<<blocks_for(items), threads_per_block, 0, stream_>>>(x, y, g, dx, items);
+    check(cudaGetLastError(), "backward kernel launch");
+  }
+  template <class S>
+  void accumulate(S* grad, const S* contribution, std::size_t n) {
+    accumulate_kernel<S><<<blocks_for(n), threads_per_block, 0, stream_>>>(grad, contribution, n);
+    check(cudaGetLastError(), "accumulate kernel launch");
+  }
+  template <class S>
+  void optimizer_prepare(const ParamView<S>* params, std::size_t count, const OptimizerHyper<S>& h,
+                         OptimizerState<S>* st) {
+    optimizer_prepare_kernel<S><<<1, 1, 0, stream_>>>(params, count, h, st);
+    check(cudaGetLastError(), "optimizer prepare kernel launch");
+  }
+  template <class S>
+  void optimizer_update(const ParamView<S>& p, const OptimizerHyper<S>& h, const OptimizerState<S>* st) {
+    if (!p.size) return;
+    optimizer_update_kernel<S><<<blocks_for(p.size), threads_per_block, 0, stream_>>>(p, h, st);
+    check(cudaGetLastError(), "optimizer update kernel launch");
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  std::vector<void*> buffers_;
+};
+
+struct Probe {
+  cudaError_t rc = cudaSuccess;
+  int count = 0;
+};
+
+// Without a driver cudaGetDeviceCount returns an error and leaves the count alone.
+const Probe& probe() {
+  static const Probe p = [] {
+    Probe r;
+    r.rc = cudaGetDeviceCount(&r.count);
+    if (r.rc != cudaSuccess) r.count = 0;
+    return r;
+  }();
+  return p;
+}
+
+}  // namespace
+
+bool cuda_available() { return probe().rc == cudaSuccess && probe().count > 0; }
+
+std::string cuda_unavailable_reason() {
+  const Probe& p = probe();
+  if (p.rc != cudaSuccess)
+    return std::string("no CUDA device answers (cudaGetDeviceCount: ") + cudaGetErrorName(p.rc) + ", " +
+           cudaGetErrorString(p.rc) + ")";
+  if (p.count == 0) return "no CUDA device is present (cudaGetDeviceCount returned 0)";
+  return "";
+}
+
+template <class S>
+std::unique_ptr<Engine<S>> make_cuda_engine(const Layout<S>& layout) {
+  if (!cuda_available()) throw std::runtime_error(cuda_unavailable_reason());
+  return std::make_unique<ReplayEngine<S, CudaLauncher>>(layout);
+}
+template std::unique_ptr<Engine<float>> make_cuda_engine<float>(const Layout<float>&);
+template std::unique_ptr<Engine<double>> make_cuda_engine<double>(const Layout<double>&);
+
+}  // namespace grad::device
