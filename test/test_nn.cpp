@@ -242,7 +242,7 @@ BlockSpec random_spec(std::uint64_t seed, bool peft_init) {
       {"gate", {s.d, s.ffn}},         {"up", {s.d, s.ffn}},         {"down", {s.ffn, s.d}}};
   for (std::size_t i = 0; i < s.t; ++i) s.tokens.push_back(rng.next() % s.vocab);
   s.tensors["x"] = uniform({s.t, s.d}, 1.0);
-  for (const char* n : {"norm_in", "norm_post", "norm_final"}) s.tensors[n] = random_tensor<double>({s.d}, rng, 0.9, 1.1);
+  for (const char* n : {"norm_in", "norm_post"}) s.tensors[n] = random_tensor<double>({s.d}, rng, 0.9, 1.1);
   for (const auto& [m, io] : dims) {
     const double fan = 1.7 / std::sqrt(static_cast<double>(io.first));
     s.tensors["w_" + m] = uniform({io.first, io.second}, fan);
@@ -278,7 +278,7 @@ Var<double> record_block(Tape<double>& tp, const BlockSpec& s, const std::vector
   Var<double> x2 = x + proj(ctx, "o");
   Var<double> h2 = nn::rmsnorm(x2, in("norm_post"), s.eps);
   Var<double> x3 = x2 + proj(nn::swiglu(proj(h2, "gate"), proj(h2, "up")), "down");
-  Var<double> logits = nn::linear(nn::rmsnorm(x3, in("norm_final"), s.eps), in("w_vocab"));
+  Var<double> logits = nn::linear(x3, in("w_vocab"));
   const std::vector<std::size_t> next(s.tokens.begin() + 1, s.tokens.end());
   return nn::cross_entropy_rows(logits, tp.constant(onehot_rows(next, s.vocab)), s.t - 1);
 }
@@ -399,7 +399,7 @@ TEST_CASE("the block: the frozen base holds no gradient buffers") {
   const auto adapters_full = params_of(full, s.adapters());
   REQUIRE(full.backward(record_block(full, s, adapters_full, true)));
   std::size_t base_bytes = 0;
-  for (const char* n : {"x", "norm_in", "norm_post", "norm_final", "w_q", "w_k", "w_v", "w_o", "w_gate", "w_up", "w_down",
+  for (const char* n : {"x", "norm_in", "norm_post", "w_q", "w_k", "w_v", "w_o", "w_gate", "w_up", "w_down",
                         "bias_q", "bias_k", "bias_v", "w_vocab"})
     base_bytes += s.tensors.at(n).size() * sizeof(double);
   CHECK(full.grad_bytes() >= frozen.grad_bytes() + base_bytes);
@@ -423,7 +423,7 @@ TEST_CASE("the block: 60 Adam steps on the adapters drive next-token cross-entro
     tp.reset_to(episode);
   }
   CHECK(std::abs(first - std::log(static_cast<double>(s.vocab))) < 0.3);
-  CHECK(last < 0.25);
+  CHECK(last < 0.1);
   CHECK(tp.ok());
 }
 

@@ -10,7 +10,7 @@ layer, from the very input bits written here:
     x2  = x + lora(ctx, Wo, Ao, Bo)
     h2  = rmsnorm(x2, norm_post)
     x3  = x2 + lora(silu(lora(h2, Wg)) * lora(h2, Wu), Wd)
-    logits = rmsnorm(x3, norm_final) . W_vocab
+    logits = x3 . W_vocab
     loss = cross_entropy(logits[:-1], tokens[1:])     (next-token prediction)
 
 lora(x, W, A, B) = x.W + scale * (x.A).B. The 14 adapter tensors A_*, B_* are
@@ -60,7 +60,6 @@ def make_inputs():
     inp["x"] = randn(T, D)
     inp["norm_in"] = near_one(D)
     inp["norm_post"] = near_one(D)
-    inp["norm_final"] = near_one(D)
     for m, (i, o) in dims.items():
         inp["w_" + m] = randn(i, o, std=1 / math.sqrt(i))
     for m in ["q", "k", "v"]:
@@ -110,7 +109,7 @@ def forward(p, cos, sin):
     x2 = x + lora(ctx, "o")
     h2 = rmsnorm(x2, p["norm_post"])
     x3 = x2 + lora(F.silu(lora(h2, "gate")) * lora(h2, "up"), "down")
-    logits = rmsnorm(x3, p["norm_final"]) @ p["w_vocab"]
+    logits = x3 @ p["w_vocab"]
     tokens = p["tokens"].long()
     return logits, F.cross_entropy(logits[:-1], tokens[1:])
 
