@@ -11,6 +11,7 @@
 #include "grad/backward.hpp"
 #include "grad/checkpoint.hpp"
 #include "grad/config.hpp"
+#include "grad/nn.hpp"
 #include "grad/ops.hpp"
 #include "grad/opt.hpp"
 #include "grad/tape.hpp"
