@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <grad/grad.hpp>
 #include <numbers>
 #include <span>
@@ -107,5 +108,41 @@ void copy_rows(const grad::Tensor<T>& data, std::size_t first, std::size_t count
   const auto src = data.data().subspan(first * dim, count * dim);
   std::copy(src.begin(), src.end(), dst.begin());
 }
+
+}  // namespace autoencoder
+
+namespace autoencoder {
+
+// The whole training setup in one place, for the benchmarks and the device
+// tests: data, model, Adam, a [batch, 6] input leaf and the mark to rewind to.
+template <class T>
+struct Trainer {
+  grad::Tensor<T> data;
+  grad::Tape<T> tp;
+  Model<T> model;
+  grad::Adam<T> opt;
+  grad::Var<T> batch;
+  typename grad::Tape<T>::Mark mark;
+  std::size_t batch_rows;
+
+  explicit Trainer(std::size_t batch_rows = 200, T lr = T(0.005), std::uint64_t seed = default_seed)
+      : data(make_data<T>(seed)), model(make_model(tp, seed)), opt(lr), batch_rows(batch_rows) {
+    add_params(opt, model);
+    batch = tp.constant(grad::Tensor<T>({batch_rows, dim}));
+    mark = tp.mark();
+  }
+  Trainer(const Trainer&) = delete;  // Vars point into the tape
+
+  // One Adam step (forward, mse, backward, update) on the k-th minibatch;
+  // returns its loss, NaN if the tape is poisoned.
+  T step(std::size_t k) {
+    const std::size_t first = (k % (rows / batch_rows)) * batch_rows;
+    tp.reset_to(mark);
+    copy_rows(data, first, batch_rows, tp.leaf_value(batch));
+    const grad::Var<T> loss = record_step(model, batch);
+    if (!tp.backward(loss) || !opt.step()) return std::numeric_limits<T>::quiet_NaN();
+    return tp.scalar(loss);
+  }
+};
 
 }  // namespace autoencoder
