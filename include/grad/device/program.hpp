@@ -175,6 +175,12 @@ inline std::size_t aligned(std::size_t n, std::size_t elem) {
   return (n + per - 1) / per * per;
 }
 
+// The refusal for an op that DeviceKernel does not cover.
+inline std::string missing_kernel(std::uint32_t node, std::string_view op) {
+  return "grad::device::capture: node " + std::to_string(node) + " is a '" + std::string(op) +
+         "' op, which has no device kernel (add a DeviceKernel specialisation in grad/device/kernels.hpp)";
+}
+
 template <class S, class T>
 Layout<S> build_layout(const Tape<T>& tape, std::uint32_t loss, std::vector<std::size_t>& value_offset,
                        std::vector<std::size_t>& grad_offset) {
@@ -256,9 +262,7 @@ Program<T> capture(const Tape<T>& tape, Var<T> loss, Options options) {
       using Op = decltype(op);
       return Op::arity == 0 || has_device_kernel<Op>;
     });
-    if (!has_kernel)
-      throw CaptureError(who + "node " + std::to_string(i) + " is a '" + std::string(op_name(n.op)) +
-                         "' op, which has no device kernel (add a DeviceKernel specialisation in grad/device/kernels.hpp)");
+    if (!has_kernel) throw CaptureError(capture_detail::missing_kernel(i, op_name(n.op)));
     if (n.op == op_code<Bmm>) {
       const Dims &a = tape.nodes()[n.a].dims, &b = tape.nodes()[n.b].dims;
       if (a.rank != 3 || b.rank != 3 || a[0] != n.dims[0] || b[0] != n.dims[0])
