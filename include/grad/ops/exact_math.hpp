@@ -1,0 +1,204 @@
+// exp and tanh written with + - * / only, so that they round the same way on
+// every backend: host code is built with -ffp-contract=off and device code
+// with --fmad=false, and IEEE + - * / are correctly rounded on both. No
+// libm call, no fma, no lookup table, no branch on data (selects only), so a
+// host loop over them auto-vectorises (at -O3) and a GPU thread computes the
+// very same bits. This is what moves exp, tanh and sigmoid into the exact tier.
+//
+// Accuracy (test_transcendental.cpp measures it against long double libm):
+// below 1 ulp for float and double over the whole domain, including
+// subnormal results, overflow to inf, underflow to 0 and tanh's saturation.
+//
+// The polynomial coefficients are relative-error minimax fits computed by a
+// Remez exchange at 60 digits (mpmath), rounded to the target type.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <type_traits>
+
+#include "grad/config.hpp"
+
+namespace grad {
+
+namespace exact_math_detail {
+
+// c0 + x * (c1 + x * (c2 + ...)), one rounding per operation, in this order.
+template <class T>
+GRAD_HD constexpr T horner(T, T c0) {
+  return c0;
+}
+template <class T, class... C>
+GRAD_HD constexpr T horner(T x, T c0, C... rest) {
+  return c0 + x * horner<T>(x, T(rest)...);
+}
+
+template <class T>
+struct Format;
+
+template <>
+struct Format<double> {
+  using Bits = std::uint64_t;
+  static constexpr int mantissa_bits = 52;
+  static constexpr Bits exponent_bias = 1023;
+  static constexpr Bits sign_mask = Bits{1} << 63;
+  // Adding 1.5 * 2^52 rounds any |v| < 2^51 to an integer (round to nearest
+  // even), and that integer sits in the low mantissa bits of the sum.
+  static constexpr double round_magic = 0x1.8p52;
+  // exp overflows above ln(DBL_MAX) ~ 709.78 and is below half the smallest
+  // subnormal under -745.13: clamping to just outside keeps 2^n finite while
+  // the result still rounds to inf or 0 (NaN passes the clamp unchanged).
+  static constexpr double exp_lo = -746.0, exp_hi = 710.0;
+  static constexpr double log2e = 0x1.71547652b82fep+0;
+  // ln 2 split for Cody-Waite reduction: ln2_hi has 42 significant bits, so
+  // n * ln2_hi is exact for |n| < 2^11 and x - n * ln2_hi is exact (Sterbenz).
+  static constexpr double ln2_hi = 0x1.62e42fefa3800p-1;
+  static constexpr double ln2_lo = 0x1.ef35793c76730p-45;
+  // tanh uses its odd series below this, 1 - 2/(e^2|x| + 1) above it.
+  static constexpr double tanh_split = 0.625;
+  // 2 / (e^40 + 1) < 2^-54: tanh rounds to 1 from well below here.
+  static constexpr double tanh_saturated = 20.0;
+};
+
+template <>
+struct Format<float> {
+  using Bits = std::uint32_t;
+  static constexpr int mantissa_bits = 23;
+  static constexpr Bits exponent_bias = 127;
+  static constexpr Bits sign_mask = Bits{1} << 31;
+  static constexpr float round_magic = 0x1.8p23f;
+  // ln(FLT_MAX) ~ 88.72; half the smallest subnormal is e^-103.97.
+  static constexpr float exp_lo = -104.0f, exp_hi = 89.0f;
+  static constexpr float log2e = 0x1.715476p+0f;
+  // 15 significant bits: n * ln2_hi exact for |n| < 2^9.
+  static constexpr float ln2_hi = 0x1.62e4p-1f;
+  static constexpr float ln2_lo = 0x1.7f7d1cp-20f;
+  static constexpr float tanh_split = 0.625f;
+  static constexpr float tanh_saturated = 20.0f;
+};
+
+template <class T>
+GRAD_HD constexpr typename Format<T>::Bits to_bits(T x) {
+  return std::bit_cast<typename Format<T>::Bits>(x);
+}
+template <class T>
+GRAD_HD constexpr T from_bits(typename Format<T>::Bits b) {
+  return std::bit_cast<T>(b);
+}
+
+// Nearest integer to v (ties to even) for |v| < 2^(mantissa_bits - 1), as a T.
+template <class T>
+GRAD_HD constexpr T round_to_integer(T v) {
+  return (v + Format<T>::round_magic) - Format<T>::round_magic;
+}
+
+// 2^k for an integer-valued k within the normal exponent range, built in the
+// exponent field: (k + magic) carries k in its low bits, the shift drops the
+// rest, and adding the bias in the exponent field makes it a power of two.
+template <class T>
+GRAD_HD constexpr T pow2(T k) {
+  using F = Format<T>;
+  const typename F::Bits low = to_bits<T>(k + F::round_magic);
+  return from_bits<T>(static_cast<typename F::Bits>((low << F::mantissa_bits) + (F::exponent_bias << F::mantissa_bits)));
+}
+
+// (e^r - 1 - r) / r^2 on |r| <= ln2/2: relative error 2^-58 (double), 2^-28 (float).
+template <class T>
+GRAD_HD constexpr T exp_tail(T r) {
+  if constexpr (std::is_same_v<T, double>) {
+    return horner<double>(r, 0x1.0000000000000p-1, 0x1.5555555555557p-3, 0x1.555555555554ep-5, 0x1.11111111100ebp-7,
+                          0x1.6c16c16c1a07fp-10, 0x1.a01a01abe0ceap-13, 0x1.a01a01905fb43p-16, 0x1.71de024587b95p-19,
+                          0x1.27e510dcf7816p-22, 0x1.af4dc495d3ce5p-26, 0x1.1f19f611f2d8bp-29);
+  } else {
+    return horner<float>(r, 0x1.0p-1f, 0x1.555556p-3f, 0x1.5554eap-5f, 0x1.11114cp-7f, 0x1.6d42dap-10f,
+                         0x1.a072c4p-13f);
+  }
+}
+
+// (tanh(x)/x - 1) / x^2 as a function of z = x^2 on [0, 0.625^2]: relative
+// error 2^-56 (double), 2^-27 (float).
+template <class T>
+GRAD_HD constexpr T tanh_tail(T z) {
+  if constexpr (std::is_same_v<T, double>) {
+    return horner<double>(z, -0x1.5555555555555p-2, 0x1.11111111110a8p-3, -0x1.ba1ba1ba0f149p-5, 0x1.664f487e0b227p-6,
+                          -0x1.226e3473f8991p-7, 0x1.d6d39ae8b74e8p-9, -0x1.7d9f6f7067b06p-10, 0x1.3526ecc6fea05p-11,
+                          -0x1.f243a52cba6fdp-13, 0x1.84460c0e349b5p-14, -0x1.05bcf90ea952fp-15, 0x1.b33a6a4342501p-18);
+  } else {
+    return horner<float>(z, -0x1.555556p-2f, 0x1.1110eap-3f, -0x1.ba08c8p-5f, 0x1.64a996p-6f, -0x1.116acap-7f,
+                         0x1.2c869ep-9f);
+  }
+}
+
+// e^x = 2^n (hi + lo) with hi = e^x / 2^n rounded and lo its rounding
+// error: x = n ln2 + r with |r| <= ln2/2 and e^r = 1 + r + r^2 q(r). The
+// rounding error of 1 + r_hi is recovered exactly and folded into the small
+// terms before the one rounding that makes hi; tanh uses lo, exp drops it.
+template <class T>
+struct ExpParts {
+  T n, hi, lo;
+};
+
+template <class T>
+GRAD_HD constexpr ExpParts<T> exp_parts(T x) {
+  using F = Format<T>;
+  T xc = x < F::exp_lo ? F::exp_lo : x;
+  xc = xc > F::exp_hi ? F::exp_hi : xc;
+  const T n = round_to_integer<T>(xc * F::log2e);
+  const T r_hi = xc - n * F::ln2_hi;  // exact
+  const T r_lo = n * F::ln2_lo;
+  const T r = r_hi - r_lo;
+  const T tail = (r * r) * exp_tail<T>(r);
+  const T head = T(1) + r_hi;
+  // Both error terms below are exact (Fast2Sum: the first operand is the larger).
+  const T small = ((T(1) - head) + r_hi) + (tail - r_lo);
+  const T hi = head + small;
+  return {n, hi, (head - hi) + small};
+}
+
+}  // namespace exact_math_detail
+
+// e^x. 2^n is applied as two factors, each a normal number, so that overflow
+// gives inf and subnormal results round once, at the last multiplication.
+template <Scalar T>
+GRAD_HD constexpr T exact_exp(T x) {
+  using namespace exact_math_detail;
+  const ExpParts<T> e = exp_parts<T>(x);
+  const T n_half = round_to_integer<T>(e.n * T(0.5));
+  return (e.hi * pow2<T>(n_half)) * pow2<T>(e.n - n_half);
+}
+
+// tanh(x), odd. Small |x|: x + x * (x^2 * t(x^2)). Otherwise 1 - d with
+// d = 2 / (E + 1), E = e^2|x| = hi + lo: E + 1 and 1 - d are formed with
+// their rounding errors kept (Fast2Sum) and d is corrected to first order, so
+// that only the roundings of 2 / (E + 1) and of the result remain. |x| is capped where 1 - d has
+// long rounded to 1, so that E stays finite (NaN passes the cap).
+template <Scalar T>
+GRAD_HD constexpr T exact_tanh(T x) {
+  using namespace exact_math_detail;
+  using F = Format<T>;
+  const typename F::Bits sign = to_bits<T>(x) & F::sign_mask;
+  const T a = from_bits<T>(to_bits<T>(x) ^ sign);
+  const T z = a * a;
+  const T near_zero = a + a * (z * tanh_tail<T>(z));
+
+  const T a_far = a > F::tanh_saturated ? F::tanh_saturated : a;
+  const ExpParts<T> e = exp_parts<T>(a_far + a_far);
+  const T scale = pow2<T>(e.n);
+  const T hi = e.hi * scale, lo = e.lo * scale;  // exact: 0 <= n <= 58
+  const T s = hi + T(1);
+  const T s_low = ((hi - s) + T(1)) + lo;
+  const T q = T(2) / s;
+  const T w = T(1) - q;
+  const T far = w + ((T(1) - w) - q + q * (s_low / s));  // (1 - w) - q: exact
+
+  const T magnitude = a < F::tanh_split ? near_zero : far;
+  return from_bits<T>(to_bits<T>(magnitude) | sign);
+}
+
+// 1 / (1 + e^-x), through exact_exp.
+template <Scalar T>
+GRAD_HD constexpr T exact_sigmoid(T x) {
+  return T(1) / (T(1) + exact_exp<T>(-x));
+}
+
+}  // namespace grad
