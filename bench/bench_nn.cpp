@@ -59,9 +59,7 @@ void row_mean_step(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * rows * cols));
 }
 
-void sizes(benchmark::internal::Benchmark* b) {
-  b->Args({8, 64})->Args({64, 256})->Args({256, 1024});
-}
+void sizes(benchmark::internal::Benchmark* b) { b->Args({8, 64})->Args({64, 256})->Args({256, 1024}); }
 
 BENCHMARK(row_mean_step<row_mean_by_matmul>)->Apply(sizes);
 BENCHMARK(row_mean_step<row_mean_by_op>)->Apply(sizes);

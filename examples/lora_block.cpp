@@ -54,7 +54,8 @@ int main() {
 
   const auto rope = nn::rope_tables(seq, head_dim, 10000.0);
   Var<double> x = tp.constant(x_rows), onehot = tp.constant(targets);
-  Var<double> cos = tp.constant(rope.cos), sin = tp.constant(rope.sin), mask = tp.constant(nn::causal_mask<double>(seq));
+  Var<double> cos = tp.constant(rope.cos), sin = tp.constant(rope.sin),
+              mask = tp.constant(nn::causal_mask<double>(seq));
   Var<double> norm_in = tp.constant(Tensor<double>::ones({dim})), norm_post = tp.constant(Tensor<double>::ones({dim}));
   Projection q(tp, dim, n_heads * head_dim), k(tp, dim, n_kv_heads * head_dim), v(tp, dim, n_kv_heads * head_dim),
       o(tp, n_heads * head_dim, dim), gate(tp, dim, ffn), up(tp, dim, ffn), down(tp, ffn, dim);
@@ -79,8 +80,8 @@ int main() {
     return nn::cross_entropy_rows(nn::linear(x3, w_vocab), onehot, seq - 1);
   };
 
-  std::printf("LoRA on a Qwen2-style block: %zu tokens, vocab %zu, %zu adapter values trained, base frozen\n", seq, vocab,
-              adapter_values);
+  std::printf("LoRA on a Qwen2-style block: %zu tokens, vocab %zu, %zu adapter values trained, base frozen\n", seq,
+              vocab, adapter_values);
   std::printf("initial loss should be near ln(vocab) = %.4f\n", std::log(double(vocab)));
   double loss = 0;
   const int steps = 60;

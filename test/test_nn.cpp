@@ -63,9 +63,9 @@ TEST_CASE("lora_linear matches central differences in x, w0, A and B") {
 TEST_CASE("lora_linear is x.w0 + scale * (x.A).B") {
   Tape<double> tp;
   auto x = tp.constant(Tensor<double>({1, 2}, {1, 2}));
-  auto w0 = tp.constant(Tensor<double>({2, 1}, {3, 4}));       // x.w0 = 11
-  auto a = tp.constant(Tensor<double>({2, 1}, {0.5, 0.25}));   // x.A = 1
-  auto b = tp.constant(Tensor<double>({1, 1}, {8}));           // (x.A).B = 8
+  auto w0 = tp.constant(Tensor<double>({2, 1}, {3, 4}));      // x.w0 = 11
+  auto a = tp.constant(Tensor<double>({2, 1}, {0.5, 0.25}));  // x.A = 1
+  auto b = tp.constant(Tensor<double>({1, 1}, {8}));          // (x.A).B = 8
   CHECK(tp.scalar(nn::lora_linear(x, w0, a, b, 0.5)) == 15);  // 11 + 0.5 * 8
 }
 
@@ -73,8 +73,9 @@ TEST_CASE("rmsnorm and layernorm match central differences") {
   Rng rng(3);
   check_fd({random_tensor<double>({3, 5}, rng), random_tensor<double>({5}, rng, 0.5, 1.5)},
            [](Tp, V v) { return weighted_sum(nn::rmsnorm(v[0], v[1], 1e-6)); });
-  check_fd({random_tensor<double>({3, 5}, rng), random_tensor<double>({5}, rng, 0.5, 1.5), random_tensor<double>({5}, rng)},
-           [](Tp, V v) { return weighted_sum(nn::layernorm(v[0], v[1], v[2], 1e-5)); });
+  check_fd(
+      {random_tensor<double>({3, 5}, rng), random_tensor<double>({5}, rng, 0.5, 1.5), random_tensor<double>({5}, rng)},
+      [](Tp, V v) { return weighted_sum(nn::layernorm(v[0], v[1], v[2], 1e-5)); });
 }
 
 TEST_CASE("rmsnorm rows have unit root mean square and layernorm rows zero mean, unit variance") {
@@ -131,7 +132,8 @@ TEST_CASE("rope rotates each pair (j, j + head_dim/2) by its angle and matches c
       CHECK(y[p * 6 + j] == doctest::Approx(x1 * c - x2 * s).epsilon(1e-15));
       CHECK(y[p * 6 + j + 3] == doctest::Approx(x2 * c + x1 * s).epsilon(1e-15));
     }
-  check_fd({h}, [&](Tp t, V v) { return weighted_sum(nn::rope(v[0], t.constant(tables.cos), t.constant(tables.sin))); });
+  check_fd({h},
+           [&](Tp t, V v) { return weighted_sum(nn::rope(v[0], t.constant(tables.cos), t.constant(tables.sin))); });
 }
 
 TEST_CASE("head takes one head's columns and matches central differences") {
@@ -145,7 +147,8 @@ TEST_CASE("head takes one head's columns and matches central differences") {
 
 TEST_CASE("causal_mask is 0 on and below the diagonal and -1e9 above") {
   const Tensor<double> m = nn::causal_mask<double>(3);
-  CHECK(std::vector<double>(m.data().begin(), m.data().end()) == std::vector<double>{0, -1e9, -1e9, 0, 0, -1e9, 0, 0, 0});
+  CHECK(std::vector<double>(m.data().begin(), m.data().end()) ==
+        std::vector<double>{0, -1e9, -1e9, 0, 0, -1e9, 0, 0, 0});
 }
 
 TEST_CASE("gqa_attention matches central differences in q, k and v") {
@@ -238,8 +241,9 @@ BlockSpec random_spec(std::uint64_t seed, bool peft_init) {
   Rng rng(seed);
   auto uniform = [&](Shape shape, double scale) { return random_tensor<double>(std::move(shape), rng, -scale, scale); };
   const std::map<std::string, std::pair<std::size_t, std::size_t>> dims = {
-      {"q", {s.d, s.n_heads * s.hd}}, {"k", {s.d, s.n_kv * s.hd}}, {"v", {s.d, s.n_kv * s.hd}}, {"o", {s.n_heads * s.hd, s.d}},
-      {"gate", {s.d, s.ffn}},         {"up", {s.d, s.ffn}},         {"down", {s.ffn, s.d}}};
+      {"q", {s.d, s.n_heads * s.hd}}, {"k", {s.d, s.n_kv * s.hd}}, {"v", {s.d, s.n_kv * s.hd}},
+      {"o", {s.n_heads * s.hd, s.d}}, {"gate", {s.d, s.ffn}},      {"up", {s.d, s.ffn}},
+      {"down", {s.ffn, s.d}}};
   for (std::size_t i = 0; i < s.t; ++i) s.tokens.push_back(rng.next() % s.vocab);
   s.tensors["x"] = uniform({s.t, s.d}, 1.0);
   for (const char* n : {"norm_in", "norm_post"}) s.tensors[n] = random_tensor<double>({s.d}, rng, 0.9, 1.1);
@@ -324,7 +328,8 @@ void check_against_oracle(const std::map<std::string, Tensor<double>>& golden) {
 
 TEST_CASE("the block: central differences through all 14 LoRA adapters (worst relative error <= 1e-6)") {
   const BlockSpec s = random_spec(11, false);
-  const FdResult r = check_gradients<double>(s.adapters(), [&](Tp tp, V v) { return record_block(tp, s, v); }, 1e-6);
+  const FdResult r = check_gradients<double>(
+      s.adapters(), [&](Tp tp, V v) { return record_block(tp, s, v); }, 1e-6);
   CAPTURE(r.where);
   CAPTURE(r.error);
   CHECK(r.worst <= 1e-6);
@@ -354,13 +359,15 @@ TEST_CASE("the block matches PyTorch float64 (checked-in golden): loss <= 1e-14,
 
 namespace {
 bool torch_available() {
-  return std::system("/usr/bin/python3 -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(\"torch\") is None)'"
-                     " >/dev/null 2>&1") == 0;
+  return std::system(
+             "/usr/bin/python3 -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(\"torch\") is None)'"
+             " >/dev/null 2>&1") == 0;
 }
 }  // namespace
 
 TEST_CASE("the block matches PyTorch float64 run live now" * doctest::skip(!torch_available())) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("grad_nn_oracle_" + std::to_string(::getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("grad_nn_oracle_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const std::string fresh = (dir / "qwen_block_golden.txt").string();
   const std::string command = "/usr/bin/python3 -B '" + oracle_dir() + "/qwen_block.py' '" + fresh + "'";
@@ -399,8 +406,8 @@ TEST_CASE("the block: the frozen base holds no gradient buffers") {
   const auto adapters_full = params_of(full, s.adapters());
   REQUIRE(full.backward(record_block(full, s, adapters_full, true)));
   std::size_t base_bytes = 0;
-  for (const char* n : {"x", "norm_in", "norm_post", "w_q", "w_k", "w_v", "w_o", "w_gate", "w_up", "w_down",
-                        "bias_q", "bias_k", "bias_v", "w_vocab"})
+  for (const char* n : {"x", "norm_in", "norm_post", "w_q", "w_k", "w_v", "w_o", "w_gate", "w_up", "w_down", "bias_q",
+                        "bias_k", "bias_v", "w_vocab"})
     base_bytes += s.tensors.at(n).size() * sizeof(double);
   CHECK(full.grad_bytes() >= frozen.grad_bytes() + base_bytes);
   for (std::size_t k = 0; k < adapters.size(); ++k)
@@ -448,8 +455,8 @@ TEST_CASE("bad input: gqa_attention with heads that do not divide") {
   Tape<double> tp;
   auto q = tp.constant(Tensor<double>({4, 12})), kv = tp.constant(Tensor<double>({4, 6}));
   const auto tables = nn::rope_tables<double>(4, 2, 10000.0);
-  nn::gqa_attention(q, kv, kv, tp.constant(tables.cos), tp.constant(tables.sin), tp.constant(nn::causal_mask<double>(4)),
-                    6, 4, 2);
+  nn::gqa_attention(q, kv, kv, tp.constant(tables.cos), tp.constant(tables.sin),
+                    tp.constant(nn::causal_mask<double>(4)), 6, 4, 2);
   check_poisoned(tp, "nn::gqa_attention", {"n_heads 6", "n_kv_heads 4", "dividing"});
 }
 
@@ -457,8 +464,8 @@ TEST_CASE("bad input: gqa_attention with projections of the wrong width") {
   Tape<double> tp;
   auto q = tp.constant(Tensor<double>({4, 8})), kv = tp.constant(Tensor<double>({4, 6}));
   const auto tables = nn::rope_tables<double>(4, 2, 10000.0);
-  nn::gqa_attention(q, kv, kv, tp.constant(tables.cos), tp.constant(tables.sin), tp.constant(nn::causal_mask<double>(4)),
-                    4, 2, 2);
+  nn::gqa_attention(q, kv, kv, tp.constant(tables.cos), tp.constant(tables.sin),
+                    tp.constant(nn::causal_mask<double>(4)), 4, 2, 2);
   check_poisoned(tp, "nn::gqa_attention", {"q [4, 8]", "k [4, 6]", "expected q [t, 8], k and v [t, 4]"});
 }
 
@@ -529,7 +536,8 @@ TEST_CASE("bad input: linear and linear_bias with inner sizes that differ") {
   nn::linear(tp.constant(Tensor<double>({2, 3})), tp.constant(Tensor<double>({4, 5})));
   check_poisoned(tp, "nn::linear", {"x [2, 3]", "weight [4, 5]"});
   Tape<double> tb;
-  nn::linear_bias(tb.constant(Tensor<double>({2, 3})), tb.constant(Tensor<double>({3, 5})), tb.constant(Tensor<double>({4})));
+  nn::linear_bias(tb.constant(Tensor<double>({2, 3})), tb.constant(Tensor<double>({3, 5})),
+                  tb.constant(Tensor<double>({4})));
   check_poisoned(tb, "nn::linear_bias", {"bias [4]", "bias [out]"});
 }
 
@@ -538,7 +546,8 @@ TEST_CASE("bad input: rmsnorm and layernorm with a weight of the wrong size") {
   nn::rmsnorm(tp.constant(Tensor<double>({2, 3})), tp.constant(Tensor<double>({4})), 1e-6);
   check_poisoned(tp, "nn::rmsnorm", {"x [2, 3]", "weight [4]", "weight [cols]"});
   Tape<double> tl;
-  nn::layernorm(tl.constant(Tensor<double>({2, 3})), tl.constant(Tensor<double>({3})), tl.constant(Tensor<double>({2})), 1e-5);
+  nn::layernorm(tl.constant(Tensor<double>({2, 3})), tl.constant(Tensor<double>({3})), tl.constant(Tensor<double>({2})),
+                1e-5);
   check_poisoned(tl, "nn::layernorm", {"bias [2]", "bias [cols]"});
 }
 

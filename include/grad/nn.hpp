@@ -22,9 +22,10 @@ namespace detail {
 
 inline bool is_matrix(const Dims& d) { return d.rank == 2; }
 inline bool is_vector(const Dims& d, std::size_t n) { return d.rank == 1 && d[0] == n; }
-inline bool is_matrix(const Dims& d, std::size_t rows, std::size_t cols) { return d.rank == 2 && d[0] == rows && d[1] == cols; }
+inline bool is_matrix(const Dims& d, std::size_t rows, std::size_t cols) {
+  return d.rank == 2 && d[0] == rows && d[1] == cols;
+}
 inline std::string num(std::size_t n) { return std::to_string(n); }
-
 
 }  // namespace detail
 
@@ -36,7 +37,7 @@ Var<T> linear(Var<T> x, Var<T> w) {
   const Dims &xd = tp.dims(x), &wd = tp.dims(w);
   if (!detail::is_matrix(xd) || !detail::is_matrix(wd) || xd[1] != wd[0])
     return tp.invalid("nn::linear: x " + shape_string(xd) + " and weight " + shape_string(wd) +
-                       ": expected x [rows, in] and weight [in, out]");
+                      ": expected x [rows, in] and weight [in, out]");
   return matmul(x, w);
 }
 
@@ -48,7 +49,7 @@ Var<T> linear_bias(Var<T> x, Var<T> w, Var<T> b) {
   const Dims &xd = tp.dims(x), &wd = tp.dims(w), &bd = tp.dims(b);
   if (!detail::is_matrix(xd) || !detail::is_matrix(wd) || xd[1] != wd[0] || !detail::is_vector(bd, wd[1]))
     return tp.invalid("nn::linear_bias: x " + shape_string(xd) + ", weight " + shape_string(wd) + " and bias " +
-                       shape_string(bd) + ": expected x [rows, in], weight [in, out] and bias [out]");
+                      shape_string(bd) + ": expected x [rows, in], weight [in, out] and bias [out]");
   return matmul(x, w) + b;
 }
 
@@ -60,16 +61,18 @@ Var<T> lora_linear(Var<T> x, Var<T> w0, Var<T> a, Var<T> b, std::type_identity_t
   Tape<T>& tp = grad::detail::tape_of("nn::lora_linear", x);
   if (!tp.accept("nn::lora_linear", {x, w0, a, b})) return tp.rejected();
   const Dims &xd = tp.dims(x), &wd = tp.dims(w0), &ad = tp.dims(a), &bd = tp.dims(b);
-  const std::string shapes = "x " + shape_string(xd) + ", w0 " + shape_string(wd) + ", A " + shape_string(ad) + ", B " +
-                             shape_string(bd);
+  // Messages are built only on failure: this runs on every training step.
+  auto shapes = [&] {
+    return "nn::lora_linear: x " + shape_string(xd) + ", w0 " + shape_string(wd) + ", A " + shape_string(ad) + ", B " +
+           shape_string(bd);
+  };
   if (!detail::is_matrix(xd) || !detail::is_matrix(wd) || xd[1] != wd[0])
-    return tp.invalid("nn::lora_linear: " + shapes + ": expected x [rows, in] and w0 [in, out]");
+    return tp.invalid(shapes() + ": expected x [rows, in] and w0 [in, out]");
   if (!detail::is_matrix(ad) || !detail::is_matrix(bd) || ad[1] != bd[0])
-    return tp.invalid("nn::lora_linear: " + shapes + ": mismatched adapter ranks, expected A [in, r] and B [r, out]" +
-                       " with the same r");
+    return tp.invalid(shapes() + ": mismatched adapter ranks, expected A [in, r] and B [r, out] with the same r");
   if (ad[0] != wd[0] || bd[1] != wd[1])
-    return tp.invalid("nn::lora_linear: " + shapes + ": expected A [" + detail::num(wd[0]) + ", r] and B [r, " +
-                       detail::num(wd[1]) + "] to match w0");
+    return tp.invalid(shapes() + ": expected A [" + detail::num(wd[0]) + ", r] and B [r, " + detail::num(wd[1]) +
+                      "] to match w0");
   return matmul(x, w0) + matmul(matmul(x, a), b) * scale;
 }
 
@@ -81,7 +84,7 @@ Var<T> rmsnorm(Var<T> x, Var<T> w, std::type_identity_t<T> eps) {
   const Dims &xd = tp.dims(x), &wd = tp.dims(w);
   if (!detail::is_matrix(xd) || !detail::is_vector(wd, xd[1]))
     return tp.invalid("nn::rmsnorm: x " + shape_string(xd) + " and weight " + shape_string(wd) +
-                       ": expected x [rows, cols] and weight [cols]");
+                      ": expected x [rows, cols] and weight [cols]");
   const T cols = static_cast<T>(xd[1]);
   Var<T> mean_square = row_sum(x * x) / cols;
   return x / grad::sqrt(mean_square + eps) * w;
@@ -96,7 +99,7 @@ Var<T> layernorm(Var<T> x, Var<T> w, Var<T> b, std::type_identity_t<T> eps) {
   const Dims &xd = tp.dims(x), &wd = tp.dims(w), &bd = tp.dims(b);
   if (!detail::is_matrix(xd) || !detail::is_vector(wd, xd[1]) || !detail::is_vector(bd, xd[1]))
     return tp.invalid("nn::layernorm: x " + shape_string(xd) + ", weight " + shape_string(wd) + " and bias " +
-                       shape_string(bd) + ": expected x [rows, cols], weight [cols] and bias [cols]");
+                      shape_string(bd) + ": expected x [rows, cols], weight [cols] and bias [cols]");
   const T cols = static_cast<T>(xd[1]);
   Var<T> centered = x - row_sum(x) / cols;
   Var<T> variance = row_sum(centered * centered) / cols;
@@ -118,7 +121,7 @@ Var<T> swiglu(Var<T> gate, Var<T> up) {
   if (!tp.accept("nn::swiglu", {gate, up})) return tp.rejected();
   if (!(tp.dims(gate) == tp.dims(up)))
     return tp.invalid("nn::swiglu: gate " + shape_string(tp.dims(gate)) + " and up " + shape_string(tp.dims(up)) +
-                       ": expected the same shape");
+                      ": expected the same shape");
   return silu(gate) * up;
 }
 
@@ -161,7 +164,7 @@ Var<T> rope(Var<T> h, Var<T> cos, Var<T> sin) {
   const Dims &hd = tp.dims(h), &cd = tp.dims(cos), &sd = tp.dims(sin);
   if (!detail::is_matrix(hd) || hd[1] % 2 != 0 || !(cd == hd) || !(sd == hd))
     return tp.invalid("nn::rope: head " + shape_string(hd) + ", cos " + shape_string(cd) + ", sin " + shape_string(sd) +
-                       ": expected a head [t, head_dim] with an even head_dim and cos, sin of the same shape");
+                      ": expected a head [t, head_dim] with an even head_dim and cos, sin of the same shape");
   const std::size_t t = hd[0], width = hd[1], half = width / 2;
   Var<T> rotated = concat(-slice(h, {0, half}, {t, width}), slice(h, {0, 0}, {t, half}), 1);
   return h * cos + rotated * sin;
@@ -175,7 +178,7 @@ Var<T> head(Var<T> q, std::size_t index, std::size_t head_dim) {
   const Dims& qd = tp.dims(q);
   if (!detail::is_matrix(qd) || head_dim == 0 || qd[1] % head_dim != 0 || index >= qd[1] / head_dim)
     return tp.invalid("nn::head: head " + detail::num(index) + " of width " + detail::num(head_dim) + " from " +
-                       shape_string(qd) + ": expected [t, n * head_dim] with index < n");
+                      shape_string(qd) + ": expected [t, n * head_dim] with index < n");
   return slice(q, {0, index * head_dim}, {qd[0], (index + 1) * head_dim});
 }
 
@@ -201,25 +204,27 @@ Var<T> gqa_attention(Var<T> q, Var<T> k, Var<T> v, Var<T> cos, Var<T> sin, Var<T
                      std::size_t n_kv_heads, std::size_t head_dim) {
   Tape<T>& tp = grad::detail::tape_of("nn::gqa_attention", q);
   if (!tp.accept("nn::gqa_attention", {q, k, v, cos, sin, mask})) return tp.rejected();
-  const std::string layer = "nn::gqa_attention: ";
+  const std::string_view layer = "nn::gqa_attention: ";
   if (n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0)
-    return tp.invalid(layer + "n_heads " + detail::num(n_heads) + " and n_kv_heads " + detail::num(n_kv_heads) +
-                       ": expected n_kv_heads >= 1 dividing n_heads (each key/value head serves a whole group of query heads)");
+    return tp.invalid(
+        std::string(layer) + "n_heads " + detail::num(n_heads) + " and n_kv_heads " + detail::num(n_kv_heads) +
+        ": expected n_kv_heads >= 1 dividing n_heads (each key/value head serves a whole group of query heads)");
   if (head_dim == 0 || head_dim % 2 != 0)
-    return tp.invalid(layer + "head_dim " + detail::num(head_dim) + ": expected an even head_dim (RoPE rotates pairs)");
+    return tp.invalid(std::string(layer) + "head_dim " + detail::num(head_dim) +
+                      ": expected an even head_dim (RoPE rotates pairs)");
   const Dims &qd = tp.dims(q), &kd = tp.dims(k), &vd = tp.dims(v);
   const std::size_t t = qd.rank == 2 ? qd[0] : 0;
   if (!detail::is_matrix(qd, t, n_heads * head_dim) || !detail::is_matrix(kd, t, n_kv_heads * head_dim) ||
       !(vd == kd) || t == 0)
-    return tp.invalid(layer + "q " + shape_string(qd) + ", k " + shape_string(kd) + ", v " + shape_string(vd) +
-                       " with " + detail::num(n_heads) + " heads, " + detail::num(n_kv_heads) + " kv heads of width " +
-                       detail::num(head_dim) + ": expected q [t, " + detail::num(n_heads * head_dim) + "], k and v [t, " +
-                       detail::num(n_kv_heads * head_dim) + "]");
+    return tp.invalid(std::string(layer) + "q " + shape_string(qd) + ", k " + shape_string(kd) + ", v " +
+                      shape_string(vd) + " with " + detail::num(n_heads) + " heads, " + detail::num(n_kv_heads) +
+                      " kv heads of width " + detail::num(head_dim) + ": expected q [t, " +
+                      detail::num(n_heads * head_dim) + "], k and v [t, " + detail::num(n_kv_heads * head_dim) + "]");
   const Dims &cd = tp.dims(cos), &sd = tp.dims(sin), &md = tp.dims(mask);
   if (!detail::is_matrix(cd, t, head_dim) || !(sd == cd) || !detail::is_matrix(md, t, t))
-    return tp.invalid(layer + "cos " + shape_string(cd) + ", sin " + shape_string(sd) + ", mask " + shape_string(md) +
-                       ": expected cos and sin [" + detail::num(t) + ", " + detail::num(head_dim) + "] and mask [" +
-                       detail::num(t) + ", " + detail::num(t) + "]");
+    return tp.invalid(std::string(layer) + "cos " + shape_string(cd) + ", sin " + shape_string(sd) + ", mask " +
+                      shape_string(md) + ": expected cos and sin [" + detail::num(t) + ", " + detail::num(head_dim) +
+                      "] and mask [" + detail::num(t) + ", " + detail::num(t) + "]");
 
   const std::size_t group = n_heads / n_kv_heads;
   const T scale = T(1) / std::sqrt(static_cast<T>(head_dim));
@@ -250,7 +255,7 @@ Var<T> cross_entropy(Var<T> logits, Var<T> onehot) {
   const Dims &ld = tp.dims(logits), &od = tp.dims(onehot);
   if (!detail::is_matrix(ld) || !(od == ld))
     return tp.invalid("nn::cross_entropy: logits " + shape_string(ld) + " and one-hot targets " + shape_string(od) +
-                       ": expected logits [rows, V] and targets of the same shape");
+                      ": expected logits [rows, V] and targets of the same shape");
   const View<T> y = tp.value(onehot);
   for (std::size_t r = 0; r < ld[0]; ++r) {
     std::size_t ones = 0;
@@ -262,7 +267,7 @@ Var<T> cross_entropy(Var<T> logits, Var<T> onehot) {
     }
     if (!binary || ones != 1)
       return tp.invalid("nn::cross_entropy: row " + detail::num(r) + " of the targets " + shape_string(od) +
-                         " is not one-hot: expected exactly one 1 and zeros elsewhere");
+                        " is not one-hot: expected exactly one 1 and zeros elsewhere");
   }
   return -mean(grad::log(row_sum(softmax(logits, -1) * onehot)));
 }
@@ -276,11 +281,11 @@ Var<T> cross_entropy_rows(Var<T> logits, Var<T> onehot, std::size_t keep) {
   if (!tp.accept("nn::cross_entropy_rows", {logits, onehot})) return tp.rejected();
   const Dims &ld = tp.dims(logits), &od = tp.dims(onehot);
   if (!detail::is_matrix(ld) || !detail::is_matrix(od) || od[1] != ld[1])
-    return tp.invalid("nn::cross_entropy_rows: logits " + shape_string(ld) + " and one-hot targets " + shape_string(od) +
-                       ": expected logits [rows, V] and targets [rows', V] of the same width V");
+    return tp.invalid("nn::cross_entropy_rows: logits " + shape_string(ld) + " and one-hot targets " +
+                      shape_string(od) + ": expected logits [rows, V] and targets [rows', V] of the same width V");
   if (keep == 0 || keep > ld[0] || keep > od[0])
     return tp.invalid("nn::cross_entropy_rows: keep " + detail::num(keep) + " rows of logits " + shape_string(ld) +
-                       " and targets " + shape_string(od) + ": expected 1 <= keep <= the rows of both");
+                      " and targets " + shape_string(od) + ": expected 1 <= keep <= the rows of both");
   auto first_rows = [&](Var<T> m) { return tp.dims(m)[0] == keep ? m : slice(m, {0, 0}, {keep, ld[1]}); };
   return cross_entropy(first_rows(logits), first_rows(onehot));
 }
