@@ -1,12 +1,13 @@
 // exp and tanh written with + - * / only, so that they round the same way on
 // every backend: host code is built with -ffp-contract=off and device code
 // with --fmad=false, and IEEE + - * / are correctly rounded on both. No
-// libm call, no fma, no lookup table, no branch on data (selects only), so a
-// host loop over them auto-vectorises (at -O3) and a GPU thread computes the
+// libm call, no fma, no lookup table, no branch on data (bit-mask blends), so
+// a host loop over them auto-vectorises (GCC at -O3; -O2's very-cheap cost
+// model declines loops that need alias checks) and a GPU thread computes the
 // very same bits. This is what moves exp, tanh and sigmoid into the exact tier.
 //
 // Accuracy (test_transcendental.cpp measures it against long double libm):
-// below 1 ulp for float and double over the whole domain, including
+// under 0.8 ulp for float and double over the whole domain, including
 // subnormal results, overflow to inf, underflow to 0 and tanh's saturation.
 //
 // The polynomial coefficients are relative-error minimax fits computed by a
@@ -86,6 +87,30 @@ GRAD_HD constexpr T from_bits(typename Format<T>::Bits b) {
   return std::bit_cast<T>(b);
 }
 
+// Selections are bit blends under all-ones/all-zero masks computed without a
+// comparison. A ?: would let GCC sink work that one arm alone uses into a
+// branch (then not vectorisable: division may trap) or thread branches through
+// the constant arm; and SSE2 has no 64-bit select to turn a bool into a mask.
+template <class T>
+GRAD_HD constexpr T blend(typename Format<T>::Bits mask, T if_set, T if_clear) {
+  return from_bits<T>((to_bits<T>(if_set) & mask) | (to_bits<T>(if_clear) & ~mask));
+}
+
+// All ones where a < b, for a, b not NaN: the sign of a - b is exact.
+template <class T>
+GRAD_HD constexpr typename Format<T>::Bits less_mask(T a, T b) {
+  using Bits = typename Format<T>::Bits;
+  return Bits(0) - (to_bits<T>(a - b) >> (8 * sizeof(T) - 1));
+}
+
+// All ones where x is NaN: |x|'s bits exceed those of inf, so inf - |x| wraps.
+template <class T>
+GRAD_HD constexpr typename Format<T>::Bits nan_mask(T x) {
+  using Bits = typename Format<T>::Bits;
+  constexpr Bits inf = Bits(Bits(2) * Format<T>::exponent_bias + 1) << Format<T>::mantissa_bits;
+  return Bits(0) - (Bits(inf - (to_bits<T>(x) & ~Format<T>::sign_mask)) >> (8 * sizeof(T) - 1));
+}
+
 // Nearest integer to v (ties to even) for |v| < 2^(mantissa_bits - 1), as a T.
 template <class T>
 GRAD_HD constexpr T round_to_integer(T v) {
@@ -138,11 +163,10 @@ struct ExpParts {
   T n, hi, lo;
 };
 
+// x must lie within [exp_lo, exp_hi] (or be NaN, giving garbage).
 template <class T>
-GRAD_HD constexpr ExpParts<T> exp_parts(T x) {
+GRAD_HD constexpr ExpParts<T> exp_parts(T xc) {
   using F = Format<T>;
-  T xc = x < F::exp_lo ? F::exp_lo : x;
-  xc = xc > F::exp_hi ? F::exp_hi : xc;
   const T n = round_to_integer<T>(xc * F::log2e);
   const T r_hi = xc - n * F::ln2_hi;  // exact
   const T r_lo = n * F::ln2_lo;
@@ -162,16 +186,19 @@ GRAD_HD constexpr ExpParts<T> exp_parts(T x) {
 template <Scalar T>
 GRAD_HD constexpr T exact_exp(T x) {
   using namespace exact_math_detail;
-  const ExpParts<T> e = exp_parts<T>(x);
+  using F = Format<T>;
+  const T above_lo = blend<T>(less_mask<T>(x, F::exp_lo), F::exp_lo, x);
+  const ExpParts<T> e = exp_parts<T>(blend<T>(less_mask<T>(F::exp_hi, above_lo), F::exp_hi, above_lo));
   const T n_half = round_to_integer<T>(e.n * T(0.5));
-  return (e.hi * pow2<T>(n_half)) * pow2<T>(e.n - n_half);
+  const T y = (e.hi * pow2<T>(n_half)) * pow2<T>(e.n - n_half);
+  return blend<T>(nan_mask<T>(x), x + x, y);
 }
 
 // tanh(x), odd. Small |x|: x + x * (x^2 * t(x^2)). Otherwise 1 - d with
 // d = 2 / (E + 1), E = e^2|x| = hi + lo: E + 1 and 1 - d are formed with
 // their rounding errors kept (Fast2Sum) and d is corrected to first order, so
 // that only the roundings of 2 / (E + 1) and of the result remain. |x| is capped where 1 - d has
-// long rounded to 1, so that E stays finite (NaN passes the cap).
+// long rounded to 1, so that E stays finite.
 template <Scalar T>
 GRAD_HD constexpr T exact_tanh(T x) {
   using namespace exact_math_detail;
@@ -181,7 +208,7 @@ GRAD_HD constexpr T exact_tanh(T x) {
   const T z = a * a;
   const T near_zero = a + a * (z * tanh_tail<T>(z));
 
-  const T a_far = a > F::tanh_saturated ? F::tanh_saturated : a;
+  const T a_far = blend<T>(less_mask<T>(F::tanh_saturated, a), F::tanh_saturated, a);
   const ExpParts<T> e = exp_parts<T>(a_far + a_far);
   const T scale = pow2<T>(e.n);
   const T hi = e.hi * scale, lo = e.lo * scale;  // exact: 0 <= n <= 58
@@ -191,8 +218,8 @@ GRAD_HD constexpr T exact_tanh(T x) {
   const T w = T(1) - q;
   const T far = w + ((T(1) - w) - q + q * (s_low / s));  // (1 - w) - q: exact
 
-  const T magnitude = a < F::tanh_split ? near_zero : far;
-  return from_bits<T>(to_bits<T>(magnitude) | sign);
+  const T magnitude = blend<T>(less_mask<T>(a, F::tanh_split), near_zero, far);
+  return blend<T>(nan_mask<T>(x), x + x, from_bits<T>(to_bits<T>(magnitude) | sign));
 }
 
 // 1 / (1 + e^-x), through exact_exp.
