@@ -286,7 +286,9 @@ Var<T> cross_entropy_rows(Var<T> logits, Var<T> onehot, std::size_t keep) {
   if (keep == 0 || keep > ld[0] || keep > od[0])
     return tp.invalid("nn::cross_entropy_rows: keep " + detail::num(keep) + " rows of logits " + shape_string(ld) +
                       " and targets " + shape_string(od) + ": expected 1 <= keep <= the rows of both");
-  auto first_rows = [&](Var<T> m) { return tp.dims(m)[0] == keep ? m : slice(m, {0, 0}, {keep, ld[1]}); };
+  // By value: recording the first slice may move the tape's node storage under ld.
+  const std::size_t vocab = ld[1];
+  auto first_rows = [&](Var<T> m) { return tp.dims(m)[0] == keep ? m : slice(m, {0, 0}, {keep, vocab}); };
   return cross_entropy(first_rows(logits), first_rows(onehot));
 }
 
