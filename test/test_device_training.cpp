@@ -1,7 +1,7 @@
 // Whole training runs on the device engine against the CPU tape: the demo's
 // autoencoder, 40 Adam episodes with L2 and global-norm clipping. The loss
-// trace and the final weights must be bit-equal on every backend (the model
-// is exact tier on the CPU backend; tanh makes CUDA's run tolerance-checked);
+// trace and the final weights must be bit-equal to the tape on the CPU
+// backend, and on CUDA as long as every op of the model is exact tier;
 // f32 capture stays within 1e-4 relative of the f64 tape. Also: SGD, and the
 // refusals of capture and of the optimizers, each with its message.
 #include <doctest/doctest.h>
@@ -120,10 +120,13 @@ void check_bit_equal(const Run& want, const Run& got) {
   }
 }
 
+// Largest |want - got| relative to |want|, where elements below 1e-3 of the
+// largest |want| are judged against that floor (a weight passing near zero).
 double worst_relative(const std::vector<double>& want, const std::vector<double>& got) {
-  double worst = 0;
+  double largest = 0, worst = 0;
+  for (double w : want) largest = std::max(largest, std::abs(w));
   for (std::size_t i = 0; i < want.size(); ++i)
-    worst = std::max(worst, std::abs(want[i] - got[i]) / std::abs(want[i]));
+    worst = std::max(worst, std::abs(want[i] - got[i]) / std::max(std::abs(want[i]), 1e-3 * largest));
   return worst;
 }
 
@@ -142,12 +145,31 @@ TEST_CASE("40 SGD + L2 + clip episodes on the CPU backend are bit-equal to the t
   check_bit_equal(tape_run(false), device_run(dev::Backend::cpu, false, false));
 }
 
+namespace {
+
+// Does the autoencoder use only exact-tier ops? Then CUDA must land on the
+// tape's bits too; a transcendental op is bit-equal on the CPU backend only.
+bool autoencoder_is_exact_tier() {
+  Tape<double> tp;
+  const ae::Model<double> m = ae::make_model(tp);
+  ae::record_step(m, tp.constant(Tensor<double>({2, ae::dim})));
+  for (const Node<double>& n : tp.nodes())
+    if (with_op(n.op, [](auto op) { return decltype(op)::tier == Tier::transcendental; })) return false;
+  return true;
+}
+
+}  // namespace
+
 TEST_CASE("the same run on CUDA" * doctest::skip(!dev::cuda_available())) {
   const Run want = tape_run(true);
   const Run got = device_run(dev::Backend::cuda, false, true);
-  // tanh is transcendental tier: CUDA's differs from glibc's in the last bit.
-  CHECK(worst_relative(want.losses, got.losses) <= 1e-10);
-  for (std::size_t k = 0; k < want.params.size(); ++k) CHECK(worst_relative(want.params[k], got.params[k]) <= 1e-8);
+  if (autoencoder_is_exact_tier()) {
+    check_bit_equal(want, got);
+  } else {
+    // A transcendental op differs from glibc's in the last bit on CUDA.
+    CHECK(worst_relative(want.losses, got.losses) <= 1e-10);
+    for (std::size_t k = 0; k < want.params.size(); ++k) CHECK(worst_relative(want.params[k], got.params[k]) <= 1e-8);
+  }
 }
 
 TEST_CASE("CUDA and the CPU backend agree bit for bit on an exact-tier model" * doctest::skip(!dev::cuda_available())) {
@@ -185,6 +207,7 @@ TEST_CASE("f32 capture of the f64 tape stays within 1e-4 relative over the same 
   for (dev::Backend b : backends) {
     CAPTURE(dev::backend_name(b));
     const Run got = device_run(b, true, true);
+    MESSAGE("f32 on ", dev::backend_name(b), ": worst relative loss difference ", worst_relative(want.losses, got.losses));
     CHECK(worst_relative(want.losses, got.losses) <= 1e-4);
     // float really was used: the trace is not the f64 one.
     CHECK_FALSE(same_bits(want.losses.back(), got.losses.back()));
