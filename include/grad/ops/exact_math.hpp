@@ -1,4 +1,4 @@
-// exp and tanh written with + - * / only, so that they round the same way on
+// exp, tanh and sigmoid written with + - * / only, so that they round the same way on
 // every backend: host code is built with -ffp-contract=off and device code
 // with --fmad=false, and IEEE + - * / are correctly rounded on both. No
 // libm call, no fma, no lookup table, no branch on data (bit-mask blends), so
@@ -6,9 +6,10 @@
 // model declines loops that need alias checks) and a GPU thread computes the
 // very same bits. This is what moves exp, tanh and sigmoid into the exact tier.
 //
-// Accuracy (test_transcendental.cpp measures it against long double libm):
-// under 0.8 ulp for float and double over the whole domain, including
-// subnormal results, overflow to inf, underflow to 0 and tanh's saturation.
+// Accuracy, float and double, over the whole domain (test_transcendental.cpp
+// measures it against long double libm): under 0.8 ulp for exp and tanh, 1.2
+// for sigmoid, including subnormal results, overflow to inf, underflow to 0
+// and tanh's saturation to exactly +-1.
 //
 // The polynomial coefficients are relative-error minimax fits computed by a
 // Remez exchange at 60 digits (mpmath), rounded to the target type.
@@ -154,19 +155,23 @@ GRAD_HD constexpr T tanh_tail(T z) {
   }
 }
 
-// e^x = 2^n (hi + lo) with hi = e^x / 2^n rounded and lo its rounding
-// error: x = n ln2 + r with |r| <= ln2/2 and e^r = 1 + r + r^2 q(r). The
-// rounding error of 1 + r_hi is recovered exactly and folded into the small
-// terms before the one rounding that makes hi; tanh uses lo, exp drops it.
+// e^x = hi + lo, hi being e^x rounded and lo (nearly) its rounding error.
+// x = n ln2 + r with |r| <= ln2/2 and e^r = 1 + r + r^2 q(r); the rounding
+// error of 1 + r_hi is recovered exactly and folded into the small terms
+// before the one rounding that makes hi. 2^n is applied as two factors, each
+// a normal number, so that overflow gives inf and subnormal results round
+// once, at the last multiplication. x is clamped to where the result is still
+// finite or nonzero; a NaN x gives garbage, which the callers replace.
 template <class T>
-struct ExpParts {
-  T n, hi, lo;
+struct SplitExp {
+  T hi, lo;
 };
 
-// x must lie within [exp_lo, exp_hi] (or be NaN, giving garbage).
 template <class T>
-GRAD_HD constexpr ExpParts<T> exp_parts(T xc) {
+GRAD_HD constexpr SplitExp<T> split_exp(T x) {
   using F = Format<T>;
+  const T above_lo = blend<T>(less_mask<T>(x, F::exp_lo), F::exp_lo, x);
+  const T xc = blend<T>(less_mask<T>(F::exp_hi, above_lo), F::exp_hi, above_lo);
   const T n = round_to_integer<T>(xc * F::log2e);
   const T r_hi = xc - n * F::ln2_hi;  // exact
   const T r_lo = n * F::ln2_lo;
@@ -176,29 +181,26 @@ GRAD_HD constexpr ExpParts<T> exp_parts(T xc) {
   // Both error terms below are exact (Fast2Sum: the first operand is the larger).
   const T small = ((T(1) - head) + r_hi) + (tail - r_lo);
   const T hi = head + small;
-  return {n, hi, (head - hi) + small};
+  const T lo = (head - hi) + small;
+  const T n_half = round_to_integer<T>(n * T(0.5));
+  const T scale_a = pow2<T>(n_half), scale_b = pow2<T>(n - n_half);
+  return {(hi * scale_a) * scale_b, (lo * scale_a) * scale_b};
 }
 
 }  // namespace exact_math_detail
 
-// e^x. 2^n is applied as two factors, each a normal number, so that overflow
-// gives inf and subnormal results round once, at the last multiplication.
+// e^x.
 template <Scalar T>
 GRAD_HD constexpr T exact_exp(T x) {
   using namespace exact_math_detail;
-  using F = Format<T>;
-  const T above_lo = blend<T>(less_mask<T>(x, F::exp_lo), F::exp_lo, x);
-  const ExpParts<T> e = exp_parts<T>(blend<T>(less_mask<T>(F::exp_hi, above_lo), F::exp_hi, above_lo));
-  const T n_half = round_to_integer<T>(e.n * T(0.5));
-  const T y = (e.hi * pow2<T>(n_half)) * pow2<T>(e.n - n_half);
-  return blend<T>(nan_mask<T>(x), x + x, y);
+  return blend<T>(nan_mask<T>(x), x + x, split_exp<T>(x).hi);
 }
 
 // tanh(x), odd. Small |x|: x + x * (x^2 * t(x^2)). Otherwise 1 - d with
 // d = 2 / (E + 1), E = e^2|x| = hi + lo: E + 1 and 1 - d are formed with
 // their rounding errors kept (Fast2Sum) and d is corrected to first order, so
-// that only the roundings of 2 / (E + 1) and of the result remain. |x| is capped where 1 - d has
-// long rounded to 1, so that E stays finite.
+// that only the roundings of 2 / (E + 1) and of the result remain. |x| is
+// capped where 1 - d has long rounded to 1, so that E stays finite.
 template <Scalar T>
 GRAD_HD constexpr T exact_tanh(T x) {
   using namespace exact_math_detail;
@@ -209,11 +211,9 @@ GRAD_HD constexpr T exact_tanh(T x) {
   const T near_zero = a + a * (z * tanh_tail<T>(z));
 
   const T a_far = blend<T>(less_mask<T>(F::tanh_saturated, a), F::tanh_saturated, a);
-  const ExpParts<T> e = exp_parts<T>(a_far + a_far);
-  const T scale = pow2<T>(e.n);
-  const T hi = e.hi * scale, lo = e.lo * scale;  // exact: 0 <= n <= 58
-  const T s = hi + T(1);
-  const T s_low = ((hi - s) + T(1)) + lo;
+  const SplitExp<T> e = split_exp<T>(a_far + a_far);
+  const T s = e.hi + T(1);
+  const T s_low = ((e.hi - s) + T(1)) + e.lo;  // exact part: e.hi >= 1 here
   const T q = T(2) / s;
   const T w = T(1) - q;
   const T far = w + ((T(1) - w) - q + q * (s_low / s));  // (1 - w) - q: exact
@@ -222,10 +222,22 @@ GRAD_HD constexpr T exact_tanh(T x) {
   return blend<T>(nan_mask<T>(x), x + x, from_bits<T>(to_bits<T>(magnitude) | sign));
 }
 
-// 1 / (1 + e^-x), through exact_exp.
+// 1 / (1 + e^-x), written with e = e^-|x| in (0, 1] as 1 / (1 + e) for x >= 0
+// and e / (1 + e) for x < 0, so that the left tail follows e^x down into the
+// subnormals instead of hitting 0 where e^-x overflows. 1 + e keeps its
+// rounding error and e its low part; the quotient is corrected to first order.
 template <Scalar T>
 GRAD_HD constexpr T exact_sigmoid(T x) {
-  return T(1) / (T(1) + exact_exp<T>(-x));
+  using namespace exact_math_detail;
+  using Bits = typename Format<T>::Bits;
+  const SplitExp<T> e = split_exp<T>(-from_bits<T>(to_bits<T>(x) & ~Format<T>::sign_mask));
+  const Bits negative = Bits(0) - (to_bits<T>(x) >> (8 * sizeof(T) - 1));
+  const T num = blend<T>(negative, e.hi, T(1));
+  const T num_low = blend<T>(negative, e.lo, T(0));
+  const T den = T(1) + e.hi;
+  const T den_low = ((T(1) - den) + e.hi) + e.lo;  // exact part: e.hi <= 1
+  const T q = num / den;
+  return blend<T>(nan_mask<T>(x), x + x, q + (num_low - q * den_low) / den);
 }
 
 }  // namespace grad

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string_view>
 
+#include "grad/ops/exact_math.hpp"
 #include "grad/ops/family.hpp"
 
 namespace grad {
@@ -23,24 +24,26 @@ struct Sqrt : Unary<Sqrt> {
   template <class T> GRAD_HD static T backward(T, T y, T g, T) { return g / (y + y); }
 };
 
+// sigmoid, tanh and exp are exact tier: exact_math.hpp computes them with
+// + - * / only, so every backend rounds them identically.
 struct Sigmoid : Unary<Sigmoid> {
   static constexpr std::string_view name = "sigmoid";
-  static constexpr Tier tier = Tier::transcendental;
-  template <class T> GRAD_HD static T forward(T x, T) { return T(1) / (T(1) + std::exp(-x)); }
+  static constexpr Tier tier = Tier::exact;
+  template <class T> GRAD_HD static T forward(T x, T) { return exact_sigmoid(x); }
   template <class T> GRAD_HD static T backward(T, T y, T g, T) { return g * (y * (T(1) - y)); }
 };
 
 struct Tanh : Unary<Tanh> {
   static constexpr std::string_view name = "tanh";
-  static constexpr Tier tier = Tier::transcendental;
-  template <class T> GRAD_HD static T forward(T x, T) { return std::tanh(x); }
+  static constexpr Tier tier = Tier::exact;
+  template <class T> GRAD_HD static T forward(T x, T) { return exact_tanh(x); }
   template <class T> GRAD_HD static T backward(T, T y, T g, T) { return g * (T(1) - y * y); }
 };
 
 struct Exp : Unary<Exp> {
   static constexpr std::string_view name = "exp";
-  static constexpr Tier tier = Tier::transcendental;
-  template <class T> GRAD_HD static T forward(T x, T) { return std::exp(x); }
+  static constexpr Tier tier = Tier::exact;
+  template <class T> GRAD_HD static T forward(T x, T) { return exact_exp(x); }
   template <class T> GRAD_HD static T backward(T, T y, T g, T) { return g * y; }
 };
 
