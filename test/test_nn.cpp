@@ -193,6 +193,38 @@ TEST_CASE("cross_entropy and cross_entropy_rows match central differences and -l
   CHECK(loss == doctest::Approx(row0 / 2).epsilon(1e-15));
 }
 
+namespace {
+// A small attention + MLP stack recorded at precision T from the same double inputs.
+template <class T>
+double small_stack_loss(std::uint64_t seed) {
+  Rng rng(seed);
+  auto cast = [](const Tensor<double>& d) {
+    Tensor<T> t(d.shape());
+    for (std::size_t i = 0; i < d.size(); ++i) t[i] = static_cast<T>(d[i]);
+    return t;
+  };
+  auto c = [&](Tape<T>& tp, Shape shape) { return tp.constant(cast(random_tensor<double>(std::move(shape), rng))); };
+  Tape<T> tp;
+  const auto tables = nn::rope_tables<T>(4, 2, T(10000));
+  Var<T> x = c(tp, {4, 8});
+  Var<T> h = nn::layernorm(nn::rmsnorm(x, c(tp, {8}), T(1e-6)), c(tp, {8}), c(tp, {8}), T(1e-5));
+  Var<T> q = nn::lora_linear(h, c(tp, {8, 4}), c(tp, {8, 2}), c(tp, {2, 4}), T(0.5));
+  Var<T> kv = nn::linear_bias(h, c(tp, {8, 2}), c(tp, {2}));
+  Var<T> ctx = nn::gqa_attention(q, kv, kv, tp.constant(tables.cos), tp.constant(tables.sin),
+                                 tp.constant(nn::causal_mask<T>(4)), 2, 1, 2);
+  Var<T> logits = nn::linear(nn::swiglu(ctx, nn::silu(ctx)), c(tp, {4, 5}));
+  const Var<T> loss = nn::cross_entropy_rows(logits, tp.constant(cast(onehot_rows({1, 4, 0}, 5))), 3);
+  REQUIRE(tp.ok());
+  return static_cast<double>(tp.scalar(loss));
+}
+}  // namespace
+
+TEST_CASE("the layers record on f32 tapes and agree with f64 to f32 precision") {
+  const double f64 = small_stack_loss<double>(15), f32 = small_stack_loss<float>(15);
+  CHECK(f32 == doctest::Approx(f64).epsilon(1e-5));
+  CHECK(f32 != f64);  // really computed in float
+}
+
 // ----------------------------------------------------- the Qwen2 block --
 
 namespace {

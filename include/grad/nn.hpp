@@ -1,7 +1,9 @@
 // Neural-network layers as pure tape builders: each checks its operands'
 // shapes, then records ordinary ops (matmul, row_sum, softmax, slice, ...).
 // They own nothing, so every gradient is derived by the tape and the device
-// engine replays them like any other recording.
+// engine replays them like any other recording. Row reductions (norms,
+// cross-entropy) use the row_sum op rather than a matmul with a ones column:
+// one node instead of two and faster at every size bench/bench_nn.cpp measures.
 //
 // Conventions: activations are [rows, cols]; a weight is [in, out]; a bias
 // or norm weight is [out], broadcast over rows. Bad input poisons the tape
