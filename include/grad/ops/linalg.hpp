@@ -1,54 +1,15 @@
 // Matrix products and transpose over the last two axes (leading axes are a
 // batch). Every inner product accumulates from zero in ascending index:
-// acc = acc + a*b, never fused, so the device replays the same bits.
+// acc = acc + a*b, never fused, so the device replays the same bits
+// (gemm.hpp holds the kernels and the plain reference loops).
 #pragma once
 
 #include <string_view>
 
 #include "grad/ops/family.hpp"
+#include "grad/ops/gemm.hpp"  // gemm_nn, gemm_nt, gemm_tn: blocked, same order as grad::reference
 
 namespace grad {
-
-// C[m,n] = A[m,k] B[k,n]. The i-p-j loop order keeps each C[i,j] summing in
-// ascending p while the innermost loop runs along contiguous rows.
-template <class T>
-inline void gemm_nn(const T* A, const T* B, T* C, std::size_t m, std::size_t k, std::size_t n) {
-  for (std::size_t i = 0; i < m; ++i) {
-    T* c = C + i * n;
-    for (std::size_t j = 0; j < n; ++j) c[j] = T(0);
-    for (std::size_t p = 0; p < k; ++p) {
-      const T a = A[i * k + p];
-      const T* b = B + p * n;
-      for (std::size_t j = 0; j < n; ++j) c[j] = c[j] + a * b[j];
-    }
-  }
-}
-
-// C[m,k] = G[m,n] B[k,n]^T: C[i,p] sums G[i,j] B[p,j] in ascending j.
-template <class T>
-inline void gemm_nt(const T* G, const T* B, T* C, std::size_t m, std::size_t n, std::size_t k) {
-  for (std::size_t i = 0; i < m; ++i)
-    for (std::size_t p = 0; p < k; ++p) {
-      const T* g = G + i * n;
-      const T* b = B + p * n;
-      T acc = T(0);
-      for (std::size_t j = 0; j < n; ++j) acc = acc + g[j] * b[j];
-      C[i * k + p] = acc;
-    }
-}
-
-// C[k,n] = A[m,k]^T G[m,n]: C[p,j] sums A[i,p] G[i,j] in ascending i.
-template <class T>
-inline void gemm_tn(const T* A, const T* G, T* C, std::size_t m, std::size_t k, std::size_t n) {
-  for (std::size_t x = 0; x < k * n; ++x) C[x] = T(0);
-  for (std::size_t i = 0; i < m; ++i)
-    for (std::size_t p = 0; p < k; ++p) {
-      const T a = A[i * k + p];
-      const T* g = G + i * n;
-      T* c = C + p * n;
-      for (std::size_t j = 0; j < n; ++j) c[j] = c[j] + a * g[j];
-    }
-}
 
 // Shared by Matmul ([m,k]x[k,n]) and Bmm ([B,m,k]x[B,k,n]): same kernels,
 // different shape rules (checked where the op is recorded).

@@ -1,0 +1,394 @@
+// Host matrix products: C[m,n] = sum over p of A(i,p) B(p,j), in three
+// layouts (nn: forward, nt: dA = G B^T, tn: dB = A^T G).
+//
+// The determinism contract fixes the order of every output element's sum:
+// from zero, ascending p, acc = acc + a*b with the multiply and the add
+// rounded separately (never an fma; the host is built with
+// -ffp-contract=off). Everything here is free to reorder *which* elements
+// are computed when, never the terms of one element:
+//   - a register-blocked micro-kernel holds an MR x NR tile of C in vector
+//     registers, vectorised across output columns (each lane is one output
+//     element running its own ascending sum), so nt vectorises across
+//     output elements too, not along its contiguous sum;
+//   - cache blocking splits the sum into KC-long runs in ascending order;
+//     between runs the partial sum is stored to C and reloaded unchanged;
+//   - threads take disjoint ranges of output columns (or rows), each
+//     element computed whole by one thread.
+// So the blocked kernels equal grad::reference::gemm_* bit for bit, on any
+// instruction set and thread count (test_gemm checks it over many shapes).
+//
+// Instruction sets are chosen at run time (AVX-512, AVX2, else the
+// baseline's 128-bit vectors), so one binary runs on any x86-64.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "grad/parallel.hpp"
+
+namespace grad {
+
+// The plain loops that define the order; kept as the reference the blocked
+// kernels are tested against.
+namespace reference {
+
+// C[m,n] = A[m,k] B[k,n]. The i-p-j loop order keeps each C[i,j] summing in
+// ascending p while the innermost loop runs along contiguous rows.
+template <class T>
+inline void gemm_nn(const T* A, const T* B, T* C, std::size_t m, std::size_t k, std::size_t n) {
+  for (std::size_t i = 0; i < m; ++i) {
+    T* c = C + i * n;
+    for (std::size_t j = 0; j < n; ++j) c[j] = T(0);
+    for (std::size_t p = 0; p < k; ++p) {
+      const T a = A[i * k + p];
+      const T* b = B + p * n;
+      for (std::size_t j = 0; j < n; ++j) c[j] = c[j] + a * b[j];
+    }
+  }
+}
+
+// C[m,k] = G[m,n] B[k,n]^T: C[i,p] sums G[i,j] B[p,j] in ascending j.
+template <class T>
+inline void gemm_nt(const T* G, const T* B, T* C, std::size_t m, std::size_t n, std::size_t k) {
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t p = 0; p < k; ++p) {
+      const T* g = G + i * n;
+      const T* b = B + p * n;
+      T acc = T(0);
+      for (std::size_t j = 0; j < n; ++j) acc = acc + g[j] * b[j];
+      C[i * k + p] = acc;
+    }
+}
+
+// C[k,n] = A[m,k]^T G[m,n]: C[p,j] sums A[i,p] G[i,j] in ascending i.
+template <class T>
+inline void gemm_tn(const T* A, const T* G, T* C, std::size_t m, std::size_t k, std::size_t n) {
+  for (std::size_t x = 0; x < k * n; ++x) C[x] = T(0);
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t p = 0; p < k; ++p) {
+      const T a = A[i * k + p];
+      const T* g = G + i * n;
+      T* c = C + p * n;
+      for (std::size_t j = 0; j < n; ++j) c[j] = c[j] + a * g[j];
+    }
+}
+
+}  // namespace reference
+
+namespace gemm_detail {
+
+enum class Isa { baseline, avx2, avx512 };
+
+inline bool supported(Isa isa) {
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+  switch (isa) {
+    case Isa::baseline: return true;
+    case Isa::avx2: return __builtin_cpu_supports("avx2");
+    case Isa::avx512: return __builtin_cpu_supports("avx512f");
+  }
+  return false;
+#else
+  return isa == Isa::baseline;
+#endif
+}
+
+inline Isa best_isa() {
+  static const Isa isa = supported(Isa::avx512) ? Isa::avx512 : supported(Isa::avx2) ? Isa::avx2 : Isa::baseline;
+  return isa;
+}
+
+// Element (r, c) of a matrix operand lives at p[r * rs + c * cs]; the three
+// layouts differ only in these strides.
+template <class T>
+struct Strided {
+  const T* p;
+  std::size_t rs, cs;
+};
+
+// C (row-major, m x n) = sum over p < k of a(i, p) b(p, j).
+template <class T>
+struct Problem {
+  Strided<T> a, b;
+  T* c;
+  std::size_t m, n, k;
+};
+
+template <class T, std::size_t Lanes>
+struct Vec {
+  typedef T type __attribute__((vector_size(Lanes * sizeof(T))));
+};
+
+// Cache blocking: a KC x NC block of b stays in L2 while MC x KC blocks of
+// a stream past it; one KC x NR micro-panel of b sits in L1.
+template <class T>
+struct Blocking {
+  static constexpr std::size_t kc = 256;
+  static constexpr std::size_t mc = 96;  // a multiple of every kernel's MR
+  static constexpr std::size_t nc = 1024 * 4 / sizeof(T);
+};
+
+// Packed, zero-padded operand blocks; one pair per thread and element type,
+// grown to the largest block seen and then reused (no steady-state allocation).
+template <class T>
+inline T* pack_buffer(std::size_t elements) {
+  constexpr std::size_t line = 64 / sizeof(T);
+  thread_local std::vector<T> storage;
+  if (storage.size() < elements + line) storage.resize(elements + line);
+  const auto address = reinterpret_cast<std::uintptr_t>(storage.data());
+  return storage.data() + (line - address / sizeof(T) % line) % line;
+}
+
+// The MR x (NV vectors) tile of C at c (row stride ldc) after kc more terms:
+// lane by lane acc = acc + a*b in ascending p, from zero or from what c holds.
+template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
+[[gnu::always_inline]] inline void micro_kernel(std::size_t kc, const T* __restrict ap, const T* __restrict bp,
+                                                T* __restrict c, std::size_t ldc, bool accumulate) {
+  using V = typename Vec<T, Lanes>::type;
+  V acc[MR][NV];
+#pragma GCC unroll 16
+  for (std::size_t r = 0; r < MR; ++r)
+#pragma GCC unroll 16
+    for (std::size_t v = 0; v < NV; ++v) {
+      if (accumulate)
+        __builtin_memcpy(&acc[r][v], c + r * ldc + v * Lanes, sizeof(V));
+      else
+        acc[r][v] = V{};
+    }
+  for (std::size_t p = 0; p < kc; ++p) {
+    V b[NV];
+#pragma GCC unroll 16
+    for (std::size_t v = 0; v < NV; ++v) __builtin_memcpy(&b[v], bp + (p * NV + v) * Lanes, sizeof(V));
+#pragma GCC unroll 16
+    for (std::size_t r = 0; r < MR; ++r) {
+      const T a = ap[p * MR + r];
+#pragma GCC unroll 16
+      for (std::size_t v = 0; v < NV; ++v) acc[r][v] = acc[r][v] + b[v] * a;
+    }
+  }
+#pragma GCC unroll 16
+  for (std::size_t r = 0; r < MR; ++r)
+#pragma GCC unroll 16
+    for (std::size_t v = 0; v < NV; ++v) __builtin_memcpy(c + r * ldc + v * Lanes, &acc[r][v], sizeof(V));
+}
+
+// A partial tile (rows < MR or cols < the strip width) runs the same kernel
+// on a local tile; only the valid part is read from and written to C.
+template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
+[[gnu::always_inline]] inline void edge_kernel(std::size_t kc, const T* ap, const T* bp, T* c, std::size_t ldc,
+                                               bool accumulate, std::size_t rows, std::size_t cols) {
+  constexpr std::size_t width = NV * Lanes;
+  alignas(64) T tile[MR * width] = {};
+  if (accumulate)
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t j = 0; j < cols; ++j) tile[r * width + j] = c[r * ldc + j];
+  micro_kernel<T, Lanes, MR, NV>(kc, ap, bp, tile, width, accumulate);
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t j = 0; j < cols; ++j) c[r * ldc + j] = tile[r * width + j];
+}
+
+// Strips of b's block, each kc x width with width = NR (full) or Lanes (the
+// tail), zero-padded past the last column.
+template <class T, std::size_t Lanes, std::size_t NV>
+[[gnu::always_inline]] inline void pack_b(const Strided<T>& b, std::size_t p0, std::size_t kc, std::size_t j0,
+                                          std::size_t nc, T* out) {
+  constexpr std::size_t nr = NV * Lanes;
+  for (std::size_t jr = 0; jr < nc;) {
+    const std::size_t width = nc - jr >= nr ? nr : Lanes;
+    const std::size_t cols = std::min(width, nc - jr);
+    const T* src = b.p + p0 * b.rs + (j0 + jr) * b.cs;
+    if (b.cs == 1) {  // rows of b contiguous
+      for (std::size_t p = 0; p < kc; ++p) {
+        const T* row = src + p * b.rs;
+        T* dst = out + p * width;
+        for (std::size_t j = 0; j < cols; ++j) dst[j] = row[j];
+        for (std::size_t j = cols; j < width; ++j) dst[j] = T(0);
+      }
+    } else {  // columns of b contiguous (b.rs == 1) or general strides
+      for (std::size_t j = 0; j < cols; ++j) {
+        const T* col = src + j * b.cs;
+        for (std::size_t p = 0; p < kc; ++p) out[p * width + j] = col[p * b.rs];
+      }
+      for (std::size_t p = 0; p < kc; ++p)
+        for (std::size_t j = cols; j < width; ++j) out[p * width + j] = T(0);
+    }
+    out += kc * width;
+    jr += width;
+  }
+}
+
+// Row panels of a's block, each kc x MR (MR values per term), zero-padded.
+template <class T, std::size_t MR>
+[[gnu::always_inline]] inline void pack_a(const Strided<T>& a, std::size_t i0, std::size_t mc, std::size_t p0,
+                                          std::size_t kc, T* out) {
+  for (std::size_t ir = 0; ir < mc; ir += MR) {
+    const std::size_t rows = std::min(MR, mc - ir);
+    const T* src = a.p + (i0 + ir) * a.rs + p0 * a.cs;
+    if (a.rs == 1) {  // columns of a contiguous: MR rows of one term side by side
+      for (std::size_t p = 0; p < kc; ++p) {
+        const T* col = src + p * a.cs;
+        T* dst = out + p * MR;
+        for (std::size_t r = 0; r < rows; ++r) dst[r] = col[r];
+        for (std::size_t r = rows; r < MR; ++r) dst[r] = T(0);
+      }
+    } else {
+      for (std::size_t r = 0; r < rows; ++r) {
+        const T* row = src + r * a.rs;
+        for (std::size_t p = 0; p < kc; ++p) out[p * MR + r] = row[p * a.cs];
+      }
+      for (std::size_t p = 0; p < kc; ++p)
+        for (std::size_t r = rows; r < MR; ++r) out[p * MR + r] = T(0);
+    }
+    out += kc * MR;
+  }
+}
+
+// Output rows [i0, i1) x columns [j0, j1) of the problem (k > 0).
+template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
+[[gnu::always_inline]] inline void multiply_block(const Problem<T>& pr, std::size_t i0, std::size_t i1,
+                                                  std::size_t j0, std::size_t j1) {
+  constexpr std::size_t nr = NV * Lanes;
+  constexpr std::size_t KC = Blocking<T>::kc, MC = Blocking<T>::mc, NC = Blocking<T>::nc / nr * nr;
+  static_assert(MC % MR == 0, "MC must hold whole row panels");
+  const std::size_t ldc = pr.n;
+  const std::size_t kc_max = std::min(KC, pr.k);
+  const std::size_t nc_max = (std::min(NC, j1 - j0) + Lanes - 1) / Lanes * Lanes;
+  const std::size_t mc_max = (std::min(MC, i1 - i0) + MR - 1) / MR * MR;
+  T* const bpack = pack_buffer<T>(kc_max * (nc_max + mc_max));
+  T* const apack = bpack + kc_max * nc_max;
+  for (std::size_t jc = j0; jc < j1; jc += NC) {
+    const std::size_t nc = std::min(NC, j1 - jc);
+    for (std::size_t pc = 0; pc < pr.k; pc += KC) {
+      const std::size_t kc = std::min(KC, pr.k - pc);
+      const bool accumulate = pc > 0;  // later runs continue the stored partial sums
+      pack_b<T, Lanes, NV>(pr.b, pc, kc, jc, nc, bpack);
+      for (std::size_t ic = i0; ic < i1; ic += MC) {
+        const std::size_t mc = std::min(MC, i1 - ic);
+        pack_a<T, MR>(pr.a, ic, mc, pc, kc, apack);
+        for (std::size_t jr = 0; jr < nc;) {
+          const bool full_strip = nc - jr >= nr;
+          const std::size_t width = full_strip ? nr : Lanes;
+          const std::size_t cols = std::min(width, nc - jr);
+          const T* bp = bpack + jr * kc;
+          for (std::size_t ir = 0; ir < mc; ir += MR) {
+            const std::size_t rows = std::min(MR, mc - ir);
+            const T* ap = apack + ir * kc;
+            T* c = pr.c + (ic + ir) * ldc + jc + jr;
+            if (full_strip) {
+              if (rows == MR)
+                micro_kernel<T, Lanes, MR, NV>(kc, ap, bp, c, ldc, accumulate);
+              else
+                edge_kernel<T, Lanes, MR, NV>(kc, ap, bp, c, ldc, accumulate, rows, cols);
+            } else {
+              if (rows == MR && cols == Lanes)
+                micro_kernel<T, Lanes, MR, 1>(kc, ap, bp, c, ldc, accumulate);
+              else
+                edge_kernel<T, Lanes, MR, 1>(kc, ap, bp, c, ldc, accumulate, rows, cols);
+            }
+          }
+          jr += width;
+        }
+      }
+    }
+  }
+}
+
+// One instantiation per instruction set. Register tiles: AVX-512 has 32
+// vector registers (8 x 2 accumulators plus operands and product
+// temporaries), AVX2 and the baseline 16.
+template <class T>
+void multiply_baseline(const Problem<T>& pr, std::size_t i0, std::size_t i1, std::size_t j0, std::size_t j1) {
+  multiply_block<T, 16 / sizeof(T), 4, 2>(pr, i0, i1, j0, j1);
+}
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+template <class T>
+__attribute__((target("avx2"))) void multiply_avx2(const Problem<T>& pr, std::size_t i0, std::size_t i1,
+                                                    std::size_t j0, std::size_t j1) {
+  multiply_block<T, 32 / sizeof(T), 4, 2>(pr, i0, i1, j0, j1);
+}
+template <class T>
+__attribute__((target("avx512f"))) void multiply_avx512(const Problem<T>& pr, std::size_t i0, std::size_t i1,
+                                                         std::size_t j0, std::size_t j1) {
+  multiply_block<T, 64 / sizeof(T), 8, 2>(pr, i0, i1, j0, j1);
+}
+#endif
+
+template <class T>
+void multiply_range(Isa isa, const Problem<T>& pr, std::size_t i0, std::size_t i1, std::size_t j0, std::size_t j1) {
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+  if (isa == Isa::avx512) return multiply_avx512(pr, i0, i1, j0, j1);
+  if (isa == Isa::avx2) return multiply_avx2(pr, i0, i1, j0, j1);
+#endif
+  (void)isa;
+  multiply_baseline(pr, i0, i1, j0, j1);
+}
+
+// Below this many multiply-adds a product runs on the calling thread: waking
+// the pool would cost more than it saves.
+inline constexpr std::size_t parallel_threshold = std::size_t{1} << 20;
+
+template <class T>
+struct Split {
+  Isa isa;
+  const Problem<T>* problem;
+  std::size_t parts, units, unit;
+  bool by_columns;
+};
+
+template <class T>
+void run_part(void* context, std::size_t part) {
+  const Split<T>& s = *static_cast<const Split<T>*>(context);
+  const Problem<T>& pr = *s.problem;
+  const std::size_t extent = s.by_columns ? pr.n : pr.m;
+  const std::size_t lo = std::min(extent, part * s.units / s.parts * s.unit);
+  const std::size_t hi = std::min(extent, (part + 1) * s.units / s.parts * s.unit);
+  if (lo == hi) return;
+  if (s.by_columns)
+    multiply_range(s.isa, pr, 0, pr.m, lo, hi);
+  else
+    multiply_range(s.isa, pr, lo, hi, 0, pr.n);
+}
+
+template <class T>
+void multiply(Isa isa, const Problem<T>& pr) {
+  if (pr.m == 0 || pr.n == 0) return;
+  if (pr.k == 0) {  // empty sums: zero
+    std::fill(pr.c, pr.c + pr.m * pr.n, T(0));
+    return;
+  }
+  const std::size_t threads = num_threads();
+  if (threads <= 1 || pr.m * pr.n * pr.k < parallel_threshold) return multiply_range(isa, pr, 0, pr.m, 0, pr.n);
+  // Split the longer output side, in units of the widest register tile.
+  constexpr std::size_t col_unit = 2 * 64 / sizeof(T), row_unit = 8;
+  const std::size_t col_units = (pr.n + col_unit - 1) / col_unit, row_units = (pr.m + row_unit - 1) / row_unit;
+  const bool by_columns = col_units >= row_units;
+  const std::size_t units = by_columns ? col_units : row_units;
+  Split<T> split{isa, &pr, std::min(threads, units), units, by_columns ? col_unit : row_unit, by_columns};
+  parallel_for(split.parts, &run_part<T>, &split);
+}
+
+}  // namespace gemm_detail
+
+// The kernels the matmul/bmm tags call: same arguments and results as the
+// reference loops above.
+
+// C[m,n] = A[m,k] B[k,n]
+template <class T>
+inline void gemm_nn(const T* A, const T* B, T* C, std::size_t m, std::size_t k, std::size_t n) {
+  gemm_detail::multiply<T>(gemm_detail::best_isa(), {{A, k, 1}, {B, n, 1}, C, m, n, k});
+}
+
+// C[m,k] = G[m,n] B[k,n]^T (C[i,p] sums over j)
+template <class T>
+inline void gemm_nt(const T* G, const T* B, T* C, std::size_t m, std::size_t n, std::size_t k) {
+  gemm_detail::multiply<T>(gemm_detail::best_isa(), {{G, n, 1}, {B, 1, n}, C, m, k, n});
+}
+
+// C[k,n] = A[m,k]^T G[m,n] (C[p,j] sums over i)
+template <class T>
+inline void gemm_tn(const T* A, const T* G, T* C, std::size_t m, std::size_t k, std::size_t n) {
+  gemm_detail::multiply<T>(gemm_detail::best_isa(), {{A, 1, k}, {G, n, 1}, C, k, n, m});
+}
+
+}  // namespace grad

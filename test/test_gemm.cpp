@@ -1,0 +1,165 @@
+// The blocked matrix kernels (gemm.hpp) against the plain reference loops
+// that define the summation order: bit for bit, over odd sizes, tails and
+// blocking boundaries, on every instruction set this CPU has and on several
+// thread counts.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "support.hpp"
+
+using namespace grad;
+using namespace grad::testing;
+using gemm_detail::Isa;
+
+namespace {
+
+struct Dims3 {
+  std::size_t m, k, n;  // C[m,n] = A[m,k] B[k,n] for the forward product
+};
+
+// Small odd sizes, tails of every register tile, and sizes crossing the
+// cache blocks (kc = 256, mc = 96, nc = 1024 floats / 512 doubles).
+std::vector<Dims3> shapes() {
+  std::vector<Dims3> s;
+  const std::size_t small[] = {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33};
+  for (std::size_t m : small)
+    for (std::size_t k : {1, 4, 13})
+      for (std::size_t n : small) s.push_back({m, k, n});
+  Rng rng(77);
+  for (int i = 0; i < 24; ++i) {  // random mid-size shapes
+    auto pick = [&](std::size_t lo, std::size_t hi) { return lo + static_cast<std::size_t>(rng.next() % (hi - lo + 1)); };
+    s.push_back({pick(1, 130), pick(1, 300), pick(1, 140)});
+  }
+  s.push_back({97, 257, 33});    // one row and one term past mc and kc
+  s.push_back({8, 520, 1025});   // crosses kc twice and nc (f32 and f64)
+  s.push_back({200, 6, 64});     // workload A's first layer
+  s.push_back({130, 300, 600});  // large enough to be split across threads
+  return s;
+}
+
+// Values of mixed signs and magnitudes (so that any reordered sum would
+// round differently), with some negative zeros (0 + -0 must give +0 as the
+// reference's "start from zero" does).
+template <class T>
+std::vector<T> operand(std::size_t size, Rng& rng) {
+  std::vector<T> v(size);
+  for (T& x : v) {
+    const double scale = std::ldexp(1.0, static_cast<int>(rng.next() % 20) - 10);
+    x = static_cast<T>(rng.uniform(-1, 1) * scale);
+    if (rng.next() % 17 == 0) x = T(-0.0);
+  }
+  return v;
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return bitwise_equal<T>(std::span<const T>(a), std::span<const T>(b));
+}
+
+enum class Layout { nn, nt, tn };
+
+// One product in one layout on one instruction set, checked against the
+// reference; C starts as NaN so that a kernel must write every element.
+template <class T>
+bool blocked_equals_reference(Layout layout, Isa isa, const Dims3& d, Rng& rng) {
+  const std::size_t m = d.m, k = d.k, n = d.n;
+  std::vector<T> want, got;
+  if (layout == Layout::nn) {  // C[m,n] = A[m,k] B[k,n]
+    const auto A = operand<T>(m * k, rng), B = operand<T>(k * n, rng);
+    want.assign(m * n, T(0));
+    got.assign(m * n, std::numeric_limits<T>::quiet_NaN());
+    reference::gemm_nn(A.data(), B.data(), want.data(), m, k, n);
+    gemm_detail::multiply<T>(isa, {{A.data(), k, 1}, {B.data(), n, 1}, got.data(), m, n, k});
+  } else if (layout == Layout::nt) {  // C[m,k] = G[m,n] B[k,n]^T
+    const auto G = operand<T>(m * n, rng), B = operand<T>(k * n, rng);
+    want.assign(m * k, T(0));
+    got.assign(m * k, std::numeric_limits<T>::quiet_NaN());
+    reference::gemm_nt(G.data(), B.data(), want.data(), m, n, k);
+    gemm_detail::multiply<T>(isa, {{G.data(), n, 1}, {B.data(), 1, n}, got.data(), m, k, n});
+  } else {  // C[k,n] = A[m,k]^T G[m,n]
+    const auto A = operand<T>(m * k, rng), G = operand<T>(m * n, rng);
+    want.assign(k * n, T(0));
+    got.assign(k * n, std::numeric_limits<T>::quiet_NaN());
+    reference::gemm_tn(A.data(), G.data(), want.data(), m, k, n);
+    gemm_detail::multiply<T>(isa, {{A.data(), 1, k}, {G.data(), n, 1}, got.data(), k, n, m});
+  }
+  return same_bits(want, got);
+}
+
+template <class T>
+void check_every_shape(std::size_t threads) {
+  set_num_threads(threads);
+  REQUIRE(num_threads() == threads);
+  for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512}) {
+    if (!gemm_detail::supported(isa)) continue;
+    Rng rng(1234);
+    for (const Dims3& d : shapes())
+      for (Layout layout : {Layout::nn, Layout::nt, Layout::tn}) {
+        INFO("isa ", static_cast<int>(isa), " layout ", static_cast<int>(layout), " m ", d.m, " k ", d.k, " n ", d.n,
+             " threads ", threads);
+        CHECK(blocked_equals_reference<T>(layout, isa, d, rng));
+      }
+  }
+  set_num_threads(1);
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("blocked gemm equals the reference loops bit for bit on one thread", T, double, float) {
+  check_every_shape<T>(1);
+}
+
+TEST_CASE_TEMPLATE("blocked gemm equals the reference loops bit for bit on three threads", T, double, float) {
+  check_every_shape<T>(3);
+}
+
+TEST_CASE_TEMPLATE("the public gemm entry points match the reference on the best instruction set", T, double, float) {
+  Rng rng(5);
+  const std::size_t m = 37, k = 300, n = 41;
+  const auto A = operand<T>(m * k, rng), B = operand<T>(k * n, rng), G = operand<T>(m * n, rng);
+  std::vector<T> want(m * n), got(m * n);
+  reference::gemm_nn(A.data(), B.data(), want.data(), m, k, n);
+  gemm_nn(A.data(), B.data(), got.data(), m, k, n);
+  CHECK(same_bits(want, got));
+  std::vector<T> want_a(m * k), got_a(m * k);
+  reference::gemm_nt(G.data(), B.data(), want_a.data(), m, n, k);
+  gemm_nt(G.data(), B.data(), got_a.data(), m, n, k);
+  CHECK(same_bits(want_a, got_a));
+  std::vector<T> want_b(k * n), got_b(k * n);
+  reference::gemm_tn(A.data(), G.data(), want_b.data(), m, k, n);
+  gemm_tn(A.data(), G.data(), got_b.data(), m, k, n);
+  CHECK(same_bits(want_b, got_b));
+}
+
+TEST_CASE_TEMPLATE("an empty sum (k = 0) gives zeros and empty outputs are left alone", T, double, float) {
+  std::vector<T> c(12, T(7));
+  gemm_nn<T>(nullptr, nullptr, c.data(), 3, 0, 4);
+  for (T x : c) CHECK(x == T(0));
+  gemm_nn<T>(nullptr, nullptr, nullptr, 0, 5, 0);  // nothing to write, must not touch memory
+}
+
+// The comparison is sharp enough to see a reordered sum: the same products
+// summed in descending k differ from the reference somewhere.
+TEST_CASE("summing in another order is detected by the bitwise comparison") {
+  Rng rng(3);
+  const std::size_t m = 16, k = 200, n = 16;
+  const auto A = operand<float>(m * k, rng), B = operand<float>(k * n, rng);
+  std::vector<float> want(m * n), reversed(m * n, 0.0f);
+  reference::gemm_nn(A.data(), B.data(), want.data(), m, k, n);
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t p = k; p-- > 0;)
+      for (std::size_t j = 0; j < n; ++j) reversed[i * n + j] = reversed[i * n + j] + A[i * k + p] * B[p * n + j];
+  CHECK_FALSE(same_bits(want, reversed));
+}
+
+TEST_CASE("set_num_threads: 0 means one per hardware thread, and 1 restores the default") {
+  set_num_threads(0);
+  CHECK(num_threads() >= 1);
+  set_num_threads(2);
+  CHECK(num_threads() == 2);
+  set_num_threads(1);
+  CHECK(num_threads() == 1);
+}
