@@ -139,7 +139,8 @@ struct RopeTables {
 // both hold position p's angle p * theta_j, theta_j = 1 / base^(2j/head_dim)
 // (the form Hugging Face computes inv_freq in). Put them on the tape as
 // constants and pass them to rope / gqa_attention.
-template <class T>
+// T is deduced from base: pass 10000.0 (double) or 10000.0f (float).
+template <Scalar T>
 RopeTables<T> rope_tables(std::size_t t, std::size_t head_dim, T base) {
   if (t == 0 || head_dim == 0 || head_dim % 2 != 0)
     throw std::invalid_argument("nn::rope_tables: t " + detail::num(t) + ", head_dim " + detail::num(head_dim) +
@@ -187,7 +188,7 @@ Var<T> head(Var<T> q, std::size_t index, std::size_t head_dim) {
 // [t, t]: 0 on and below the diagonal, -1e9 above. Added to attention scores
 // it sends a masked position's softmax weight to exactly zero (exp underflows
 // in f32 and f64) while score + mask stays finite.
-template <class T = double>
+template <Scalar T = double>
 Tensor<T> causal_mask(std::size_t t) {
   if (t == 0) throw std::invalid_argument("nn::causal_mask: t 0: expected at least one position");
   Tensor<T> m({t, t});
