@@ -217,3 +217,62 @@ TEST_CASE("CUDA-only parity runs when a GPU is present" * doctest::skip(!dev::cu
   // The table above already includes CUDA when present; this case states it.
   CHECK(backends().size() == 2);
 }
+
+TEST_CASE("an attention block built from nn layers replays bit for bit (transcendental within tolerance on CUDA)") {
+  // t=6 tokens, 4 query heads over 2 key/value heads of width 4: RoPE,
+  // causal mask, softmax, slices, concat, rmsnorm, swiglu, cross-entropy.
+  constexpr std::size_t t = 6, d = 16, heads = 4, kv_heads = 2, hd = 4, vocab = 5;
+  for (dev::Backend backend : backends()) {
+    CAPTURE(dev::backend_name(backend));
+    Rng rng(77);
+    Tape<double> tp;
+    auto r = [&](Shape s, double b) { return random_tensor<double>(std::move(s), rng, -b, b); };
+    Var<double> x = tp.constant(r({t, d}, 1.0));
+    Var<double> wq = tp.param(r({d, heads * hd}, 0.4)), wk = tp.param(r({d, kv_heads * hd}, 0.4)),
+                wv = tp.param(r({d, kv_heads * hd}, 0.4)), wo = tp.param(r({heads * hd, d}, 0.4)),
+                wg = tp.param(r({d, 8}, 0.4)), wu = tp.param(r({d, 8}, 0.4)), wd = tp.param(r({8, vocab}, 0.4)),
+                norm = tp.param(Tensor<double>::ones({d}));
+    Tensor<double> targets({t, vocab});
+    for (std::size_t p = 0; p < t; ++p) targets[p * vocab + (p * 3) % vocab] = 1;
+    const auto rope = nn::rope_tables(t, hd, 10000.0);
+    Var<double> cos = tp.constant(rope.cos), sin = tp.constant(rope.sin), mask = tp.constant(nn::causal_mask<double>(t));
+    Var<double> h = nn::rmsnorm(x, norm, 1e-6);
+    Var<double> att = nn::gqa_attention(nn::linear(h, wq), nn::linear(h, wk), nn::linear(h, wv), cos, sin, mask, heads,
+                                        kv_heads, hd);
+    Var<double> y = x + nn::linear(att, wo);
+    Var<double> logits = nn::linear(nn::swiglu(nn::linear(y, wg), nn::linear(y, wu)), wd);
+    Var<double> loss = nn::cross_entropy(logits, tp.constant(targets));
+    REQUIRE(tp.ok());
+    REQUIRE(tp.backward(loss));
+    const bool bitwise = backend == dev::Backend::cpu || !uses_transcendental(tp);
+    auto prog = dev::capture(tp, loss, {.backend = backend});
+    prog.forward();
+    prog.backward();
+    CHECK(close(tp.scalar(loss), prog.loss(), bitwise));
+    for (Var<double> p : {wq, wk, wv, wo, wg, wu, wd, norm}) {
+      const Tensor<double> g = prog.grad(p);
+      CHECK(first_difference(tp.grad(p).data, g.data(), bitwise) == "");
+    }
+  }
+}
+
+TEST_CASE("a float tape replays bit for bit on the CPU backend") {
+  Rng rng(9);
+  Tape<float> tp;
+  Var<float> w1 = tp.param(random_tensor<float>({5, 8}, rng)), b1 = tp.param(random_tensor<float>({8}, rng)),
+             w2 = tp.param(random_tensor<float>({8, 3}, rng));
+  Var<float> x = tp.constant(random_tensor<float>({7, 5}, rng));
+  Var<float> y = softmax(matmul(sigmoid(matmul(x, w1) + b1), w2), -1);
+  Var<float> loss = mean(grad::log(y + 0.5f) * y);
+  REQUIRE(tp.backward(loss));
+  auto prog = dev::capture(tp, loss);
+  CHECK(prog.f32());
+  prog.forward();
+  prog.backward();
+  const float want = tp.scalar(loss), got = prog.loss();
+  CHECK(std::memcmp(&want, &got, sizeof want) == 0);
+  for (Var<float> p : {w1, b1, w2}) {
+    const Tensor<float> g = prog.grad(p);
+    CHECK(bitwise_equal<float>(tp.grad(p).data, g.data()));
+  }
+}

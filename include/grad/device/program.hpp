@@ -96,7 +96,8 @@ class Program {
 
   Backend backend() const { return options_.backend; }
   Mode mode() const { return options_.mode; }
-  bool f32() const { return narrow_ != nullptr; }
+  // Does the device hold float32 (an f32 capture, or a float tape)?
+  bool f32() const { return narrow_ != nullptr || std::is_same_v<T, float>; }
   std::size_t nodes() const { return dims_.size(); }
   // Kernel launches of one forward() and one backward() (per-node mode).
   std::size_t forward_launches() const { return forward_launches_; }
