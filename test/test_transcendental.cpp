@@ -1,10 +1,10 @@
-// exact_exp, exact_tanh and exact_sigmoid (exact_math.hpp) against libm:
+// exact_exp, exact_tanh, exact_sigmoid and exact_log (exact_math.hpp) against libm:
 // error in ulps over dense sweeps and random bit patterns of the whole
 // domain, and the special values bit for bit. The reference for double is
 // long double libm (64-bit significand, so its own error is ~2^-11 of a
 // double ulp); for float it is double libm. The ops' contract is <= 2 ulp
 // from glibc (bit-pattern distance to libm's own results in T); the header
-// documents < 1 ulp from the true value for exp and tanh, 1.5 for sigmoid.
+// documents < 1 ulp from the true value for exp, tanh and log, 1.5 for sigmoid.
 // Both are asserted.
 #include <doctest/doctest.h>
 
@@ -23,6 +23,7 @@
 namespace {
 
 using grad::exact_exp;
+using grad::exact_log;
 using grad::exact_sigmoid;
 using grad::exact_tanh;
 
@@ -101,6 +102,16 @@ Worst sweep(Ours ours, Ref ref, double lo, double hi, long n) {
   return w;
 }
 
+// Geometric sweep over [lo, hi], lo > 0: every binade gets its share.
+template <class T, class Ours, class Ref>
+Worst geometric_sweep(Ours ours, Ref ref, double lo, double hi, long n) {
+  Worst w;
+  const double ratio = std::log(hi) - std::log(lo);  // hi / lo may overflow
+  for (long i = 0; i <= n; ++i)
+    measure<T>(w, static_cast<T>(lo * std::exp(ratio * static_cast<double>(i) / n)), ours, ref);
+  return w;
+}
+
 template <class T, class Ours, class Ref>
 Worst random_bits(Ours ours, Ref ref, long n, std::uint64_t seed) {
   Worst w;
@@ -134,9 +145,11 @@ void check(const Worst& w, const std::string& what, double max_ulps = 1.0) {
 template <class T> T ours_exp(T x) { return exact_exp(x); }
 template <class T> T ours_tanh(T x) { return exact_tanh(x); }
 template <class T> T ours_sigmoid(T x) { return exact_sigmoid(x); }
+template <class T> T ours_log(T x) { return exact_log(x); }
 template <class W> W ref_exp(W x) { return std::exp(x); }
 template <class W> W ref_tanh(W x) { return std::tanh(x); }
 template <class W> W ref_sigmoid(W x) { return W(1) / (W(1) + std::exp(-x)); }
+template <class W> W ref_log(W x) { return std::log(x); }
 
 template <class T>
 bool same_bits(T a, T b) {
@@ -174,10 +187,24 @@ TEST_CASE_TEMPLATE("exact_sigmoid is within 1.5 ulp of 1 / (1 + e^-x), including
   check<T>(random_bits<T>(ours_sigmoid<T>, ref_sigmoid<Wide<T>>, 500'000, 13), "sigmoid, random bit patterns", 1.5);
 }
 
-TEST_CASE("float exp and tanh over a uniform sample of all 2^32 bit patterns") {
+TEST_CASE_TEMPLATE("exact_log is within 1 ulp of the truth and 2 of libm: near 1, every binade, subnormals", T,
+                   double, float) {
+  using L = std::numeric_limits<T>;
+  check<T>(sweep<T>(ours_log<T>, ref_log<Wide<T>>, 0.5, 2.0, 1'000'000), "log, [0.5, 2]");
+  check<T>(geometric_sweep<T>(ours_log<T>, ref_log<Wide<T>>, static_cast<double>(L::min()),
+                              static_cast<double>(L::max()), 1'000'000),
+           "log, every normal binade");
+  check<T>(geometric_sweep<T>(ours_log<T>, ref_log<Wide<T>>, static_cast<double>(L::denorm_min()),
+                              static_cast<double>(L::min()), 200'000),
+           "log, subnormal inputs");
+  check<T>(random_bits<T>(ours_log<T>, ref_log<Wide<T>>, 1'000'000, 17), "log, random bit patterns");
+}
+
+TEST_CASE("float exp, tanh and log over a uniform sample of all 2^32 bit patterns") {
   // An odd stride, so that every exponent and many mantissa residues are hit.
   check<float>(strided_floats(ours_exp<float>, ref_exp<double>, 1021), "exp f32, every 1021st pattern");
   check<float>(strided_floats(ours_tanh<float>, ref_tanh<double>, 1021), "tanh f32, every 1021st pattern");
+  check<float>(strided_floats(ours_log<float>, ref_log<double>, 1021), "log f32, every 1021st pattern");
 }
 
 TEST_CASE_TEMPLATE("exact_exp special values: zeros, subnormals, overflow, underflow, inf, NaN", T, double, float) {
@@ -263,18 +290,43 @@ TEST_CASE_TEMPLATE("exact_sigmoid special values", T, double, float) {
   CHECK(exact_sigmoid(far_left) > T(0));
 }
 
-TEST_CASE("the tape's exp, tanh and sigmoid nodes are exact tier and compute exact_math's values") {
+TEST_CASE_TEMPLATE("exact_log special values: zeros, one, subnormals, negatives, inf, NaN", T, double, float) {
+  using L = std::numeric_limits<T>;
+  CHECK(exact_log(T(0)) == -L::infinity());
+  CHECK(exact_log(-T(0)) == -L::infinity());
+  CHECK(same_bits(exact_log(T(1)), T(0)));
+  CHECK(exact_log(T(2)) == std::log(T(2)));
+  CHECK(exact_log(T(0.5)) == std::log(T(0.5)));
+  CHECK(exact_log(L::infinity()) == L::infinity());
+  CHECK(std::isnan(exact_log(-L::infinity())));
+  CHECK(std::isnan(exact_log(T(-1))));
+  CHECK(std::isnan(exact_log(-L::denorm_min())));
+  CHECK(std::isnan(exact_log(L::quiet_NaN())));
+  CHECK(exact_log(L::denorm_min()) == std::log(L::denorm_min()));
+  CHECK(exact_log(L::min()) == std::log(L::min()));
+  CHECK(ulp_distance(exact_log(L::max()), std::log(L::max())) <= 1);
+  // Every power of two, subnormal ones included, is k ln 2 to within an ulp.
+  for (int k = L::min_exponent - L::digits; k < L::max_exponent; ++k) {
+    const T x = std::ldexp(T(1), k);
+    REQUIRE(ulp_distance(exact_log(x), std::log(x)) <= 1);
+  }
+}
+
+TEST_CASE("the tape's exp, log, tanh and sigmoid nodes are exact tier and compute exact_math's values") {
   static_assert(grad::Exp::tier == grad::Tier::exact);
   static_assert(grad::Tanh::tier == grad::Tier::exact);
   static_assert(grad::Sigmoid::tier == grad::Tier::exact);
+  static_assert(grad::Log::tier == grad::Tier::exact);
   grad::Tape<double> tp;
   const grad::Tensor<double> t({5}, {-800.0, -3.5, 0.25, 0.7, 30.0});
   auto x = tp.param(t);
   const auto e = tp.value(grad::exp(x)), th = tp.value(grad::tanh(x)), s = tp.value(grad::sigmoid(x));
+  const auto lg = tp.value(grad::log(grad::exp(x)));
   for (std::size_t i = 0; i < t.size(); ++i) {
     const double v = t.data()[i];
     CHECK(same_bits(e.data[i], exact_exp(v)));
     CHECK(same_bits(th.data[i], exact_tanh(v)));
     CHECK(same_bits(s.data[i], exact_sigmoid(v)));
+    CHECK(same_bits(lg.data[i], exact_log(exact_exp(v))));
   }
 }

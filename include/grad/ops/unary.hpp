@@ -24,8 +24,8 @@ struct Sqrt : Unary<Sqrt> {
   template <class T> GRAD_HD static T backward(T, T y, T g, T) { return g / (y + y); }
 };
 
-// sigmoid, tanh and exp are exact tier: exact_math.hpp computes them with
-// + - * / only, so every backend rounds them identically.
+// sigmoid, tanh, exp and log are exact tier: exact_math.hpp computes them
+// with + - * / only, so every backend rounds them identically.
 struct Sigmoid : Unary<Sigmoid> {
   static constexpr std::string_view name = "sigmoid";
   static constexpr Tier tier = Tier::exact;
@@ -49,8 +49,8 @@ struct Exp : Unary<Exp> {
 
 struct Log : Unary<Log> {
   static constexpr std::string_view name = "log";
-  static constexpr Tier tier = Tier::transcendental;
-  template <class T> GRAD_HD static T forward(T x, T) { return std::log(x); }
+  static constexpr Tier tier = Tier::exact;
+  template <class T> GRAD_HD static T forward(T x, T) { return exact_log(x); }
   template <class T> GRAD_HD static T backward(T x, T, T g, T) { return g / x; }
 };
 
