@@ -61,7 +61,9 @@ BENCHMARK(BM_device_cpu_step)->Arg(200)->Unit(benchmark::kMicrosecond);
 int main(int argc, char** argv) {
   if (grad::device::cuda_available()) {
     benchmark::RegisterBenchmark("BM_device_cuda_step", BM_device_cuda_step)->Arg(200)->Unit(benchmark::kMicrosecond);
-    benchmark::RegisterBenchmark("BM_device_cuda_f32_step", BM_device_cuda_f32_step)->Arg(200)->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark("BM_device_cuda_f32_step", BM_device_cuda_f32_step)
+        ->Arg(200)
+        ->Unit(benchmark::kMicrosecond);
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -32,7 +32,8 @@ class CpuLauncher {
  public:
   template <class U>
   U* allocate(std::size_t n) {
-    auto& block = blocks_.emplace_back(new (std::align_val_t{64}) unsigned char[std::max<std::size_t>(n, 1) * sizeof(U)]);
+    auto& block =
+        blocks_.emplace_back(new (std::align_val_t{64}) unsigned char[std::max<std::size_t>(n, 1) * sizeof(U)]);
     std::memset(block.get(), 0, std::max<std::size_t>(n, 1) * sizeof(U));
     return reinterpret_cast<U*>(block.get());
   }
@@ -56,7 +57,8 @@ class CpuLauncher {
     for_each_item(n, [&](std::size_t w) { accumulate_element(grad, contribution, w); });
   }
   template <class S>
-  void optimizer_prepare(const ParamView<S>* params, std::size_t count, const OptimizerHyper<S>& h, OptimizerState<S>* st) {
+  void optimizer_prepare(const ParamView<S>* params, std::size_t count, const OptimizerHyper<S>& h,
+                         OptimizerState<S>* st) {
     device::optimizer_prepare(params, count, h, st);
   }
   template <class S>

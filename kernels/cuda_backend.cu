@@ -24,9 +24,7 @@ void check(cudaError_t rc, const char* what) {
                              cudaGetErrorString(rc) + ")");
 }
 
-__device__ inline std::size_t work_item() {
-  return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
+__device__ inline std::size_t work_item() { return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
 
 template <class Op, class S>
 __global__ void forward_kernel(NodeArgs<S> x, S* y, std::size_t items) {

@@ -24,7 +24,7 @@ using Tp = Tape<double>&;
 struct ParityCase {
   std::string name;
   std::vector<Tensor<double>> params;
-  std::vector<Tensor<double>> constants;  // appended to the Var list after params
+  std::vector<Tensor<double>> constants;    // appended to the Var list after params
   std::function<Var<double>(Tp, V)> build;  // returns the op's output; the loss is weighted_sum of it
 };
 
@@ -35,7 +35,9 @@ std::vector<ParityCase> parity_table() {
   auto pos = [&](Shape s) { return random_tensor<double>(std::move(s), rng, 0.5, 2.0); };
   std::vector<ParityCase> t;
   auto add = [&](std::string name, std::vector<Tensor<double>> p, std::function<Var<double>(Tp, V)> f,
-                 std::vector<Tensor<double>> c = {}) { t.push_back({std::move(name), std::move(p), std::move(c), std::move(f)}); };
+                 std::vector<Tensor<double>> c = {}) {
+    t.push_back({std::move(name), std::move(p), std::move(c), std::move(f)});
+  };
   add("add", {r({3, 5}), r({3, 5})}, [](Tp, V v) { return v[0] + v[1]; });
   add("add row broadcast", {r({4, 3}), r({3})}, [](Tp, V v) { return v[0] + v[1]; });
   add("add both broadcast", {r({2, 1}), r({1, 3})}, [](Tp, V v) { return v[0] + v[1]; });
@@ -73,8 +75,7 @@ std::vector<ParityCase> parity_table() {
   add("row_sum", {r({4, 6})}, [](Tp, V v) { return row_sum(v[0]); });
   // fan-out: later contributions are added to the first, in the tape's order
   add("fan-out x*x", {r({2, 3})}, [](Tp, V v) { return v[0] * v[0]; });
-  add("fan-out through broadcast", {r({3}), r({2, 3})},
-      [](Tp, V v) { return v[0] * v[1] + v[0] + sum(v[0]) * v[1]; });
+  add("fan-out through broadcast", {r({3}), r({2, 3})}, [](Tp, V v) { return v[0] * v[1] + v[0] + sum(v[0]) * v[1]; });
   add("fan-out branches", {r({3, 3}), r({3, 3})}, [](Tp, V v) {
     Var<double> h = grad::tanh(matmul(v[0], v[1]));
     return h * sigmoid(h) + matmul(h, v[0]) - v[0];
@@ -235,10 +236,11 @@ TEST_CASE("an attention block built from nn layers replays bit for bit (transcen
     Tensor<double> targets({t, vocab});
     for (std::size_t p = 0; p < t; ++p) targets[p * vocab + (p * 3) % vocab] = 1;
     const auto rope = nn::rope_tables(t, hd, 10000.0);
-    Var<double> cos = tp.constant(rope.cos), sin = tp.constant(rope.sin), mask = tp.constant(nn::causal_mask<double>(t));
+    Var<double> cos = tp.constant(rope.cos), sin = tp.constant(rope.sin),
+                mask = tp.constant(nn::causal_mask<double>(t));
     Var<double> h = nn::rmsnorm(x, norm, 1e-6);
-    Var<double> att = nn::gqa_attention(nn::linear(h, wq), nn::linear(h, wk), nn::linear(h, wv), cos, sin, mask, heads,
-                                        kv_heads, hd);
+    Var<double> att =
+        nn::gqa_attention(nn::linear(h, wq), nn::linear(h, wk), nn::linear(h, wv), cos, sin, mask, heads, kv_heads, hd);
     Var<double> y = x + nn::linear(att, wo);
     Var<double> logits = nn::linear(nn::swiglu(nn::linear(y, wg), nn::linear(y, wu)), wd);
     Var<double> loss = nn::cross_entropy(logits, tp.constant(targets));

@@ -178,7 +178,8 @@ TEST_CASE("CUDA and the CPU backend agree bit for bit on an exact-tier model" * 
   auto run = [&](dev::Backend backend) {
     testing::Rng init(3);
     Tape<double> tp;
-    Var<double> w1 = tp.param(testing::random_tensor<double>({6, 16}, init)), w2 = tp.param(testing::random_tensor<double>({16, 6}, init));
+    Var<double> w1 = tp.param(testing::random_tensor<double>({6, 16}, init)),
+                w2 = tp.param(testing::random_tensor<double>({16, 6}, init));
     Var<double> x = tp.constant(testing::random_tensor<double>({50, 6}, init));
     Var<double> loss = mse(matmul(relu(matmul(x, w1)), w2), x);
     auto prog = dev::capture(tp, loss, {.backend = backend});
@@ -207,7 +208,8 @@ TEST_CASE("f32 capture of the f64 tape stays within 1e-4 relative over the same 
   for (dev::Backend b : backends) {
     CAPTURE(dev::backend_name(b));
     const Run got = device_run(b, true, true);
-    MESSAGE("f32 on ", dev::backend_name(b), ": worst relative loss difference ", worst_relative(want.losses, got.losses));
+    MESSAGE("f32 on ", dev::backend_name(b), ": worst relative loss difference ",
+            worst_relative(want.losses, got.losses));
     CHECK(worst_relative(want.losses, got.losses) <= 1e-4);
     // float really was used: the trace is not the f64 one.
     CHECK_FALSE(same_bits(want.losses.back(), got.losses.back()));
@@ -226,6 +228,50 @@ TEST_CASE("f32 capture holds half the gradient memory") {
   CHECK(p32.grad_bytes() * 2 <= p64.grad_bytes() + 17 * 256);
 }
 
+TEST_CASE("a parameter the loss never reaches is skipped by the device optimizer, as on the tape") {
+  auto run = [](bool device) {
+    testing::Rng rng(21);
+    Tape<double> tp;
+    Var<double> w = tp.param(testing::random_tensor<double>({4, 3}, rng));
+    Var<double> unused = tp.param(testing::random_tensor<double>({3}, rng));
+    Var<double> x = tp.constant(testing::random_tensor<double>({5, 4}, rng));
+    Var<double> loss = mean(grad::sqrt(matmul(x, w) * matmul(x, w) + 1.0));
+    std::vector<double> out;
+    if (device) {
+      auto prog = dev::capture(tp, loss);
+      CHECK_FALSE(prog.reaches(unused));
+      dev::Adam<double> opt(prog, 0.1);
+      opt.add(w, 0.5);
+      opt.add(unused, 0.5);  // L2 would move it if it were not skipped
+      for (int e = 0; e < 3; ++e) {
+        prog.forward();
+        prog.backward();
+        opt.step();
+      }
+      prog.sync_params_to(tp);
+    } else {
+      grad::Adam<double> opt(0.1);
+      opt.add(w, 0.5);
+      opt.add(unused, 0.5);
+      const auto mark = tp.mark();
+      for (int e = 0; e < 3; ++e) {
+        tp.reset_to(mark);
+        REQUIRE(tp.backward(mean(grad::sqrt(matmul(x, w) * matmul(x, w) + 1.0))));
+        REQUIRE(opt.step());
+      }
+    }
+    out.assign(tp.value(w).begin(), tp.value(w).end());
+    out.insert(out.end(), tp.value(unused).begin(), tp.value(unused).end());
+    return out;
+  };
+  const std::vector<double> want = run(false), got = run(true);
+  CHECK(testing::bitwise_equal<double>(want, got));
+  testing::Rng rng(21);
+  testing::random_tensor<double>({4, 3}, rng);
+  const Tensor<double> unused0 = testing::random_tensor<double>({3}, rng);
+  CHECK(testing::bitwise_equal<double>(std::span<const double>(got).last(3), unused0.data()));
+}
+
 // ---- refusals, each with its message ----
 
 TEST_CASE("capture refuses a poisoned tape and says why") {
@@ -233,33 +279,38 @@ TEST_CASE("capture refuses a poisoned tape and says why") {
   Var<double> a = tp.param(Tensor<double>::ones({2, 3}));
   Var<double> loss = sum(a);
   matmul(a, a);  // [2,3] x [2,3]: poisons
-  CHECK_THROWS_WITH_AS(dev::capture(tp, loss),
-                       doctest::Contains("grad::device::capture: the tape is poisoned (grad: matmul: expected [m, k] x [k, n]"),
-                       dev::CaptureError);
+  CHECK_THROWS_WITH_AS(
+      dev::capture(tp, loss),
+      doctest::Contains("grad::device::capture: the tape is poisoned (grad: matmul: expected [m, k] x [k, n]"),
+      dev::CaptureError);
 }
 
 TEST_CASE("capture refuses a loss that is not a single element") {
   Tape<double> tp;
   Var<double> a = tp.param(Tensor<double>::ones({2, 3}));
-  CHECK_THROWS_WITH_AS(dev::capture(tp, a * 2.0),
-                       "grad::device::capture: the loss has shape [2, 3]; expected a single element (reduce it with sum or mean first)",
-                       dev::CaptureError);
+  CHECK_THROWS_WITH_AS(
+      dev::capture(tp, a * 2.0),
+      "grad::device::capture: the loss has shape [2, 3]; expected a single element (reduce it with sum or mean first)",
+      dev::CaptureError);
 }
 
 TEST_CASE("capture refuses a loss from another tape, a default Var and a dropped node") {
   Tape<double> tp, other;
   Var<double> loss = sum(other.param(Tensor<double>::ones({2})));
-  CHECK_THROWS_WITH_AS(dev::capture(tp, loss), "grad::device::capture: the loss Var belongs to a different tape (or to none)",
+  CHECK_THROWS_WITH_AS(dev::capture(tp, loss),
+                       "grad::device::capture: the loss Var belongs to a different tape (or to none)",
                        dev::CaptureError);
   CHECK_THROWS_WITH_AS(dev::capture(tp, Var<double>{}),
-                       "grad::device::capture: the loss Var belongs to a different tape (or to none)", dev::CaptureError);
+                       "grad::device::capture: the loss Var belongs to a different tape (or to none)",
+                       dev::CaptureError);
   Var<double> p = tp.param(Tensor<double>::ones({2}));
   const auto mark = tp.mark();
   Var<double> dropped = sum(p);
   tp.reset_to(mark);
-  CHECK_THROWS_WITH_AS(dev::capture(tp, dropped),
-                       "grad::device::capture: the loss Var is not a live node of the tape (rejected, or dropped by reset_to)",
-                       dev::CaptureError);
+  CHECK_THROWS_WITH_AS(
+      dev::capture(tp, dropped),
+      "grad::device::capture: the loss Var is not a live node of the tape (rejected, or dropped by reset_to)",
+      dev::CaptureError);
 }
 
 TEST_CASE("capture refuses a mode this build does not provide") {
@@ -289,27 +340,33 @@ TEST_CASE("set_input, value and the optimizers refuse what they cannot do, with 
                        "grad::device::set_input: node 0 is a param node; only constants (tape.constant) are inputs",
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(prog.set_input(x, Tensor<double>::ones({2, 3})),
-                       "grad::device::set_input: node 1 has shape [3, 2] but the tensor has shape [2, 3]", std::invalid_argument);
+                       "grad::device::set_input: node 1 has shape [3, 2] but the tensor has shape [2, 3]",
+                       std::invalid_argument);
   CHECK_THROWS_WITH_AS(prog.value(after),
                        "grad::device::value: node 4 was recorded after the loss (node 3) and is not captured",
                        std::invalid_argument);
   Tape<double> other;
-  CHECK_THROWS_WITH_AS(prog.grad(other.param(Tensor<double>::ones({1}))),
-                       "grad::device::grad: the Var is not a live node of the captured tape (default, from another tape, or dropped)",
-                       std::invalid_argument);
-  CHECK_THROWS_WITH_AS(prog.sync_params_to(other), "grad::device::sync_params_to: the program was captured from a different tape",
+  CHECK_THROWS_WITH_AS(
+      prog.grad(other.param(Tensor<double>::ones({1}))),
+      "grad::device::grad: the Var is not a live node of the captured tape (default, from another tape, or dropped)",
+      std::invalid_argument);
+  CHECK_THROWS_WITH_AS(prog.sync_params_to(other),
+                       "grad::device::sync_params_to: the program was captured from a different tape",
                        std::invalid_argument);
   dev::Adam<double> opt(prog, 0.1);
   CHECK_THROWS_WITH_AS(opt.add(x), "grad::device::adam.add: node 1 is a const node; expected a parameter (tape.param)",
                        std::invalid_argument);
   opt.add(w);
-  CHECK_THROWS_WITH_AS(opt.add(w), "grad::device::adam.add: parameter (node 0) was already added", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(opt.add(w), "grad::device::adam.add: parameter (node 0) was already added",
+                       std::invalid_argument);
   prog.forward();
   prog.backward();
   opt.step();
   dev::SGD<double> sgd(prog, 0.1);
-  CHECK_THROWS_WITH_AS(sgd.add(w, -1.0), "grad::device::sgd.add: L2 coefficient -1.000000 must be >= 0", std::invalid_argument);
-  CHECK_THROWS_WITH_AS(opt.add(w), "grad::device::adam.add: add every parameter before the first step", std::logic_error);
+  CHECK_THROWS_WITH_AS(sgd.add(w, -1.0), "grad::device::sgd.add: L2 coefficient -1.000000 must be >= 0",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(opt.add(w), "grad::device::adam.add: add every parameter before the first step",
+                       std::logic_error);
 }
 
 TEST_CASE("capture refuses an op without a device kernel, naming it") {
@@ -323,7 +380,8 @@ TEST_CASE("capture refuses an op without a device kernel, naming it") {
     CAPTURE(Op::name);
     CHECK((Op::arity == 0 || dev::has_device_kernel<Op>));
   });
-  CHECK(dev::capture_detail::missing_kernel(7, "gelu") ==
-        "grad::device::capture: node 7 is a 'gelu' op, which has no device kernel (add a DeviceKernel specialisation in "
-        "grad/device/kernels.hpp)");
+  CHECK(
+      dev::capture_detail::missing_kernel(7, "gelu") ==
+      "grad::device::capture: node 7 is a 'gelu' op, which has no device kernel (add a DeviceKernel specialisation in "
+      "grad/device/kernels.hpp)");
 }

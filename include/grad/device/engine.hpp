@@ -48,9 +48,9 @@ struct Layout {
   std::vector<DeviceNode<S>> nodes;  // tape order, up to and including the loss
   std::vector<std::size_t> extras;   // slice starts
   std::vector<BackwardStep> backward;
-  std::vector<S> values;        // initial value buffer (leaves filled in)
-  std::size_t grad_size = 0;    // elements of the gradient buffer
-  std::size_t scratch_size = 0; // largest accumulated contribution
+  std::vector<S> values;         // initial value buffer (leaves filled in)
+  std::size_t grad_size = 0;     // elements of the gradient buffer
+  std::size_t scratch_size = 0;  // largest accumulated contribution
   std::uint32_t loss = 0;
 };
 

@@ -26,7 +26,9 @@ template <class Op>
 struct DeviceKernel;  // no definition: the op has no device kernel
 
 template <class Op>
-concept has_device_kernel = requires { sizeof(DeviceKernel<Op>); };
+concept has_device_kernel = requires {
+  sizeof(DeviceKernel<Op>);
+};
 
 namespace kernel_detail {
 
@@ -58,16 +60,20 @@ inline constexpr bool in_family = std::is_base_of_v<Base, Op>;
 
 // y = f(x, scalar): item w is element w.
 template <class Op>
-  requires kernel_detail::in_family<Op, Unary<Op>>
+requires kernel_detail::in_family<Op, Unary<Op>>
 struct DeviceKernel<Op> {
   template <class T>
-  static std::size_t forward_items(const NodeArgs<T>& x) { return x.out.size(); }
+  static std::size_t forward_items(const NodeArgs<T>& x) {
+    return x.out.size();
+  }
   template <class T>
   GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
     y[w] = Op::forward(x.a.data[w], x.scalar);
   }
   template <int In, class T>
-  static std::size_t backward_items(const NodeArgs<T>& x) { return x.out.size(); }
+  static std::size_t backward_items(const NodeArgs<T>& x) {
+    return x.out.size();
+  }
   template <int In, class T>
   GRAD_HD static void backward(const NodeArgs<T>& x, const T* y, const T* g, T* dx, std::size_t w) {
     dx[w] = Op::backward(x.a.data[w], y[w], g[w], x.scalar);
@@ -78,21 +84,27 @@ struct DeviceKernel<Op> {
 // one contribution as is; a broadcast input's element w starts from zero and
 // adds its contributions in ascending output index (Binary::backward_tensor).
 template <class Op>
-  requires kernel_detail::in_family<Op, Binary<Op>>
+requires kernel_detail::in_family<Op, Binary<Op>>
 struct DeviceKernel<Op> {
   template <class T>
-  static std::size_t forward_items(const NodeArgs<T>& x) { return x.out.size(); }
+  static std::size_t forward_items(const NodeArgs<T>& x) {
+    return x.out.size();
+  }
   template <class T>
   GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
     const std::size_t ia = kernel_detail::same_dims(x.a.dims, x.out)
-                               ? w : broadcast_index(w, x.out, kernel_detail::strides_in(x.a.dims, x.out));
+                               ? w
+                               : broadcast_index(w, x.out, kernel_detail::strides_in(x.a.dims, x.out));
     const std::size_t ib = kernel_detail::same_dims(x.b.dims, x.out)
-                               ? w : broadcast_index(w, x.out, kernel_detail::strides_in(x.b.dims, x.out));
+                               ? w
+                               : broadcast_index(w, x.out, kernel_detail::strides_in(x.b.dims, x.out));
     y[w] = Op::forward(x.a.data[ia], x.b.data[ib]);
   }
 
   template <int In, class T>
-  static std::size_t backward_items(const NodeArgs<T>& x) { return (In == 0 ? x.a.dims : x.b.dims).size(); }
+  static std::size_t backward_items(const NodeArgs<T>& x) {
+    return (In == 0 ? x.a.dims : x.b.dims).size();
+  }
 
   template <int In, class T>
   GRAD_HD static void backward(const NodeArgs<T>& x, const T* y, const T* g, T* dx, std::size_t w) {
@@ -116,8 +128,10 @@ struct DeviceKernel<Op> {
     const Dims& s = In == 0 ? sa : sb;
     std::size_t base = 0, free_count = 1, ostride = 1;
     for (std::size_t ax = x.out.rank; ax-- > 0;) {
-      if (s.d[ax] != 0) base += (w / s.d[ax]) % x.out.d[ax] * ostride;
-      else free_count *= x.out.d[ax];
+      if (s.d[ax] != 0)
+        base += (w / s.d[ax]) % x.out.d[ax] * ostride;
+      else
+        free_count *= x.out.d[ax];
       ostride *= x.out.d[ax];
     }
     T acc = T(0);
@@ -139,7 +153,7 @@ struct DeviceKernel<Op> {
 // Matmul and Bmm: every inner product from zero in ascending index, as
 // gemm_nn / gemm_nt / gemm_tn (linalg.hpp) accumulate it.
 template <class Op>
-  requires kernel_detail::in_family<Op, MatrixProduct<Op>>
+requires kernel_detail::in_family<Op, MatrixProduct<Op>>
 struct DeviceKernel<Op> {
   struct Sizes {
     std::size_t m, k, n;
@@ -149,7 +163,9 @@ struct DeviceKernel<Op> {
     return {x.a.dims.back(1), x.a.dims.back(), x.b.dims.back()};
   }
   template <class T>
-  static std::size_t forward_items(const NodeArgs<T>& x) { return x.out.size(); }
+  static std::size_t forward_items(const NodeArgs<T>& x) {
+    return x.out.size();
+  }
   template <class T>
   GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
     const auto [m, k, n] = sizes(x);
@@ -161,7 +177,9 @@ struct DeviceKernel<Op> {
     y[w] = acc;
   }
   template <int In, class T>
-  static std::size_t backward_items(const NodeArgs<T>& x) { return (In == 0 ? x.a.dims : x.b.dims).size(); }
+  static std::size_t backward_items(const NodeArgs<T>& x) {
+    return (In == 0 ? x.a.dims : x.b.dims).size();
+  }
   template <int In, class T>
   GRAD_HD static void backward(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
     const auto [m, k, n] = sizes(x);
@@ -184,10 +202,11 @@ struct DeviceKernel<Op> {
 // sum and mean: one item computes the whole reduction (sum_ascending, the
 // one documented order); backward hands every element the same share.
 template <class Op>
-  requires(std::same_as<Op, Sum> || std::same_as<Op, Mean>)
-struct DeviceKernel<Op> {
+requires(std::same_as<Op, Sum> || std::same_as<Op, Mean>) struct DeviceKernel<Op> {
   template <class T>
-  static std::size_t forward_items(const NodeArgs<T>&) { return 1; }
+  static std::size_t forward_items(const NodeArgs<T>&) {
+    return 1;
+  }
   template <class T>
   GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t) {
     const std::size_t n = x.a.dims.size();
@@ -197,7 +216,9 @@ struct DeviceKernel<Op> {
       y[0] = sum_ascending(x.a.data, n);
   }
   template <int In, class T>
-  static std::size_t backward_items(const NodeArgs<T>& x) { return x.a.dims.size(); }
+  static std::size_t backward_items(const NodeArgs<T>& x) {
+    return x.a.dims.size();
+  }
   template <int In, class T>
   GRAD_HD static void backward(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
     if constexpr (std::same_as<Op, Mean>)
@@ -211,14 +232,18 @@ struct DeviceKernel<Op> {
 template <>
 struct DeviceKernel<Transpose> {
   template <class T>
-  static std::size_t forward_items(const NodeArgs<T>& x) { return x.out.size(); }
+  static std::size_t forward_items(const NodeArgs<T>& x) {
+    return x.out.size();
+  }
   template <class T>
   GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
     const std::size_t r = x.a.dims.back(1), c = x.a.dims.back(), s = w / (r * c), q = w % (r * c);
     y[w] = x.a.data[s * r * c + (q % r) * c + q / r];
   }
   template <int In, class T>
-  static std::size_t backward_items(const NodeArgs<T>& x) { return x.a.dims.size(); }
+  static std::size_t backward_items(const NodeArgs<T>& x) {
+    return x.a.dims.size();
+  }
   template <int In, class T>
   GRAD_HD static void backward(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
     const std::size_t r = x.a.dims.back(1), c = x.a.dims.back(), s = w / (r * c), q = w % (r * c);
@@ -229,13 +254,21 @@ struct DeviceKernel<Transpose> {
 template <>
 struct DeviceKernel<Reshape> {
   template <class T>
-  static std::size_t forward_items(const NodeArgs<T>& x) { return x.out.size(); }
+  static std::size_t forward_items(const NodeArgs<T>& x) {
+    return x.out.size();
+  }
   template <class T>
-  GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) { y[w] = x.a.data[w]; }
+  GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
+    y[w] = x.a.data[w];
+  }
   template <int In, class T>
-  static std::size_t backward_items(const NodeArgs<T>& x) { return x.out.size(); }
+  static std::size_t backward_items(const NodeArgs<T>& x) {
+    return x.out.size();
+  }
   template <int In, class T>
-  GRAD_HD static void backward(const NodeArgs<T>&, const T*, const T* g, T* dx, std::size_t w) { dx[w] = g[w]; }
+  GRAD_HD static void backward(const NodeArgs<T>&, const T*, const T* g, T* dx, std::size_t w) {
+    dx[w] = g[w];
+  }
 };
 
 // Slice: forward gathers from the input box; backward gives each input
@@ -243,7 +276,9 @@ struct DeviceKernel<Reshape> {
 template <>
 struct DeviceKernel<Slice> {
   template <class T>
-  static std::size_t forward_items(const NodeArgs<T>& x) { return x.out.size(); }
+  static std::size_t forward_items(const NodeArgs<T>& x) {
+    return x.out.size();
+  }
   template <class T>
   GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
     std::size_t src = 0, in_stride = 1, rest = w;
@@ -255,7 +290,9 @@ struct DeviceKernel<Slice> {
     y[w] = x.a.data[src];
   }
   template <int In, class T>
-  static std::size_t backward_items(const NodeArgs<T>& x) { return x.a.dims.size(); }
+  static std::size_t backward_items(const NodeArgs<T>& x) {
+    return x.a.dims.size();
+  }
   template <int In, class T>
   GRAD_HD static void backward(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
     std::size_t j = 0, out_stride = 1, rest = w;
@@ -289,7 +326,9 @@ struct DeviceKernel<Concat> {
     return k;
   }
   template <class T>
-  static std::size_t forward_items(const NodeArgs<T>& x) { return x.out.size(); }
+  static std::size_t forward_items(const NodeArgs<T>& x) {
+    return x.out.size();
+  }
   template <class T>
   GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
     const Blocks k = blocks(x);
@@ -297,7 +336,9 @@ struct DeviceKernel<Concat> {
     y[w] = r < k.a ? x.a.data[o * k.a + r] : x.b.data[o * k.b + (r - k.a)];
   }
   template <int In, class T>
-  static std::size_t backward_items(const NodeArgs<T>& x) { return (In == 0 ? x.a.dims : x.b.dims).size(); }
+  static std::size_t backward_items(const NodeArgs<T>& x) {
+    return (In == 0 ? x.a.dims : x.b.dims).size();
+  }
   template <int In, class T>
   GRAD_HD static void backward(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
     const Blocks k = blocks(x);
@@ -320,14 +361,18 @@ struct DeviceKernel<Softmax> {
     return {w / inner * n * inner + w % inner, n, inner};
   }
   template <class T>
-  static std::size_t forward_items(const NodeArgs<T>& x) { return x.out.size() / x.out.d[x.axis]; }
+  static std::size_t forward_items(const NodeArgs<T>& x) {
+    return x.out.size() / x.out.d[x.axis];
+  }
   template <class T>
   GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
     const Lane l = lane(x, w);
     Softmax::forward_lane(x.a.data + l.base, y + l.base, l.n, l.stride);
   }
   template <int In, class T>
-  static std::size_t backward_items(const NodeArgs<T>& x) { return x.out.size() / x.out.d[x.axis]; }
+  static std::size_t backward_items(const NodeArgs<T>& x) {
+    return x.out.size() / x.out.d[x.axis];
+  }
   template <int In, class T>
   GRAD_HD static void backward(const NodeArgs<T>& x, const T* y, const T* g, T* dx, std::size_t w) {
     const Lane l = lane(x, w);
@@ -339,14 +384,18 @@ struct DeviceKernel<Softmax> {
 template <>
 struct DeviceKernel<RowSum> {
   template <class T>
-  static std::size_t forward_items(const NodeArgs<T>& x) { return x.out.size(); }
+  static std::size_t forward_items(const NodeArgs<T>& x) {
+    return x.out.size();
+  }
   template <class T>
   GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
     const std::size_t n = x.a.dims.back();
     y[w] = RowSum::forward_row(x.a.data + w * n, n);
   }
   template <int In, class T>
-  static std::size_t backward_items(const NodeArgs<T>& x) { return x.out.size(); }
+  static std::size_t backward_items(const NodeArgs<T>& x) {
+    return x.out.size();
+  }
   template <int In, class T>
   GRAD_HD static void backward(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
     const std::size_t n = x.a.dims.back();

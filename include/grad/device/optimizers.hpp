@@ -25,12 +25,12 @@ class Optimizer {
   // std::logic_error after the first step.
   void add(Var<T> param, T l2 = T(0)) {
     const std::string who = std::string(name_) + ".add";
-    if (steps_ > 0)
-      throw std::logic_error("grad::device::" + who + ": add every parameter before the first step");
+    if (steps_ > 0) throw std::logic_error("grad::device::" + who + ": add every parameter before the first step");
     ParamSlot slot = program_->param_slot(param, who);
     for (std::uint32_t i : added_)
       if (i == param.index())
-        throw std::invalid_argument("grad::device::" + who + ": parameter (node " + std::to_string(i) + ") was already added");
+        throw std::invalid_argument("grad::device::" + who + ": parameter (node " + std::to_string(i) +
+                                    ") was already added");
     if (!(l2 >= T(0)))
       throw std::invalid_argument("grad::device::" + who + ": L2 coefficient " + std::to_string(l2) + " must be >= 0");
     added_.push_back(param.index());

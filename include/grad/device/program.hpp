@@ -111,7 +111,8 @@ class Program {
     const std::uint32_t i = node_of(param, who);
     if (tape_->nodes()[i].op != op_code<Param>)
       throw std::invalid_argument("grad::device::" + std::string(who) + ": node " + std::to_string(i) + " is a " +
-                                  std::string(op_name(tape_->nodes()[i].op)) + " node; expected a parameter (tape.param)");
+                                  std::string(op_name(tape_->nodes()[i].op)) +
+                                  " node; expected a parameter (tape.param)");
     return {value_offset_[i], grad_offset_[i], dims_[i].size(), 0.0};
   }
   template <class F>
@@ -127,11 +128,13 @@ class Program {
 
   std::uint32_t node_of(Var<T> v, std::string_view who) const {
     if (v.tape() != tape_ || tape_->value(v).empty())
-      throw std::invalid_argument("grad::device::" + std::string(who) +
-                                  ": the Var is not a live node of the captured tape (default, from another tape, or dropped)");
+      throw std::invalid_argument(
+          "grad::device::" + std::string(who) +
+          ": the Var is not a live node of the captured tape (default, from another tape, or dropped)");
     if (v.index() > loss_)
       throw std::invalid_argument("grad::device::" + std::string(who) + ": node " + std::to_string(v.index()) +
-                                  " was recorded after the loss (node " + std::to_string(loss_) + ") and is not captured");
+                                  " was recorded after the loss (node " + std::to_string(loss_) +
+                                  ") and is not captured");
     check_node(v.index(), who);
     return v.index();
   }
@@ -249,8 +252,7 @@ Program<T> capture(const Tape<T>& tape, Var<T> loss, Options options) {
   const std::string who = "grad::device::capture: ";
   if (!tape.ok())
     throw CaptureError(who + "the tape is poisoned (" + tape.error() + "); record a clean episode before capturing");
-  if (loss.tape() != &tape)
-    throw CaptureError(who + "the loss Var belongs to a different tape (or to none)");
+  if (loss.tape() != &tape) throw CaptureError(who + "the loss Var belongs to a different tape (or to none)");
   if (tape.value(loss).empty())
     throw CaptureError(who + "the loss Var is not a live node of the tape (rejected, or dropped by reset_to)");
   const Node<T>& root = tape.nodes()[loss.index()];
@@ -267,8 +269,8 @@ Program<T> capture(const Tape<T>& tape, Var<T> loss, Options options) {
     if (n.op == op_code<Bmm>) {
       const Dims &a = tape.nodes()[n.a].dims, &b = tape.nodes()[n.b].dims;
       if (a.rank != 3 || b.rank != 3 || a[0] != n.dims[0] || b[0] != n.dims[0])
-        throw CaptureError(who + "node " + std::to_string(i) + ": bmm operands " + shape_string(a) + " x " + shape_string(b) +
-                           " do not both carry the full batch of " + std::to_string(n.dims[0]));
+        throw CaptureError(who + "node " + std::to_string(i) + ": bmm operands " + shape_string(a) + " x " +
+                           shape_string(b) + " do not both carry the full batch of " + std::to_string(n.dims[0]));
     }
   }
   if (options.mode != Mode::per_node)
@@ -289,8 +291,7 @@ Program<T> capture(const Tape<T>& tape, Var<T> loss, Options options) {
     p.grad_elements_ = layout.grad_size;
     p.backward_launches_ = layout.backward.size();
     for (const auto& s : layout.backward) p.backward_launches_ += s.accumulate;
-    for (const auto& n : layout.nodes)
-      p.forward_launches_ += n.op != op_code<Param> && n.op != op_code<Const>;
+    for (const auto& n : layout.nodes) p.forward_launches_ += n.op != op_code<Param> && n.op != op_code<Const>;
   };
   try {
     if (options.f32 && std::is_same_v<T, double>) {
@@ -303,7 +304,8 @@ Program<T> capture(const Tape<T>& tape, Var<T> loss, Options options) {
       p.same_ = make_engine<T>(options.backend, L);
     }
   } catch (const std::runtime_error& e) {
-    throw CaptureError(who + "backend '" + std::string(backend_name(options.backend)) + "' failed to start: " + e.what());
+    throw CaptureError(who + "backend '" + std::string(backend_name(options.backend)) +
+                       "' failed to start: " + e.what());
   }
   return p;
 }
