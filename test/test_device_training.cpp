@@ -313,6 +313,18 @@ TEST_CASE("capture refuses a loss from another tape, a default Var and a dropped
       dev::CaptureError);
 }
 
+TEST_CASE("capture refuses a bmm whose operands do not both carry the full batch") {
+  // bmm() itself rejects such shapes; a node recorded through the raw
+  // recording interface can still carry them, and capture must not replay it.
+  Tape<double> tp;
+  Var<double> a = tp.param(Tensor<double>::ones({2, 3, 4})), b = tp.param(Tensor<double>::ones({2, 4, 2}));
+  Var<double> y = tp.record<Bmm>(a, b, Dims::of(std::array<std::size_t, 3>{1, 3, 2}));
+  CHECK_THROWS_WITH_AS(dev::capture(tp, sum(y)),
+                       "grad::device::capture: node 2: bmm operands [2, 3, 4] x [2, 4, 2] do not both carry the full "
+                       "batch of 1",
+                       dev::CaptureError);
+}
+
 TEST_CASE("capture refuses a mode this build does not provide") {
   Tape<double> tp;
   Var<double> loss = sum(tp.param(Tensor<double>::ones({2})));
