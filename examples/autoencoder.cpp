@@ -4,6 +4,7 @@
 //
 //   autoencoder [--epochs 60] [--batch 200] [--lr 0.005] [--seed 7] [--f32]
 //               [--save FILE] [--resume FILE] [--csv FILE] [--svg FILE]
+#include <unistd.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -11,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "autoencoder.hpp"
@@ -105,8 +105,8 @@ bool write_csv(const std::string& path, const std::vector<EpochRecord>& curve) {
   if (!f) return false;
   std::fprintf(f, "epoch,steps,train_loss,mse,seconds\n");
   for (const EpochRecord& r : curve)
-    std::fprintf(f, "%d,%llu,%.17g,%.17g,%.6f\n", r.epoch, static_cast<unsigned long long>(r.steps), r.train_loss, r.mse,
-                 r.seconds);
+    std::fprintf(f, "%d,%llu,%.17g,%.17g,%.6f\n", r.epoch, static_cast<unsigned long long>(r.steps), r.train_loss,
+                 r.mse, r.seconds);
   return std::fclose(f) == 0;
 }
 
@@ -128,7 +128,9 @@ bool write_svg(const std::string& path, const std::vector<EpochRecord>& curve, c
   const int last = curve.empty() ? 1 : std::max(1, curve.back().epoch);
   auto px = [&](double epoch) { return left + (W - left - right) * epoch / last; };
   auto py = [&](double v) { return top + (H - top - bottom) * (hi - std::log10(v)) / (hi - lo); };
-  std::fprintf(f, "<svg xmlns='http://www.w3.org/2000/svg' width='%g' height='%g' font-family='sans-serif' font-size='12'>\n", W, H);
+  std::fprintf(
+      f, "<svg xmlns='http://www.w3.org/2000/svg' width='%g' height='%g' font-family='sans-serif' font-size='12'>\n", W,
+      H);
   std::fprintf(f, "<rect width='100%%' height='100%%' fill='white'/>\n");
   std::fprintf(f, "<text x='%g' y='24' font-size='15'>%s</text>\n", left, title);
   for (int d = static_cast<int>(lo); d <= static_cast<int>(hi); ++d) {
@@ -142,8 +144,8 @@ bool write_svg(const std::string& path, const std::vector<EpochRecord>& curve, c
     std::fprintf(f, "<text x='%g' y='%g' text-anchor='middle'>%g</text>\n", x, H - bottom + 18, std::round(e));
   }
   std::fprintf(f, "<text x='%g' y='%g' text-anchor='middle'>epoch</text>\n", (left + W - right) / 2, H - 14);
-  std::fprintf(f, "<rect x='%g' y='%g' width='%g' height='%g' fill='none' stroke='#888'/>\n", left, top, W - left - right,
-               H - top - bottom);
+  std::fprintf(f, "<rect x='%g' y='%g' width='%g' height='%g' fill='none' stroke='#888'/>\n", left, top,
+               W - left - right, H - top - bottom);
   auto polyline = [&](auto field, const char* color) {
     std::fprintf(f, "<polyline fill='none' stroke='%s' stroke-width='2' points='", color);
     for (const EpochRecord& r : curve)
@@ -167,7 +169,8 @@ struct Progress {
       constexpr int width = 30;
       const int filled = epochs > 0 ? width * epoch / epochs : width;
       std::printf("\r epoch %4d/%d [%.*s%.*s] loss %.3e  %7.0f steps/s\033[K", epoch, epochs, filled,
-                  "##############################", width - filled, "------------------------------", loss, steps_per_s);
+                  "##############################", width - filled, "------------------------------", loss,
+                  steps_per_s);
       std::fflush(stdout);
     } else if (epoch_done) {
       std::printf("epoch %d/%d loss %.6e %.0f steps/s\n", epoch, epochs, loss, steps_per_s);
@@ -211,8 +214,8 @@ int train(const Options& o) {
 
   const double initial = full_mse();
   std::printf("autoencoder %zu-64-32-64-%zu, %zu rows, batch %zu, Adam lr %g, %s, seed %llu\n", autoencoder::dim,
-              autoencoder::dim, autoencoder::rows, o.batch, static_cast<double>(opt.lr()), o.f32 ? "float32" : "float64",
-              static_cast<unsigned long long>(o.seed));
+              autoencoder::dim, autoencoder::rows, o.batch, static_cast<double>(opt.lr()),
+              o.f32 ? "float32" : "float64", static_cast<unsigned long long>(o.seed));
   std::printf("initial MSE %.6e\n", initial);
 
   std::vector<EpochRecord> curve;
@@ -246,7 +249,8 @@ int train(const Options& o) {
     train_seconds += epoch_seconds;
     const double steps = static_cast<double>(full + (rest ? 1 : 0));
     const double train_loss = loss_sum / steps;
-    curve.push_back({epoch, opt.steps(), train_loss, full_mse(), std::chrono::duration<double>(clock::now() - start).count()});
+    curve.push_back(
+        {epoch, opt.steps(), train_loss, full_mse(), std::chrono::duration<double>(clock::now() - start).count()});
     bar.show(epoch, train_loss, steps / epoch_seconds, true);
   }
   bar.finish();
@@ -266,7 +270,8 @@ int train(const Options& o) {
       std::fprintf(stderr, "autoencoder: cannot write %s: %s\n", o.csv.c_str(), std::strerror(errno)), status = 1;
   }
   if (!o.svg.empty()) {
-    const std::string title = "grad autoencoder: reconstruction loss (" + std::string(o.f32 ? "float32" : "float64") + ")";
+    const std::string title =
+        "grad autoencoder: reconstruction loss (" + std::string(o.f32 ? "float32" : "float64") + ")";
     if (write_svg(o.svg, curve, title.c_str()))
       std::printf("loss plot:  %s\n", o.svg.c_str());
     else

@@ -8,15 +8,15 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <grad/grad.hpp>
+#include <limits>
 #include <numbers>
 #include <span>
 
 namespace autoencoder {
 
-inline constexpr std::size_t dim = 6;         // d: features per row
-inline constexpr std::size_t rows = 2000;     // rows in the data set
+inline constexpr std::size_t dim = 6;      // d: features per row
+inline constexpr std::size_t rows = 2000;  // rows in the data set
 inline constexpr std::uint64_t default_seed = 7;
 inline constexpr double noise_sigma = 0.01;  // std. dev. of the Gaussian noise on every coordinate
 inline constexpr std::array<std::size_t, 5> widths = {dim, 64, 32, 64, dim};
@@ -51,7 +51,8 @@ grad::Tensor<T> make_data(std::uint64_t seed = default_seed, std::size_t n = row
   for (std::size_t r = 0; r < n; ++r) {
     const double s = rng.uniform(-1, 1), t = rng.uniform(-1, 1);
     const double clean[dim] = {s, t, 0.5 * std::sin(pi * s), 0.5 * std::cos(pi * t), s * t, 0.5 * (s * s - t * t)};
-    for (std::size_t c = 0; c < dim; ++c) x[r * dim + c] = static_cast<T>(scale * clean[c] + noise_sigma * rng.normal());
+    for (std::size_t c = 0; c < dim; ++c)
+      x[r * dim + c] = static_cast<T>(scale * clean[c] + noise_sigma * rng.normal());
   }
   return x;
 }

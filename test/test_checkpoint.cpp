@@ -2,6 +2,7 @@
 // bad file is refused with a message naming the problem, changing nothing.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -9,7 +10,6 @@
 #include <grad/grad.hpp>
 #include <iterator>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "support.hpp"
@@ -113,9 +113,7 @@ TEST_CASE("Adam: train 10, save, load into a fresh tape and optimizer, train 10 
   resume_is_bitwise<float, grad::Adam>(scratch.file("adam32.ckpt"));
 }
 
-TEST_CASE("SGD: the same promise") {
-  resume_is_bitwise<double, grad::SGD>(scratch.file("sgd64.ckpt"));
-}
+TEST_CASE("SGD: the same promise") { resume_is_bitwise<double, grad::SGD>(scratch.file("sgd64.ckpt")); }
 
 TEST_CASE("saving over an existing checkpoint replaces it whole") {
   const std::string path = scratch.file("replace.ckpt");
@@ -166,13 +164,16 @@ void refused(const std::string& path, const std::string& expected_message, std::
 
 }  // namespace
 
-TEST_CASE("a missing file is refused") { refused(scratch.file("missing.ckpt"), "cannot open: No such file or directory"); }
+TEST_CASE("a missing file is refused") {
+  refused(scratch.file("missing.ckpt"), "cannot open: No such file or directory");
+}
 
 TEST_CASE("a truncated file is refused") {
   const auto bytes = good_file();
   const std::string path = scratch.file("truncated.ckpt");
   write_bytes(path, {bytes.begin(), bytes.end() - 9});
-  refused(path, "truncated: " + std::to_string(bytes.size() - 9) + " bytes, the header promises " + std::to_string(bytes.size()));
+  refused(path, "truncated: " + std::to_string(bytes.size() - 9) + " bytes, the header promises " +
+                    std::to_string(bytes.size()));
   write_bytes(path, {bytes.begin(), bytes.begin() + 20});
   refused(path, "truncated: 20 bytes, shorter than the 32-byte header");
   write_bytes(path, {});
@@ -229,7 +230,8 @@ TEST_CASE("SGD state does not load into Adam") {
 
 TEST_CASE("mismatched shapes are refused, naming the parameter and both shapes") {
   write_bytes(scratch.file("shapes.ckpt"), good_file());
-  refused(scratch.file("shapes.ckpt"), "shape mismatch: parameter 1 is [3, 5] in the file but [3, 4] in the optimizer", 4);
+  refused(scratch.file("shapes.ckpt"), "shape mismatch: parameter 1 is [3, 5] in the file but [3, 4] in the optimizer",
+          4);
 }
 
 TEST_CASE("a different parameter count is refused") {
@@ -240,6 +242,7 @@ TEST_CASE("a different parameter count is refused") {
   REQUIRE(target.opt.add(extra));
   const auto before = target.state();
   const auto r = grad::load_checkpoint(scratch.file("count.ckpt"), target.tp, target.opt);
-  CHECK(r.error.find("parameter count mismatch: the file holds 3 parameters, the optimizer has 4") != std::string::npos);
+  CHECK(r.error.find("parameter count mismatch: the file holds 3 parameters, the optimizer has 4") !=
+        std::string::npos);
   CHECK(bitwise_equal<double>(target.state(), before));
 }

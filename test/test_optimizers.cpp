@@ -2,14 +2,14 @@
 // skipped parameters, bad input, and 20 steps against torch.optim in float64.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <grad/grad.hpp>
 #include <map>
 #include <new>
-#include <grad/grad.hpp>
 #include <string>
-#include <unistd.h>
 
 #include "golden.hpp"
 #include "support.hpp"
@@ -142,7 +142,8 @@ TEST_CASE("clipping: off, or a norm within the bound, leaves the raw gradient un
     REQUIRE(p.backward());
     CHECK(opt.clip_scale() == 1.0);  // norm is exactly 5: not above 5
     REQUIRE(opt.step());
-    const double a[3] = {1.0 - 0.1 * (1.0 + 0.1 * 1.0), -2.0 - 0.1 * (2.0 + 0.1 * -2.0), 0.25 - 0.1 * (2.0 + 0.1 * 0.25)};
+    const double a[3] = {1.0 - 0.1 * (1.0 + 0.1 * 1.0), -2.0 - 0.1 * (2.0 + 0.1 * -2.0),
+                         0.25 - 0.1 * (2.0 + 0.1 * 0.25)};
     CHECK(bitwise_equal(value_of(p.tp, p.a), std::span<const double>(a)));
   }
 }
@@ -221,7 +222,8 @@ TEST_CASE("add rejects what is not a parameter, with a message naming it") {
     auto c = tp.constant(Tensor<double>({2}, {1, 2}));
     grad::Adam opt(0.1);
     CHECK_FALSE(opt.add(c));
-    CHECK(tp.error() == "grad: adam.add: parameter 1 (node 0) is not a parameter; expected a Var made by tape.param(tensor)");
+    CHECK(tp.error() ==
+          "grad: adam.add: parameter 1 (node 0) is not a parameter; expected a Var made by tape.param(tensor)");
   }
   SUBCASE("a computed node") {
     grad::Tape<double> tp;
@@ -229,7 +231,8 @@ TEST_CASE("add rejects what is not a parameter, with a message naming it") {
     grad::SGD opt(0.1);
     CHECK(opt.add(w));
     CHECK_FALSE(opt.add(w * 2.0));
-    CHECK(tp.error() == "grad: sgd.add: parameter 2 (node 1) is not a parameter; expected a Var made by tape.param(tensor)");
+    CHECK(tp.error() ==
+          "grad: sgd.add: parameter 2 (node 1) is not a parameter; expected a Var made by tape.param(tensor)");
   }
   SUBCASE("the same parameter twice") {
     grad::Tape<double> tp;

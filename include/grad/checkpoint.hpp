@@ -249,7 +249,8 @@ CheckpointResult load_checkpoint(const std::string& path, Tape<T>& tp, OptT<T>& 
   if (bytes.size() < detail::checkpoint_header_bytes)
     return failed("truncated: " + std::to_string(bytes.size()) + " bytes, shorter than the " +
                   std::to_string(detail::checkpoint_header_bytes) + "-byte header");
-  if (std::memcmp(bytes.data(), detail::checkpoint_magic, 8) != 0) return failed("not a grad checkpoint (bad magic bytes)");
+  if (std::memcmp(bytes.data(), detail::checkpoint_magic, 8) != 0)
+    return failed("not a grad checkpoint (bad magic bytes)");
   detail::ByteReader header{bytes};
   header.at = 8;
   const auto version = header.get<std::uint32_t>();
@@ -263,7 +264,8 @@ CheckpointResult load_checkpoint(const std::string& path, Tape<T>& tp, OptT<T>& 
   if (order != detail::byte_order_marker) return failed("written on a machine with a different byte order");
   const std::uint64_t expected = detail::checkpoint_header_bytes + payload_bytes + sizeof(std::uint64_t);
   if (payload_bytes > bytes.size() || bytes.size() < expected)
-    return failed("truncated: " + std::to_string(bytes.size()) + " bytes, the header promises " + std::to_string(expected));
+    return failed("truncated: " + std::to_string(bytes.size()) + " bytes, the header promises " +
+                  std::to_string(expected));
   if (bytes.size() > expected)
     return failed("corrupted: " + std::to_string(bytes.size() - expected) + " unexpected bytes after the checksum");
   std::uint64_t stored_hash;
@@ -276,8 +278,8 @@ CheckpointResult load_checkpoint(const std::string& path, Tape<T>& tp, OptT<T>& 
     return failed(std::string("dtype mismatch: the file holds ") + detail::dtype_name(dtype) + " values, the tape is " +
                   detail::dtype_name(detail::dtype_code<T>));
   if (kind != static_cast<std::uint32_t>(OptT<T>::kind))
-    return failed(std::string("optimizer mismatch: the file holds ") + detail::kind_name(kind) + " state, loading into " +
-                  detail::kind_name(static_cast<std::uint32_t>(OptT<T>::kind)));
+    return failed(std::string("optimizer mismatch: the file holds ") + detail::kind_name(kind) +
+                  " state, loading into " + detail::kind_name(static_cast<std::uint32_t>(OptT<T>::kind)));
   detail::ByteReader r{std::span(bytes).subspan(detail::checkpoint_header_bytes, payload_bytes)};
   const auto count = r.get<std::uint64_t>();
   typename Access::Settings s;
@@ -285,17 +287,19 @@ CheckpointResult load_checkpoint(const std::string& path, Tape<T>& tp, OptT<T>& 
   for (T* x : {&s.lr, &s.clip, &s.beta1, &s.beta2, &s.eps, &s.beta1_power, &s.beta2_power}) *x = r.get<T>();
   const auto& entries = opt.params();
   if (count != entries.size())
-    return failed("parameter count mismatch: the file holds " + std::to_string(count) + " parameters, the optimizer has " +
-                  std::to_string(entries.size()));
+    return failed("parameter count mismatch: the file holds " + std::to_string(count) +
+                  " parameters, the optimizer has " + std::to_string(entries.size()));
   std::vector<T> l2(entries.size());
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const auto rank = r.get<std::uint32_t>();
-    if (r.short_read || rank > max_rank) return failed("corrupted: parameter " + std::to_string(i + 1) + " has rank " + std::to_string(rank));
+    if (r.short_read || rank > max_rank)
+      return failed("corrupted: parameter " + std::to_string(i + 1) + " has rank " + std::to_string(rank));
     Shape shape(rank);
     for (std::size_t& d : shape) d = static_cast<std::size_t>(r.get<std::uint64_t>());
     l2[i] = r.get<T>();
     const View<T> have = tp.value(entries[i].var);
-    if (have.empty()) return failed("optimizer parameter " + std::to_string(i + 1) + " is not a live node of this tape");
+    if (have.empty())
+      return failed("optimizer parameter " + std::to_string(i + 1) + " is not a live node of this tape");
     if (r.short_read) break;
     if (!std::equal(shape.begin(), shape.end(), have.shape.begin(), have.shape.end()))
       return failed("shape mismatch: parameter " + std::to_string(i + 1) + " is " + shape_string(shape) +
@@ -308,14 +312,16 @@ CheckpointResult load_checkpoint(const std::string& path, Tape<T>& tp, OptT<T>& 
     m = r.template take<T>(n);
     v = r.template take<T>(n);
   }
-  if (r.short_read || r.at != r.bytes.size()) return failed("corrupted: the payload does not match its own parameter list");
+  if (r.short_read || r.at != r.bytes.size())
+    return failed("corrupted: the payload does not match its own parameter list");
 
   // ---- every check passed: write ----
   Access::restore(opt, s);
   auto& list = Access::entries(opt);
   for (std::size_t i = 0; i < list.size(); ++i) {
     list[i].l2 = l2[i];
-    std::memcpy(tp.leaf_value(list[i].var).data(), values.data() + list[i].offset * sizeof(T), list[i].size * sizeof(T));
+    std::memcpy(tp.leaf_value(list[i].var).data(), values.data() + list[i].offset * sizeof(T),
+                list[i].size * sizeof(T));
   }
   if constexpr (Access::is_adam) {
     std::memcpy(Access::moments(opt, 0)->data(), m.data(), m.size());

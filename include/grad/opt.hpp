@@ -127,12 +127,14 @@ class Optimizer {
     Tape<T>& tp = *param.tape();
     const std::string who = std::string(kind_name()) + ".add: parameter " + std::to_string(entries_.size() + 1);
     if (!tp.accept(who, {param})) return false;
-    if (tape_ && tape_ != &tp) return fail(tp, who + " belongs to a different tape than the parameters added before it");
+    if (tape_ && tape_ != &tp)
+      return fail(tp, who + " belongs to a different tape than the parameters added before it");
     if (!tp.requires_grad(param) || tp.leaf_value(param).empty())
       return fail(tp, who + " (node " + std::to_string(param.index()) +
                           ") is not a parameter; expected a Var made by tape.param(tensor)");
     for (const Entry& e : entries_)
-      if (e.var.index() == param.index()) return fail(tp, who + " (node " + std::to_string(param.index()) + ") was already added");
+      if (e.var.index() == param.index())
+        return fail(tp, who + " (node " + std::to_string(param.index()) + ") was already added");
     if (!(l2 >= T(0))) return fail(tp, who + ": L2 coefficient " + std::to_string(l2) + " must be >= 0");
     tape_ = &tp;
     const std::size_t size = tp.value(param).size();
