@@ -3,6 +3,10 @@
 // each thread running one work item of the op's DeviceKernel body: the same
 // source the CPU backend runs. Built with --fmad=false so that no a*b+c is
 // contracted; launches go in order on one stream.
+//
+// No CUB here: in per-node replay every reduction is one work item's serial
+// loop in the documented order (the parallelism is across output elements),
+// so there is no tree reduction a CUB primitive could take over.
 #include <cuda_runtime.h>
 
 #include <memory>
