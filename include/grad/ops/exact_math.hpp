@@ -1,21 +1,23 @@
-// exp, tanh and sigmoid written with + - * / only, so that they round the same way on
+// exp, tanh, sigmoid and log written with + - * / only, so that they round the same way on
 // every backend: host code is built with -ffp-contract=off and device code
 // with --fmad=false, and IEEE + - * / are correctly rounded on both. No
 // libm call, no fma, no lookup table, no branch on data (bit-mask blends), so
 // a host loop over them auto-vectorises (GCC at -O3; -O2's very-cheap cost
 // model declines loops that need alias checks) and a GPU thread computes the
-// very same bits. This is what moves exp, tanh and sigmoid into the exact tier.
+// very same bits. This is what moves exp, tanh, sigmoid and log into the
+// exact tier.
 //
 // Accuracy, float and double, over the whole domain (test_transcendental.cpp
-// measures it against long double libm): under 0.8 ulp for exp and tanh, 1.2
-// for sigmoid, including subnormal results, overflow to inf, underflow to 0
-// and tanh's saturation to exactly +-1.
+// measures it against long double libm): under 0.8 ulp for exp, 0.9 for tanh
+// and log, 1.2 for sigmoid, including subnormal inputs and results, overflow
+// to inf, underflow to 0 and tanh's saturation to exactly +-1.
 //
 // The polynomial coefficients are relative-error minimax fits computed by a
 // Remez exchange at 60 digits (mpmath), rounded to the target type.
 #pragma once
 
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -25,14 +27,29 @@ namespace grad {
 
 namespace exact_math_detail {
 
-// c0 + x * (c1 + x * (c2 + ...)), one rounding per operation, in this order.
-template <class T>
-GRAD_HD constexpr T horner(T, T c0) {
-  return c0;
+// x^M for M a power of two, by repeated squaring.
+template <std::size_t M, class T>
+GRAD_HD constexpr T power(T x) {
+  if constexpr (M == 1) {
+    return x;
+  } else {
+    const T h = power<M / 2>(x);
+    return h * h;
+  }
 }
-template <class T, class... C>
-GRAD_HD constexpr T horner(T x, T c0, C... rest) {
-  return c0 + x * horner<T>(x, T(rest)...);
+
+// c[0] + c[1] x + ... + c[N-1] x^(N-1) by Estrin's scheme: low half plus
+// x^m times high half, recursively. The order is fixed here, so every
+// backend rounds alike; its dependency chain is O(log N) long instead of
+// Horner's N, which is what bounds a vectorised loop of these.
+template <std::size_t N, class T>
+GRAD_HD constexpr T estrin(T x, const T* c) {
+  if constexpr (N == 1) {
+    return c[0];
+  } else {
+    constexpr std::size_t m = std::bit_floor(N - 1);
+    return estrin<m>(x, c) + power<m>(x) * estrin<N - m>(x, c + m);
+  }
 }
 
 template <class T>
@@ -137,12 +154,14 @@ GRAD_HD constexpr T pow2(T k) {
 template <class T>
 GRAD_HD constexpr T exp_tail(T r) {
   if constexpr (std::is_same_v<T, double>) {
-    return horner<double>(r, 0x1.0000000000000p-1, 0x1.5555555555557p-3, 0x1.555555555554ep-5, 0x1.11111111100ebp-7,
-                          0x1.6c16c16c1a07fp-10, 0x1.a01a01abe0ceap-13, 0x1.a01a01905fb43p-16, 0x1.71de024587b95p-19,
-                          0x1.27e510dcf7816p-22, 0x1.af4dc495d3ce5p-26, 0x1.1f19f611f2d8bp-29);
+    const double c[] = {0x1.0000000000000p-1, 0x1.5555555555557p-3, 0x1.555555555554ep-5, 0x1.11111111100ebp-7,
+                        0x1.6c16c16c1a07fp-10, 0x1.a01a01abe0ceap-13, 0x1.a01a01905fb43p-16, 0x1.71de024587b95p-19,
+                        0x1.27e510dcf7816p-22, 0x1.af4dc495d3ce5p-26, 0x1.1f19f611f2d8bp-29};
+    return estrin<11>(r, c);
   } else {
-    return horner<float>(r, 0x1.0p-1f, 0x1.555556p-3f, 0x1.5554eap-5f, 0x1.11114cp-7f, 0x1.6d42dap-10f,
-                         0x1.a072c4p-13f);
+    const float c[] = {0x1.0p-1f, 0x1.555556p-3f, 0x1.5554eap-5f, 0x1.11114cp-7f, 0x1.6d42dap-10f,
+                       0x1.a072c4p-13f};
+    return estrin<6>(r, c);
   }
 }
 
@@ -151,22 +170,46 @@ GRAD_HD constexpr T exp_tail(T r) {
 template <class T>
 GRAD_HD constexpr T tanh_tail(T z) {
   if constexpr (std::is_same_v<T, double>) {
-    return horner<double>(z, -0x1.5555555555555p-2, 0x1.11111111110a8p-3, -0x1.ba1ba1ba0f149p-5, 0x1.664f487e0b227p-6,
-                          -0x1.226e3473f8991p-7, 0x1.d6d39ae8b74e8p-9, -0x1.7d9f6f7067b06p-10, 0x1.3526ecc6fea05p-11,
-                          -0x1.f243a52cba6fdp-13, 0x1.84460c0e349b5p-14, -0x1.05bcf90ea952fp-15, 0x1.b33a6a4342501p-18);
+    const double c[] = {-0x1.5555555555555p-2, 0x1.11111111110a8p-3, -0x1.ba1ba1ba0f149p-5, 0x1.664f487e0b227p-6,
+                        -0x1.226e3473f8991p-7, 0x1.d6d39ae8b74e8p-9, -0x1.7d9f6f7067b06p-10, 0x1.3526ecc6fea05p-11,
+                        -0x1.f243a52cba6fdp-13, 0x1.84460c0e349b5p-14, -0x1.05bcf90ea952fp-15, 0x1.b33a6a4342501p-18};
+    return estrin<12>(z, c);
   } else {
-    return horner<float>(z, -0x1.555556p-2f, 0x1.1110eap-3f, -0x1.ba08c8p-5f, 0x1.64a996p-6f, -0x1.116acap-7f,
-                         0x1.2c869ep-9f);
+    const float c[] = {-0x1.555556p-2f, 0x1.1110eap-3f, -0x1.ba08c8p-5f, 0x1.64a996p-6f, -0x1.116acap-7f,
+                       0x1.2c869ep-9f};
+    return estrin<6>(z, c);
   }
 }
 
-// e^x = hi + lo, hi being e^x rounded and lo (nearly) its rounding error.
-// x = n ln2 + r with |r| <= ln2/2 and e^r = 1 + r + r^2 q(r); the rounding
-// error of 1 + r_hi is recovered exactly and folded into the small terms
-// before the one rounding that makes hi. 2^n is applied as two factors, each
-// a normal number, so that overflow gives inf and subnormal results round
-// once, at the last multiplication. x is clamped to where the result is still
-// finite or nonzero; a NaN x gives garbage, which the callers replace.
+// e^x = 2^n (hi + lo), hi being e^x / 2^n rounded and lo (nearly) its
+// rounding error: x = n ln2 + r with |r| <= ln2/2 and e^r = 1 + r + r^2 q(r).
+// The rounding error of 1 + r_hi is recovered exactly and folded into the
+// small terms before the one rounding that makes hi. x must lie within
+// [exp_lo, exp_hi]; a NaN gives garbage, which the callers replace.
+template <class T>
+struct ExpParts {
+  T n, hi, lo;
+};
+
+template <class T>
+GRAD_HD constexpr ExpParts<T> exp_parts(T x) {
+  using F = Format<T>;
+  const T n = round_to_integer<T>(x * F::log2e);
+  const T r_hi = x - n * F::ln2_hi;  // exact
+  const T r_lo = n * F::ln2_lo;
+  const T r = r_hi - r_lo;
+  const T tail = (r * r) * exp_tail<T>(r);
+  const T head = T(1) + r_hi;
+  // Both error terms below are exact (Fast2Sum: the first operand is the larger).
+  const T small = ((T(1) - head) + r_hi) + (tail - r_lo);
+  const T hi = head + small;
+  return {n, hi, (head - hi) + small};
+}
+
+// e^x = hi + lo over the whole range. x is clamped to where the result is
+// still finite or nonzero, and 2^n is applied as two factors, each a normal
+// number, so that overflow gives inf and subnormal results round once, at the
+// last multiplication.
 template <class T>
 struct SplitExp {
   T hi, lo;
@@ -176,20 +219,10 @@ template <class T>
 GRAD_HD constexpr SplitExp<T> split_exp(T x) {
   using F = Format<T>;
   const T above_lo = blend<T>(less_mask<T>(x, F::exp_lo), F::exp_lo, x);
-  const T xc = blend<T>(less_mask<T>(F::exp_hi, above_lo), F::exp_hi, above_lo);
-  const T n = round_to_integer<T>(xc * F::log2e);
-  const T r_hi = xc - n * F::ln2_hi;  // exact
-  const T r_lo = n * F::ln2_lo;
-  const T r = r_hi - r_lo;
-  const T tail = (r * r) * exp_tail<T>(r);
-  const T head = T(1) + r_hi;
-  // Both error terms below are exact (Fast2Sum: the first operand is the larger).
-  const T small = ((T(1) - head) + r_hi) + (tail - r_lo);
-  const T hi = head + small;
-  const T lo = (head - hi) + small;
-  const T n_half = round_to_integer<T>(n * T(0.5));
-  const T scale_a = pow2<T>(n_half), scale_b = pow2<T>(n - n_half);
-  return {(hi * scale_a) * scale_b, (lo * scale_a) * scale_b};
+  const ExpParts<T> e = exp_parts<T>(blend<T>(less_mask<T>(F::exp_hi, above_lo), F::exp_hi, above_lo));
+  const T n_half = round_to_integer<T>(e.n * T(0.5));
+  const T scale_a = pow2<T>(n_half), scale_b = pow2<T>(e.n - n_half);
+  return {(e.hi * scale_a) * scale_b, (e.lo * scale_a) * scale_b};
 }
 
 // (2 atanh(s) / s - 2) / s^2 as a function of z = s^2 on [0, 0.1716^2]:
@@ -197,10 +230,12 @@ GRAD_HD constexpr SplitExp<T> split_exp(T x) {
 template <class T>
 GRAD_HD constexpr T log_tail(T z) {
   if constexpr (std::is_same_v<T, double>) {
-    return horner<double>(z, 0x1.5555555555558p-1, 0x1.9999999995290p-2, 0x1.2492492df97bap-2, 0x1.c71c62dbdc1d9p-3,
-                          0x1.7462b739ffa32p-3, 0x1.39fe106dc50e4p-3, 0x1.2b5bf2ff5647ap-3);
+    const double c[] = {0x1.5555555555558p-1, 0x1.9999999995290p-2, 0x1.2492492df97bap-2, 0x1.c71c62dbdc1d9p-3,
+                        0x1.7462b739ffa32p-3, 0x1.39fe106dc50e4p-3, 0x1.2b5bf2ff5647ap-3};
+    return estrin<7>(z, c);
   } else {
-    return horner<float>(z, 0x1.55555cp-1f, 0x1.997c22p-2f, 0x1.2ee814p-2f);
+    const float c[] = {0x1.55555cp-1f, 0x1.997c22p-2f, 0x1.2ee814p-2f};
+    return estrin<3>(z, c);
   }
 }
 
@@ -228,12 +263,16 @@ GRAD_HD constexpr T exact_tanh(T x) {
   const T near_zero = a + a * (z * tanh_tail<T>(z));
 
   const T a_far = blend<T>(less_mask<T>(F::tanh_saturated, a), F::tanh_saturated, a);
-  const SplitExp<T> e = split_exp<T>(a_far + a_far);
-  const T s = e.hi + T(1);
-  const T s_low = ((e.hi - s) + T(1)) + e.lo;  // exact part: e.hi >= 1 here
+  const ExpParts<T> e = exp_parts<T>(a_far + a_far);  // n <= 58: one exact scaling
+  const T scale = pow2<T>(e.n);
+  const T hi = e.hi * scale;
+  const T s = hi + T(1);
+  const T s_low = ((hi - s) + T(1)) + e.lo * scale;  // exact part: hi >= 1 here
   const T q = T(2) / s;
   const T w = T(1) - q;
-  const T far = w + ((T(1) - w) - q + q * (s_low / s));  // (1 - w) - q: exact
+  // d = 2 / (s + s_low) ~ q - q * s_low / s, and 1 / s ~ q / 2 is plenty for
+  // a term this small (one division fewer).
+  const T far = w + (((T(1) - w) - q) + q * (s_low * (q * T(0.5))));  // (1 - w) - q: exact
 
   const T magnitude = blend<T>(less_mask<T>(a, F::tanh_split), near_zero, far);
   return blend<T>(nan_mask<T>(x), x + x, from_bits<T>(to_bits<T>(magnitude) | sign));
