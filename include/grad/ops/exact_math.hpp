@@ -1,6 +1,7 @@
-// exp, tanh, sigmoid and log written with + - * / only, so that they round the same way on
-// every backend: host code is built with -ffp-contract=off and device code
-// with --fmad=false, and IEEE + - * / are correctly rounded on both. No
+// exp, tanh, sigmoid and log written with + - * / only, so that they round
+// the same way on every backend: host code is built with -ffp-contract=off and
+// device code with --fmad=false, and IEEE + - * / are correctly rounded on
+// both. No
 // libm call, no fma, no lookup table, no branch on data (bit-mask blends), so
 // a host loop over them auto-vectorises (GCC at -O3; -O2's very-cheap cost
 // model declines loops that need alias checks) and a GPU thread computes the
