@@ -330,3 +330,43 @@ TEST_CASE("the tape's exp, log, tanh and sigmoid nodes are exact tier and comput
     CHECK(same_bits(lg.data[i], exact_log(exact_exp(v))));
   }
 }
+
+// The tags' loops are what the tape runs, auto-vectorised in optimised builds
+// (-O3): every lane must give the scalar function's bits, special values too.
+TEST_CASE_TEMPLATE("the tags' element loops give the scalar functions' bits, special values included", T, double,
+                   float) {
+  using L = std::numeric_limits<T>;
+  grad::testing::Rng rng(29);
+  std::vector<T> x;
+  for (T v : {T(0), -T(0), L::denorm_min(), -L::denorm_min(), L::min(), L::max(), L::lowest(), L::infinity(),
+              -L::infinity(), L::quiet_NaN(), T(0.625), T(20), T(-746), T(710)})
+    x.push_back(v);
+  while (x.size() < 20'000) {
+    x.push_back(from_random_bits<T>(rng));
+    x.push_back(static_cast<T>(rng.uniform(-30.0, 30.0)));
+  }
+  grad::NodeArgs<T> args;
+  args.a.data = x.data();
+  const std::size_t shape[] = {x.size()};
+  args.a.dims = grad::Dims::of(shape);
+  args.out = args.a.dims;
+  std::vector<T> y(x.size());
+  auto agrees = [&](T (*scalar)(T)) {
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const T want = scalar(x[i]);
+      if (!(same_bits(y[i], want) || (std::isnan(y[i]) && std::isnan(want)))) {
+        INFO("x = " << x[i] << " (element " << i << "): loop " << y[i] << ", scalar " << want);
+        return false;
+      }
+    }
+    return true;
+  };
+  grad::Exp::forward_tensor(args, y.data());
+  CHECK(agrees(ours_exp<T>));
+  grad::Tanh::forward_tensor(args, y.data());
+  CHECK(agrees(ours_tanh<T>));
+  grad::Sigmoid::forward_tensor(args, y.data());
+  CHECK(agrees(ours_sigmoid<T>));
+  grad::Log::forward_tensor(args, y.data());
+  CHECK(agrees(ours_log<T>));
+}

@@ -66,9 +66,9 @@ struct Format<double> {
   // even), and that integer sits in the low mantissa bits of the sum.
   static constexpr double round_magic = 0x1.8p52;
   // exp overflows above ln(DBL_MAX) ~ 709.78 and is below half the smallest
-  // subnormal under -745.13: clamping to just outside keeps 2^n finite while
-  // the result still rounds to inf or 0 (NaN passes the clamp unchanged).
-  static constexpr double exp_lo = -746.0, exp_hi = 710.0;
+  // subnormal under -745.13: clamping |x| to just beyond keeps each half of
+  // 2^n a normal number while the result still rounds to inf or 0.
+  static constexpr double exp_limit = 746.0;
   static constexpr double log2e = 0x1.71547652b82fep+0;
   // ln 2 split for Cody-Waite reduction: ln2_hi has 42 significant bits, so
   // n * ln2_hi is exact for |n| < 2^11 and x - n * ln2_hi is exact (Sterbenz).
@@ -91,7 +91,7 @@ struct Format<float> {
   static constexpr Bits sign_mask = Bits{1} << 31;
   static constexpr float round_magic = 0x1.8p23f;
   // ln(FLT_MAX) ~ 88.72; half the smallest subnormal is e^-103.97.
-  static constexpr float exp_lo = -104.0f, exp_hi = 89.0f;
+  static constexpr float exp_limit = 104.0f;
   static constexpr float log2e = 0x1.715476p+0f;
   // 15 significant bits: n * ln2_hi exact for |n| < 2^9.
   static constexpr float ln2_hi = 0x1.62e4p-1f;
@@ -133,6 +133,15 @@ GRAD_HD constexpr typename Format<T>::Bits nan_mask(T x) {
   using Bits = typename Format<T>::Bits;
   constexpr Bits inf = Bits(Bits(2) * Format<T>::exponent_bias + 1) << Format<T>::mantissa_bits;
   return Bits(0) - (Bits(inf - (to_bits<T>(x) & ~Format<T>::sign_mask)) >> (8 * sizeof(T) - 1));
+}
+
+// min(x, limit) that keeps NaN, as one minpd/minps. Only where the result
+// is never the constant limit itself (exact_exp puts x's sign back on it):
+// GCC would fold everything downstream of a constant arm, sink the rest into
+// a branch and give up vectorising; elsewhere clamps are blends.
+template <class T>
+GRAD_HD constexpr T at_most(T x, T limit) {
+  return limit < x ? limit : x;
 }
 
 // Nearest integer to v (ties to even) for |v| < 2^(mantissa_bits - 1), as a T.
@@ -186,7 +195,7 @@ GRAD_HD constexpr T tanh_tail(T z) {
 // rounding error: x = n ln2 + r with |r| <= ln2/2 and e^r = 1 + r + r^2 q(r).
 // The rounding error of 1 + r_hi is recovered exactly and folded into the
 // small terms before the one rounding that makes hi. x must lie within
-// [exp_lo, exp_hi]; a NaN gives garbage, which the callers replace.
+// [-exp_limit, exp_limit] or be NaN (giving NaN in hi).
 template <class T>
 struct ExpParts {
   T n, hi, lo;
@@ -207,10 +216,9 @@ GRAD_HD constexpr ExpParts<T> exp_parts(T x) {
   return {n, hi, (head - hi) + small};
 }
 
-// e^x = hi + lo over the whole range. x is clamped to where the result is
-// still finite or nonzero, and 2^n is applied as two factors, each a normal
-// number, so that overflow gives inf and subnormal results round once, at the
-// last multiplication.
+// e^x = hi + lo for |x| <= exp_limit (or NaN). 2^n is applied as two
+// factors, each a normal number, so that overflow gives inf and subnormal
+// results round once, at the last multiplication.
 template <class T>
 struct SplitExp {
   T hi, lo;
@@ -218,9 +226,7 @@ struct SplitExp {
 
 template <class T>
 GRAD_HD constexpr SplitExp<T> split_exp(T x) {
-  using F = Format<T>;
-  const T above_lo = blend<T>(less_mask<T>(x, F::exp_lo), F::exp_lo, x);
-  const ExpParts<T> e = exp_parts<T>(blend<T>(less_mask<T>(F::exp_hi, above_lo), F::exp_hi, above_lo));
+  const ExpParts<T> e = exp_parts<T>(x);
   const T n_half = round_to_integer<T>(e.n * T(0.5));
   const T scale_a = pow2<T>(n_half), scale_b = pow2<T>(e.n - n_half);
   return {(e.hi * scale_a) * scale_b, (e.lo * scale_a) * scale_b};
@@ -242,11 +248,15 @@ GRAD_HD constexpr T log_tail(T z) {
 
 }  // namespace exact_math_detail
 
-// e^x.
+// e^x. |x| is clamped (sign kept) to where e^x has long overflowed or
+// underflowed; NaN passes the clamp and every operation after it.
 template <Scalar T>
 GRAD_HD constexpr T exact_exp(T x) {
   using namespace exact_math_detail;
-  return blend<T>(nan_mask<T>(x), x + x, split_exp<T>(x).hi);
+  using F = Format<T>;
+  const typename F::Bits sign = to_bits<T>(x) & F::sign_mask;
+  const T magnitude = at_most<T>(from_bits<T>(to_bits<T>(x) ^ sign), F::exp_limit);
+  return split_exp<T>(from_bits<T>(to_bits<T>(magnitude) | sign)).hi;
 }
 
 // tanh(x), odd. Small |x|: x + x * (x^2 * t(x^2)). Otherwise 1 - d with
@@ -275,6 +285,7 @@ GRAD_HD constexpr T exact_tanh(T x) {
   // a term this small (one division fewer).
   const T far = w + (((T(1) - w) - q) + q * (s_low * (q * T(0.5))));  // (1 - w) - q: exact
 
+  // For NaN x the masks are arbitrary: the result is replaced.
   const T magnitude = blend<T>(less_mask<T>(a, F::tanh_split), near_zero, far);
   return blend<T>(nan_mask<T>(x), x + x, from_bits<T>(to_bits<T>(magnitude) | sign));
 }
@@ -287,7 +298,9 @@ template <Scalar T>
 GRAD_HD constexpr T exact_sigmoid(T x) {
   using namespace exact_math_detail;
   using Bits = typename Format<T>::Bits;
-  const SplitExp<T> e = split_exp<T>(-from_bits<T>(to_bits<T>(x) & ~Format<T>::sign_mask));
+  const T magnitude = from_bits<T>(to_bits<T>(x) & ~Format<T>::sign_mask);
+  const SplitExp<T> e =
+      split_exp<T>(-blend<T>(less_mask<T>(Format<T>::exp_limit, magnitude), Format<T>::exp_limit, magnitude));
   const Bits negative = Bits(0) - (to_bits<T>(x) >> (8 * sizeof(T) - 1));
   const T num = blend<T>(negative, e.hi, T(1));
   const T num_low = blend<T>(negative, e.lo, T(0));
