@@ -30,6 +30,14 @@ struct NodeArgs {
   const std::size_t* extra = nullptr;  // slice starts, one per axis
 };
 
+// One run of the last axis: c ascending. The steps are template arguments
+// for the common cases (a bias row, a per-row scalar) so that the loop
+// vectorises across c; the visiting order is the same either way.
+template <std::size_t StepA, std::size_t StepB, class F>
+inline void broadcast_row(std::size_t inner, std::size_t j, std::size_t ia, std::size_t ib, F& f) {
+  for (std::size_t c = 0; c < inner; ++c) f(j + c, ia + c * StepA, ib + c * StepB);
+}
+
 // Visits every flat output index j of `out` with the flat indices of the two
 // broadcast inputs (strides from broadcast_strides), in ascending j.
 template <class F>
@@ -44,7 +52,14 @@ inline void broadcast_loop(const Dims& out, const Dims& sa, const Dims& sb, F&& 
   std::array<std::size_t, max_rank> idx{};
   std::size_t ia = 0, ib = 0;
   for (std::size_t j = 0; j < n; j += inner) {
-    for (std::size_t c = 0; c < inner; ++c) f(j + c, ia + c * ia_step, ib + c * ib_step);
+    if (ia_step == 1 && ib_step == 1)
+      broadcast_row<1, 1>(inner, j, ia, ib, f);
+    else if (ia_step == 1 && ib_step == 0)
+      broadcast_row<1, 0>(inner, j, ia, ib, f);
+    else if (ia_step == 0 && ib_step == 1)
+      broadcast_row<0, 1>(inner, j, ia, ib, f);
+    else
+      for (std::size_t c = 0; c < inner; ++c) f(j + c, ia + c * ia_step, ib + c * ib_step);
     for (std::size_t ax = out.rank - 1; ax-- > 0;) {
       ++idx[ax];
       ia += sa.d[ax];
