@@ -307,7 +307,10 @@ GRAD_HD constexpr T exact_sigmoid(T x) {
   const T den = T(1) + e.hi;
   const T den_low = ((T(1) - den) + e.hi) + e.lo;  // exact part: e.hi <= 1
   const T q = num / den;
-  return blend<T>(nan_mask<T>(x), x + x, q + (num_low - q * den_low) / den);
+  // The correction divides by den; 1 / den is q itself for x >= 0 and
+  // 1 - q for x < 0 (1/(1+e) = 1 - e/(1+e)), close enough for a term this small.
+  const T inv_den = blend<T>(negative, T(1) - q, q);
+  return blend<T>(nan_mask<T>(x), x + x, q + (num_low - q * den_low) * inv_den);
 }
 
 // ln x. x = 2^k m with m in [sqrt(1/2), sqrt(2)), read off the bits (after
