@@ -163,3 +163,27 @@ TEST_CASE("set_num_threads: 0 means one per hardware thread, and 1 restores the 
   set_num_threads(1);
   CHECK(num_threads() == 1);
 }
+
+// Elementwise loops long enough to be split over the pool (and a matmul
+// large enough to be) give the same values and gradients on any thread count.
+TEST_CASE_TEMPLATE("a training graph gives the same bits on one and three threads", T, double, float) {
+  auto run = [](std::size_t threads) {
+    set_num_threads(threads);
+    Rng rng(11);
+    Tape<T> tp;
+    auto x = tp.param(random_tensor<T>({300, 260}, rng));
+    auto w = tp.param(random_tensor<T>({260, 270}, rng));
+    auto b = tp.param(random_tensor<T>({270}, rng));
+    auto h = relu(matmul(x, w) + b);
+    auto loss = mean(h * h - h * T(0.5));
+    REQUIRE(tp.backward(loss));
+    std::vector<T> out;
+    for (auto v : {h, x, w, b}) {
+      const View<T> g = v.index() == h.index() ? tp.value(v) : tp.grad(v);
+      out.insert(out.end(), g.data.begin(), g.data.end());
+    }
+    set_num_threads(1);
+    return out;
+  };
+  CHECK(same_bits(run(1), run(3)));
+}

@@ -5,6 +5,7 @@
 // bit-identical for any thread count.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -61,32 +62,44 @@ class Pool {
   // serially by its caller instead of waiting.
   void run(std::size_t parts, PartFn fn, void* context) {
     std::unique_lock<std::mutex> lock(run_mutex_, std::try_to_lock);
-    if (!lock.owns_lock() || workers_.empty() || parts <= 1) {
+    if (!lock.owns_lock() || workers_.empty() || parts <= 1 || parts > max_parts) {
       for (std::size_t p = 0; p < parts; ++p) fn(context, p);
       return;
     }
     fn_ = fn;
     context_ = context;
-    parts_ = parts;
-    next_part_.store(0, std::memory_order_relaxed);
-    pending_.store(static_cast<std::uint32_t>(workers_.size()), std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    job_ = (job_ + 1) & 0xffffffffu;
+    ticket_.store(job_ << 32 | std::uint64_t{parts} << 16, std::memory_order_release);
     generation_.fetch_add(1, std::memory_order_release);
     generation_.notify_all();
     take_parts();
-    // Every worker checks out of this job before the next can be published,
-    // so none can pick up a part of a later job with this job's function.
-    for (int spin = 0; spin < spin_limit && pending_.load(std::memory_order_acquire) != 0; ++spin) spin_pause();
-    for (std::uint32_t left; (left = pending_.load(std::memory_order_acquire)) != 0;)
-      pending_.wait(left, std::memory_order_acquire);
+    // Only parts are waited for, not workers: one that wakes late finds the
+    // ticket used up (or a later job's) and goes back to sleep.
+    const auto all = static_cast<std::uint32_t>(parts);
+    for (int spin = 0; spin < spin_limit && done_.load(std::memory_order_acquire) != all; ++spin) spin_pause();
+    for (std::uint32_t d; (d = done_.load(std::memory_order_acquire)) != all;) done_.wait(d, std::memory_order_acquire);
   }
 
  private:
   // Spinning a little before sleeping keeps back-to-back kernels from paying
   // a futex wake-up each; about 100 microseconds on current x86 cores.
   static constexpr int spin_limit = 2000;
+  static constexpr std::size_t max_parts = 0xffff;
 
+  // The ticket packs job id (32 bits), part count and next part (16 each):
+  // claiming a part is one compare-exchange that also proves the job is
+  // still live, so fn_ and context_ (written before the ticket) are its own.
   void take_parts() {
-    for (std::size_t p; (p = next_part_.fetch_add(1, std::memory_order_relaxed)) < parts_;) fn_(context_, p);
+    std::uint64_t t = ticket_.load(std::memory_order_acquire);
+    for (;;) {
+      const std::uint64_t next = t & 0xffff, parts = t >> 16 & 0xffff;
+      if (next >= parts) return;
+      if (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+      fn_(context_, static_cast<std::size_t>(next));
+      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == parts) done_.notify_one();
+      t = ticket_.load(std::memory_order_acquire);
+    }
   }
 
   void worker_loop(std::uint32_t seen) {
@@ -96,21 +109,20 @@ class Pool {
       seen = generation_.load(std::memory_order_acquire);
       if (stop_.load(std::memory_order_relaxed)) return;
       take_parts();
-      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
     }
   }
 
   std::vector<std::thread> workers_;
   std::mutex run_mutex_;
-  std::atomic<std::uint32_t> generation_{0};
-  std::atomic<std::uint32_t> pending_{0};
-  std::atomic<std::size_t> next_part_{0};
+  std::atomic<std::uint32_t> generation_{0};  // bumped to wake the workers
+  std::atomic<std::uint64_t> ticket_{0};
+  std::atomic<std::uint32_t> done_{0};  // parts of the current job finished
   std::atomic<bool> stop_{false};
-  // The published job: written before generation_ is bumped (release), read
-  // after it is seen (acquire).
+  std::uint64_t job_ = 0;  // only the caller of run() touches it
+  // The published job: written before the ticket (release), read after a
+  // part of it was claimed (acquire).
   PartFn fn_ = nullptr;
   void* context_ = nullptr;
-  std::size_t parts_ = 0;
 };
 
 inline Pool& pool() {
@@ -136,6 +148,28 @@ inline std::size_t num_threads() { return parallel_detail::pool().size(); }
 // possibly concurrently); returns when all are done.
 inline void parallel_for(std::size_t parts, parallel_detail::PartFn fn, void* context) {
   parallel_detail::pool().run(parts, fn, context);
+}
+
+// Splits [0, n) into contiguous ranges of at least `grain` elements and calls
+// body(begin, end) for each, spread over the pool; on one thread, or below
+// two grains, it is one call body(0, n). For loops whose elements are
+// independent (each output written by exactly one range).
+template <class Body>
+inline void parallel_ranges(std::size_t n, std::size_t grain, Body&& body) {
+  const std::size_t threads = num_threads();
+  if (threads <= 1 || n < 2 * grain) {
+    body(std::size_t{0}, n);
+    return;
+  }
+  struct Context {
+    Body* body;
+    std::size_t n, parts;
+  } context{&body, n, std::min(threads * 4, n / grain)};
+  auto part = [](void* c, std::size_t p) {
+    const Context& x = *static_cast<const Context*>(c);
+    (*x.body)(p * x.n / x.parts, (p + 1) * x.n / x.parts);
+  };
+  parallel_for(context.parts, part, &context);
 }
 
 }  // namespace grad

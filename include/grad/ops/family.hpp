@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "grad/config.hpp"
+#include "grad/parallel.hpp"
 #include "grad/tensor.hpp"
 
 namespace grad {
@@ -37,6 +38,10 @@ template <std::size_t StepA, std::size_t StepB, class F>
 inline void broadcast_row(std::size_t inner, std::size_t j, std::size_t ia, std::size_t ib, F& f) {
   for (std::size_t c = 0; c < inner; ++c) f(j + c, ia + c * StepA, ib + c * StepB);
 }
+
+// Elementwise loops at least twice this long are split over the pool (when
+// set_num_threads > 1); each element is still computed by one thread.
+inline constexpr std::size_t elementwise_grain = std::size_t{1} << 15;
 
 // Visits every flat output index j of `out` with the flat indices of the two
 // broadcast inputs (strides from broadcast_strides), in ascending j.
@@ -81,15 +86,17 @@ struct Unary {
 
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
-    const std::size_t n = x.out.size();
     const T* a = x.a.data;
-    for (std::size_t i = 0; i < n; ++i) y[i] = Derived::forward(a[i], x.scalar);
+    parallel_ranges(x.out.size(), elementwise_grain, [&](std::size_t lo, std::size_t hi) {
+      for (std::size_t i = lo; i < hi; ++i) y[i] = Derived::forward(a[i], x.scalar);
+    });
   }
   template <int In, class T>
   static void backward_tensor(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
-    const std::size_t n = x.out.size();
     const T* a = x.a.data;
-    for (std::size_t i = 0; i < n; ++i) dx[i] = Derived::backward(a[i], y[i], g[i], x.scalar);
+    parallel_ranges(x.out.size(), elementwise_grain, [&](std::size_t lo, std::size_t hi) {
+      for (std::size_t i = lo; i < hi; ++i) dx[i] = Derived::backward(a[i], y[i], g[i], x.scalar);
+    });
   }
 };
 
@@ -106,8 +113,9 @@ struct Binary {
     const T* a = x.a.data;
     const T* b = x.b.data;
     if (x.a.dims == x.out && x.b.dims == x.out) {
-      const std::size_t n = x.out.size();
-      for (std::size_t i = 0; i < n; ++i) y[i] = Derived::forward(a[i], b[i]);
+      parallel_ranges(x.out.size(), elementwise_grain, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t i = lo; i < hi; ++i) y[i] = Derived::forward(a[i], b[i]);
+      });
       return;
     }
     broadcast_loop(x.out, broadcast_strides(x.a.dims, x.out), broadcast_strides(x.b.dims, x.out),
@@ -126,8 +134,9 @@ struct Binary {
         return Derived::backward_b(a[ia], b[ib], y[j], g[j]);
     };
     if (x.a.dims == x.out && x.b.dims == x.out) {
-      const std::size_t n = x.out.size();
-      for (std::size_t i = 0; i < n; ++i) dx[i] = contribution(i, i, i);
+      parallel_ranges(x.out.size(), elementwise_grain, [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t i = lo; i < hi; ++i) dx[i] = contribution(i, i, i);
+      });
       return;
     }
     const Dims sa = broadcast_strides(x.a.dims, x.out), sb = broadcast_strides(x.b.dims, x.out);
