@@ -15,7 +15,8 @@ namespace grad {
 // Which bit-equality promise an op carries across backends (ARCHITECTURE.md).
 enum class Tier : std::uint8_t {
   exact,          // + - * / sqrt and data movement: bit-identical everywhere
-  transcendental  // exp/log/tanh...: bit-identical on CPU backends, 1e-12 rel on CUDA
+  transcendental  // would call libm/CUDA math: bit-identical on CPU backends, 1e-12 rel on CUDA.
+                  // No op in OpList uses it today: exp/log/tanh/sigmoid/softmax use exact_math.hpp.
 };
 
 // The largest rank a tensor recorded on a tape may have; dimensions are

@@ -2,16 +2,16 @@
 // index, then one division per element. Backward: dx = y * (g - <g, y>).
 #pragma once
 
-#include <cmath>
 #include <string_view>
 
+#include "grad/ops/exact_math.hpp"
 #include "grad/ops/family.hpp"
 
 namespace grad {
 
 struct Softmax {
   static constexpr std::string_view name = "softmax";
-  static constexpr Tier tier = Tier::transcendental;
+  static constexpr Tier tier = Tier::exact;  // exp is exact_exp: + - * / only
   static constexpr int arity = 1;
   static constexpr bool row_local = false;
 
@@ -22,7 +22,7 @@ struct Softmax {
     for (std::size_t i = 1; i < n; ++i) hi = x[i * stride] > hi ? x[i * stride] : hi;
     T total = T(0);
     for (std::size_t i = 0; i < n; ++i) {
-      y[i * stride] = std::exp(x[i * stride] - hi);
+      y[i * stride] = exact_exp(x[i * stride] - hi);
       total = total + y[i * stride];
     }
     for (std::size_t i = 0; i < n; ++i) y[i * stride] = y[i * stride] / total;
