@@ -56,6 +56,34 @@ class CpuLauncher {
   void accumulate(S* grad, const S* contribution, std::size_t n) {
     for_each_item(n, [&](std::size_t w) { accumulate_element(grad, contribution, w); });
   }
+  // Fused kernels: the CUDA kernels' bodies, blocks and threads as loops; a
+  // barrier is the end of a thread loop.
+  template <class S>
+  void rows(const Launch<S>* launches, std::size_t count, std::size_t rows, std::size_t threads) {
+    for (std::size_t row = 0; row < rows; ++row)
+      for (std::size_t k = 0; k < count; ++k)
+        for (std::size_t thread = 0; thread < threads; ++thread)
+          row_segment_step(launches[k], rows, row, thread, threads);
+  }
+  template <class S>
+  void serial(const Launch<S>* launches, std::size_t count) {
+    serial_segment(launches, count);
+  }
+  template <class S>
+  void batch(const Launch<S>* launches, std::size_t count, const Launch<S>*) {
+    std::size_t blocks = 0;
+    for (std::size_t k = 0; k < count; ++k) blocks += (launches[k].items + threads_per_block - 1) / threads_per_block;
+    for (std::size_t block = 0; block < blocks; ++block)
+      for (std::size_t thread = 0; thread < threads_per_block; ++thread)
+        batch_block(launches, count, block, thread, threads_per_block);
+  }
+  // No graphs on the host: graph mode runs the very launch list it would capture.
+  template <class F>
+  void graph(std::size_t, F&& record) {
+    record();
+  }
+  void drop_graphs() {}
+
   template <class S>
   void optimizer_prepare(const ParamView<S>* params, std::size_t count, const OptimizerHyper<S>& h,
                          OptimizerState<S>* st) {
@@ -78,15 +106,18 @@ class CpuLauncher {
 // Declared here, defined by the CUDA library (kernels/cuda_backend.cu) or,
 // in a build without CUDA, by kernels/cuda_absent.cpp.
 template <class S>
-std::unique_ptr<Engine<S>> make_cuda_engine(const Layout<S>& layout);
+std::unique_ptr<Engine<S>> make_cuda_engine(const Layout<S>& layout, Mode mode, const FusionPlan& plan, bool fuse);
 
 template <class S>
-std::unique_ptr<Engine<S>> make_engine(Backend backend, const Layout<S>& layout) {
-  if (backend == Backend::cuda) return make_cuda_engine<S>(layout);
-  return std::make_unique<ReplayEngine<S, CpuLauncher>>(layout);
+std::unique_ptr<Engine<S>> make_engine(Backend backend, const Layout<S>& layout, Mode mode, const FusionPlan& plan,
+                                       bool fuse) {
+  if (backend == Backend::cuda) return make_cuda_engine<S>(layout, mode, plan, fuse);
+  return std::make_unique<ReplayEngine<S, CpuLauncher>>(layout, mode, plan, fuse);
 }
 
-template std::unique_ptr<Engine<float>> make_engine<float>(Backend, const Layout<float>&);
-template std::unique_ptr<Engine<double>> make_engine<double>(Backend, const Layout<double>&);
+template std::unique_ptr<Engine<float>> make_engine<float>(Backend, const Layout<float>&, Mode, const FusionPlan&,
+                                                           bool);
+template std::unique_ptr<Engine<double>> make_engine<double>(Backend, const Layout<double>&, Mode, const FusionPlan&,
+                                                             bool);
 
 }  // namespace grad::device

@@ -10,10 +10,11 @@ bool cuda_available() { return false; }
 std::string cuda_unavailable_reason() { return "this build of grad has no CUDA backend (configured without nvcc)"; }
 
 template <class S>
-std::unique_ptr<Engine<S>> make_cuda_engine(const Layout<S>&) {
+std::unique_ptr<Engine<S>> make_cuda_engine(const Layout<S>&, Mode, const FusionPlan&, bool) {
   throw std::runtime_error(cuda_unavailable_reason());
 }
-template std::unique_ptr<Engine<float>> make_cuda_engine<float>(const Layout<float>&);
-template std::unique_ptr<Engine<double>> make_cuda_engine<double>(const Layout<double>&);
+template std::unique_ptr<Engine<float>> make_cuda_engine<float>(const Layout<float>&, Mode, const FusionPlan&, bool);
+template std::unique_ptr<Engine<double>> make_cuda_engine<double>(const Layout<double>&, Mode, const FusionPlan&,
+                                                                  bool);
 
 }  // namespace grad::device

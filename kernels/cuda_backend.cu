@@ -4,11 +4,18 @@
 // source the CPU backend runs. Built with --fmad=false so that no a*b+c is
 // contracted; launches go in order on one stream.
 //
+// Fused mode adds three kernels that walk a segment's launch array and
+// dispatch each launch through the op-code table (run_item, kernels.hpp):
+// no run-time compilation, and only the fusable ops are in that table.
+// Graph and fused modes record their launches on the same stream inside a
+// CaptureScope and replay the instantiated graph.
+//
 // No CUB here: in per-node replay every reduction is one work item's serial
 // loop in the documented order (the parallelism is across output elements),
 // so there is no tree reduction a CUB primitive could take over.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -48,6 +55,26 @@ __global__ void accumulate_kernel(S* grad, const S* contribution, std::size_t n)
   if (w < n) accumulate_element(grad, contribution, w);
 }
 
+// Block per row of a row-local segment; a barrier between its launches.
+template <class S>
+__global__ void rows_kernel(const Launch<S>* launches, std::size_t count, std::size_t rows) {
+  for (std::size_t row = blockIdx.x; row < rows; row += gridDim.x)
+    for (std::size_t k = 0; k < count; ++k) {
+      row_segment_step(launches[k], rows, row, threadIdx.x, blockDim.x);
+      __syncthreads();
+    }
+}
+
+template <class S>
+__global__ void serial_kernel(const Launch<S>* launches, std::size_t count) {
+  serial_segment(launches, count);
+}
+
+template <class S>
+__global__ void batch_kernel(const Launch<S>* launches, std::size_t count) {
+  batch_block(launches, count, blockIdx.x, threadIdx.x, blockDim.x);
+}
+
 template <class S>
 __global__ void optimizer_prepare_kernel(const ParamView<S>* params, std::size_t count, OptimizerHyper<S> h,
                                          OptimizerState<S>* st) {
@@ -64,11 +91,40 @@ unsigned blocks_for(std::size_t items) {
   return static_cast<unsigned>((items + threads_per_block - 1) / threads_per_block);
 }
 
+// Stream capture as a scope (tiny-cuda-nn's cuda_graph.h): end() hands the
+// recorded graph over; leaving the scope any other way (a launch threw)
+// ends the capture and discards it, so the stream is usable again.
+class CaptureScope {
+ public:
+  explicit CaptureScope(cudaStream_t s) : stream_(s) {
+    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  }
+  CaptureScope(const CaptureScope&) = delete;
+  CaptureScope& operator=(const CaptureScope&) = delete;
+  cudaGraph_t end() {
+    cudaGraph_t g = nullptr;
+    const cudaStream_t s = stream_;
+    stream_ = nullptr;
+    check(cudaStreamEndCapture(s, &g), "cudaStreamEndCapture");
+    return g;
+  }
+  ~CaptureScope() {
+    if (!stream_) return;
+    cudaGraph_t g = nullptr;
+    if (cudaStreamEndCapture(stream_, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+    cudaGetLastError();  // clear the capture's error so that later launches report their own
+  }
+
+ private:
+  cudaStream_t stream_;
+};
+
 class CudaLauncher {
  public:
   CudaLauncher() { check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"); }
   ~CudaLauncher() {
     cudaStreamSynchronize(stream_);
+    drop_graphs();
     for (void* p : buffers_) cudaFree(p);
     cudaStreamDestroy(stream_);
   }
@@ -112,6 +168,50 @@ class CudaLauncher {
     check(cudaGetLastError(), "accumulate kernel launch");
   }
   template <class S>
+  void rows(const Launch<S>* launches, std::size_t count, std::size_t rows, std::size_t threads) {
+    const unsigned blocks = static_cast<unsigned>(std::min<std::size_t>(rows, 1u << 20));
+    rows_kernel<S><<<blocks, static_cast<unsigned>(threads), 0, stream_>>>(launches, count, rows);
+    check(cudaGetLastError(), "fused rows kernel launch");
+  }
+  template <class S>
+  void serial(const Launch<S>* launches, std::size_t count) {
+    serial_kernel<S><<<1, 1, 0, stream_>>>(launches, count);
+    check(cudaGetLastError(), "fused serial kernel launch");
+  }
+  // The host holds the same launches at the same positions (ReplayEngine
+  // keeps both copies): the block count is the sum of each launch's blocks.
+  template <class S>
+  void batch(const Launch<S>* device_launches, std::size_t count, const Launch<S>* host_launches) {
+    std::size_t blocks = 0;
+    for (std::size_t k = 0; k < count; ++k) blocks += blocks_for(host_launches[k].items);
+    batch_kernel<S><<<static_cast<unsigned>(blocks), threads_per_block, 0, stream_>>>(device_launches, count);
+    check(cudaGetLastError(), "fused batch kernel launch");
+  }
+
+  template <class F>
+  void graph(std::size_t key, F&& record) {
+    if (key >= graphs_.size()) graphs_.resize(key + 1, nullptr);
+    if (!graphs_[key]) {
+      CaptureScope scope(stream_);
+      record();
+      cudaGraph_t g = scope.end();
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t rc = cudaGraphInstantiate(&exec, g, 0);
+      cudaGraphDestroy(g);
+      check(rc, "cudaGraphInstantiate");
+      graphs_[key] = exec;
+    }
+    check(cudaGraphLaunch(graphs_[key], stream_), "cudaGraphLaunch");
+  }
+  void drop_graphs() {
+    for (cudaGraphExec_t& e : graphs_)
+      if (e) {
+        cudaGraphExecDestroy(e);
+        e = nullptr;
+      }
+  }
+
+  template <class S>
   void optimizer_prepare(const ParamView<S>* params, std::size_t count, const OptimizerHyper<S>& h,
                          OptimizerState<S>* st) {
     optimizer_prepare_kernel<S><<<1, 1, 0, stream_>>>(params, count, h, st);
@@ -127,6 +227,7 @@ class CudaLauncher {
  private:
   cudaStream_t stream_ = nullptr;
   std::vector<void*> buffers_;
+  std::vector<cudaGraphExec_t> graphs_;
 };
 
 struct Probe {
@@ -159,11 +260,12 @@ std::string cuda_unavailable_reason() {
 }
 
 template <class S>
-std::unique_ptr<Engine<S>> make_cuda_engine(const Layout<S>& layout) {
+std::unique_ptr<Engine<S>> make_cuda_engine(const Layout<S>& layout, Mode mode, const FusionPlan& plan, bool fuse) {
   if (!cuda_available()) throw std::runtime_error(cuda_unavailable_reason());
-  return std::make_unique<ReplayEngine<S, CudaLauncher>>(layout);
+  return std::make_unique<ReplayEngine<S, CudaLauncher>>(layout, mode, plan, fuse);
 }
-template std::unique_ptr<Engine<float>> make_cuda_engine<float>(const Layout<float>&);
-template std::unique_ptr<Engine<double>> make_cuda_engine<double>(const Layout<double>&);
+template std::unique_ptr<Engine<float>> make_cuda_engine<float>(const Layout<float>&, Mode, const FusionPlan&, bool);
+template std::unique_ptr<Engine<double>> make_cuda_engine<double>(const Layout<double>&, Mode, const FusionPlan&,
+                                                                  bool);
 
 }  // namespace grad::device

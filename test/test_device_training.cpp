@@ -325,14 +325,6 @@ TEST_CASE("capture refuses a bmm whose operands do not both carry the full batch
                        dev::CaptureError);
 }
 
-TEST_CASE("capture refuses a mode this build does not provide") {
-  Tape<double> tp;
-  Var<double> loss = sum(tp.param(Tensor<double>::ones({2})));
-  CHECK_THROWS_WITH_AS(dev::capture(tp, loss, {.mode = dev::Mode::fused}),
-                       "grad::device::capture: mode 'fused' is not available in this build; use Mode::per_node",
-                       dev::CaptureError);
-}
-
 TEST_CASE("capture refuses the CUDA backend where no device answers" * doctest::skip(dev::cuda_available())) {
   Tape<double> tp;
   Var<double> loss = sum(tp.param(Tensor<double>::ones({2})));

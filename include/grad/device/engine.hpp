@@ -81,12 +81,22 @@ class Engine {
   virtual void set_optimizer(std::span<const ParamSlot> params, bool adam) = 0;
   // Clip factor, per-step constants and every update, all on the backend.
   virtual void optimizer_step(const OptimizerSettings& s) = 0;
+
+  // Graph and fused modes queue forward/backward/optimizer_step and run the
+  // queue as one graph at the next copy; flush() runs it now.
+  virtual void flush() = 0;
+  // Why a graph or fused mode fell back to per-node launches ("" if it did not).
+  virtual const std::string& fallback_reason() const = 0;
 };
+
+struct FusionPlan;  // plan.hpp
 
 // Defined in the grad_device library for S = float and double. Throws
 // std::runtime_error when the backend cannot run here (no CUDA device).
+// `plan` is plan_fusion(layout); its segments are used when `fuse` is set.
 template <class S>
-std::unique_ptr<Engine<S>> make_engine(Backend backend, const Layout<S>& layout);
+std::unique_ptr<Engine<S>> make_engine(Backend backend, const Layout<S>& layout, Mode mode, const FusionPlan& plan,
+                                       bool fuse);
 
 // True when the CUDA backend was built and a device answers.
 bool cuda_available();

@@ -15,6 +15,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 #include "grad/ops/op_list.hpp"
@@ -408,6 +409,89 @@ struct DeviceKernel<RowSum> {
 template <class T>
 GRAD_HD inline void accumulate_element(T* grad, const T* contribution, std::size_t w) {
   grad[w] = grad[w] + contribution[w];
+}
+
+// ---- launches: what the per-node replay, graph capture and fused kernels run ----
+
+enum class LaunchKind : std::uint8_t { forward, backward_a, backward_b, accumulate };
+
+// One launch resolved to backend pointers (plain data: fused kernels read an
+// array of these from device memory). forward: y is the node's output.
+// backward_a/b: y and g are the node's value and gradient, dx receives the
+// input's contribution (its gradient, or scratch). accumulate: grad += dx.
+template <class S>
+struct Launch {
+  LaunchKind kind = LaunchKind::forward;
+  std::uint8_t op = 0;
+  NodeArgs<S> x;
+  S* y = nullptr;
+  const S* g = nullptr;
+  S* dx = nullptr;
+  S* grad = nullptr;
+  std::size_t items = 0;
+};
+
+// Ops a fused kernel can dispatch: the row-local families, activation·W, and
+// sum/mean (the scalar tail and its backward). Only these are instantiated
+// in the fused kernels' op table, which keeps nvcc's work small; every other
+// op keeps its per-node kernel.
+template <class Op>
+inline constexpr bool fusable = kernel_detail::in_family<Op, Unary<Op>> || kernel_detail::in_family<Op, Binary<Op>> ||
+                                std::same_as<Op, Matmul> || std::same_as<Op, Sum> || std::same_as<Op, Mean>;
+
+// Work item w of a launch, through the op-code table: the same DeviceKernel
+// body (so the same functor, the same inner-loop order) the per-node kernel
+// runs for w. A fused kernel only changes which thread runs which item.
+template <class S>
+GRAD_HD inline void run_item(const Launch<S>& l, std::size_t w) {
+  if (l.kind == LaunchKind::accumulate) {
+    accumulate_element(l.grad, l.dx, w);
+    return;
+  }
+  with_op(l.op, [&](auto op) {
+    using Op = decltype(op);
+    if constexpr (fusable<Op>) {
+      if (l.kind == LaunchKind::forward)
+        DeviceKernel<Op>::forward(l.x, l.y, w);
+      else if (l.kind == LaunchKind::backward_a)
+        DeviceKernel<Op>::template backward<0>(l.x, l.y, l.g, l.dx, w);
+      else if constexpr (Op::arity > 1)
+        DeviceKernel<Op>::template backward<1>(l.x, l.y, l.g, l.dx, w);
+    }
+  });
+}
+
+// Row-local segment, block `row`, one launch: this thread's items of the
+// row (the launch's items split evenly over `rows`). The caller puts a
+// barrier after it (__syncthreads on CUDA; the end of the thread loop on the CPU).
+template <class S>
+GRAD_HD inline void row_segment_step(const Launch<S>& l, std::size_t rows, std::size_t row, std::size_t thread,
+                                     std::size_t threads) {
+  const std::size_t per_row = l.items / rows;
+  for (std::size_t t = thread; t < per_row; t += threads) run_item(l, row * per_row + t);
+}
+
+// The scalar tail: one thread runs every launch's items in order.
+template <class S>
+GRAD_HD inline void serial_segment(const Launch<S>* launches, std::size_t count) {
+  for (std::size_t k = 0; k < count; ++k)
+    for (std::size_t w = 0; w < launches[k].items; ++w) run_item(launches[k], w);
+}
+
+// Independent launches sharing one grid (the reductions across rows): block
+// b belongs to the launch whose block range holds it, `block_items` items a block.
+template <class S>
+GRAD_HD inline void batch_block(const Launch<S>* launches, std::size_t count, std::size_t block, std::size_t thread,
+                                std::size_t block_items) {
+  for (std::size_t k = 0; k < count; ++k) {
+    const std::size_t blocks = (launches[k].items + block_items - 1) / block_items;
+    if (block < blocks) {
+      const std::size_t w = block * block_items + thread;
+      if (w < launches[k].items) run_item(launches[k], w);
+      return;
+    }
+    block -= blocks;
+  }
 }
 
 // ---- device optimizers: grad/opt.hpp's rules over the parameter buffers ----

@@ -17,6 +17,7 @@
 
 #include "grad/device/engine.hpp"
 #include "grad/device/kernels.hpp"
+#include "grad/device/plan.hpp"
 #include "grad/tape.hpp"
 
 namespace grad::device {
@@ -102,6 +103,19 @@ class Program {
   // Kernel launches of one forward() and one backward() (per-node mode).
   std::size_t forward_launches() const { return forward_launches_; }
   std::size_t backward_launches() const { return backward_launches_; }
+  // The fusion planner's cut of this program (plan().describe() prints it),
+  // whatever the mode; fused() says whether the fused kernels run it.
+  const FusionPlan& plan() const { return plan_; }
+  bool fused() const { return fused_; }
+  // Kernels one forward() + backward() runs in this program's mode.
+  std::size_t kernels_per_pass() const {
+    return fused_ ? plan_.kernels(Phase::forward) + plan_.kernels(Phase::backward)
+                  : forward_launches_ + backward_launches_;
+  }
+  // Graph / fused modes: why the program fell back to per-node launches ("" if it did not).
+  std::string fallback_reason() {
+    return with_engine([](auto& e, auto) { return e.fallback_reason(); });
+  }
   // Bytes of device gradient buffers: only nodes the loss's backward reaches have one.
   std::size_t grad_bytes() const { return grad_elements_ * (f32() ? sizeof(float) : sizeof(T)); }
   bool reaches(Var<T> v) const { return grad_offset_[node_of(v, "reaches")] != none; }
@@ -166,6 +180,8 @@ class Program {
   std::vector<std::size_t> value_offset_, grad_offset_;
   std::vector<std::uint64_t> serials_;
   std::size_t grad_elements_ = 0, forward_launches_ = 0, backward_launches_ = 0;
+  FusionPlan plan_;
+  bool fused_ = false;
   std::unique_ptr<Engine<T>> same_;
   std::unique_ptr<Engine<float>> narrow_;  // f32 capture of a double tape
   std::vector<float> staging_;
@@ -273,9 +289,6 @@ Program<T> capture(const Tape<T>& tape, Var<T> loss, Options options) {
                            shape_string(b) + " do not both carry the full batch of " + std::to_string(n.dims[0]));
     }
   }
-  if (options.mode != Mode::per_node)
-    throw CaptureError(who + "mode '" + std::string(mode_name(options.mode)) +
-                       "' is not available in this build; use Mode::per_node");
   if (options.backend == Backend::cuda && !cuda_available())
     throw CaptureError(who + "backend 'cuda' requested but " + cuda_unavailable_reason());
 
@@ -289,19 +302,22 @@ Program<T> capture(const Tape<T>& tape, Var<T> loss, Options options) {
   }
   auto finish = [&](const auto& layout) {
     p.grad_elements_ = layout.grad_size;
-    p.backward_launches_ = layout.backward.size();
-    for (const auto& s : layout.backward) p.backward_launches_ += s.accumulate;
-    for (const auto& n : layout.nodes) p.forward_launches_ += n.op != op_code<Param> && n.op != op_code<Const>;
+    p.plan_ = plan_fusion(layout);
+    p.forward_launches_ = p.plan_.forward.size();
+    p.backward_launches_ = p.plan_.backward.size();
+    // Fused segments run for speed where they pay (CUDA), and always on the
+    // CPU backend, whose purpose is to check their bits.
+    p.fused_ = options.mode == Mode::fused && (options.backend == Backend::cpu || p.plan_.worthwhile(options.backend));
   };
   try {
     if (options.f32 && std::is_same_v<T, double>) {
       const Layout<float> L = capture_detail::build_layout<float>(tape, p.loss_, p.value_offset_, p.grad_offset_);
       finish(L);
-      p.narrow_ = make_engine<float>(options.backend, L);
+      p.narrow_ = make_engine<float>(options.backend, L, options.mode, p.plan_, p.fused_);
     } else {
       const Layout<T> L = capture_detail::build_layout<T>(tape, p.loss_, p.value_offset_, p.grad_offset_);
       finish(L);
-      p.same_ = make_engine<T>(options.backend, L);
+      p.same_ = make_engine<T>(options.backend, L, options.mode, p.plan_, p.fused_);
     }
   } catch (const std::runtime_error& e) {
     throw CaptureError(who + "backend '" + std::string(backend_name(options.backend)) +

@@ -1,29 +1,47 @@
-// The per-node replay every backend shares: it resolves a Layout into a list
-// of launches (op code, node arguments with backend pointers, work items)
-// once, then forward()/backward() walk that list. A Launcher supplies the
-// memory and runs one op's DeviceKernel over its work items: on the host
-// (kernels/cpu_backend.cpp) or as CUDA kernels (kernels/cuda_backend.cu).
+// The replay every backend shares. It resolves a Layout's launch list
+// (plan.hpp) into Launches with backend pointers once; then, by mode:
+//
+//   per_node  forward()/backward()/optimizer_step() launch at once, one
+//             kernel per launch
+//   graph     the calls are queued; at the next upload, read or optimizer
+//             change the queued phases (forward, backward, optimizer: the
+//             whole training step) run as one CUDA graph, captured the first
+//             time that sequence is seen and replayed after
+//   fused     as graph, but each phase runs the FusionPlan's segments: one
+//             kernel per row run, serial tail or batch of reductions
+//
+// Uploads never happen inside a capture: they flush the queue first, so a
+// replayed graph reads the fresh inputs from the buffers it captured. A
+// capture (or fused launch) that fails falls back to per-node launches with
+// a message on stderr and in fallback_reason(), never silently.
 //
 // Launcher interface:
-//   U* allocate<U>(n)  (zeroed, freed by the launcher), upload/download(dst, src, bytes), sync()
+//   U* allocate<U>(n)  (zeroed, freed by the launcher), upload/download(dst, src, bytes)
 //   forward<Op>(NodeArgs<S>, S* y, items)     backward<Op, In>(NodeArgs<S>, y, g, dx, items)
 //   accumulate(S* grad, const S* scratch, n)
+//   rows(const Launch<S>* device, count, rows, threads)   serial(device, count)   batch(device, count, host copy)
 //   optimizer_prepare(const ParamView<S>* params, count, hyper, state*)
 //   optimizer_update(ParamView<S>, hyper, const state*)
+//   graph(key, record): runs record() under graph `key` (captured on first use); drop_graphs()
 #pragma once
 
-#include <cstring>
+#include <cstdio>
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "grad/device/engine.hpp"
 #include "grad/device/kernels.hpp"
+#include "grad/device/plan.hpp"
 
 namespace grad::device {
 
 template <class S, class Launcher>
 class ReplayEngine final : public Engine<S> {
  public:
-  explicit ReplayEngine(const Layout<S>& L) {
+  ReplayEngine(const Layout<S>& L, Mode mode, const FusionPlan& plan, bool fuse) : mode_(mode) {
     values_ = run_.template allocate<S>(L.values.size());
     grads_ = run_.template allocate<S>(L.grad_size);
     scratch_ = run_.template allocate<S>(L.scratch_size);
@@ -37,72 +55,30 @@ class ReplayEngine final : public Engine<S> {
       const S one = S(1);
       run_.upload(grads_ + root.grad, &one, sizeof(S));
     }
-    for (const DeviceNode<S>& n : L.nodes) {
-      if (n.op == op_code<Param> || n.op == op_code<Const>) continue;
-      const NodeArgs<S> x = args(L, n);
-      forward_.push_back({n.op, x, values_ + n.value, with_op(n.op, [&](auto op) -> std::size_t {
-                            using Op = decltype(op);
-                            if constexpr (has_device_kernel<Op>) return DeviceKernel<Op>::forward_items(x);
-                            return 0;
-                          })});
-    }
-    for (const BackwardStep& s : L.backward) {
-      const DeviceNode<S>& n = L.nodes[s.node];
-      const DeviceNode<S>& in = L.nodes[s.input == 0 ? n.a : n.b];
-      BackwardLaunch b;
-      b.op = n.op;
-      b.input = s.input;
-      b.x = args(L, n);
-      b.y = values_ + n.value;
-      b.g = grads_ + n.grad;
-      b.grad = grads_ + in.grad;
-      b.dx = s.accumulate ? scratch_ : b.grad;
-      b.size = s.accumulate ? in.dims.size() : 0;
-      b.items = with_op(n.op, [&](auto op) -> std::size_t {
-        using Op = decltype(op);
-        if constexpr (has_device_kernel<Op>)
-          return s.input == 0 ? DeviceKernel<Op>::template backward_items<0>(b.x)
-                              : DeviceKernel<Op>::template backward_items<1>(b.x);
-        return 0;
-      });
-      backward_.push_back(b);
-    }
+    for (const LaunchSpec& s : plan.forward) forward_.push_back(resolve(L, s));
+    for (const LaunchSpec& s : plan.backward) backward_.push_back(resolve(L, s));
+    if (fuse) build_units(plan);
   }
 
   void write_values(std::size_t offset, std::span<const S> src) override {
+    flush();
     run_.upload(values_ + offset, src.data(), src.size_bytes());
   }
   void read_values(std::size_t offset, std::span<S> dst) override {
+    flush();
     run_.download(dst.data(), values_ + offset, dst.size_bytes());
   }
   void read_grads(std::size_t offset, std::span<S> dst) override {
+    flush();
     run_.download(dst.data(), grads_ + offset, dst.size_bytes());
   }
 
-  void forward() override {
-    for (const ForwardLaunch& f : forward_)
-      with_op(f.op, [&](auto op) {
-        using Op = decltype(op);
-        if constexpr (has_device_kernel<Op>) run_.template forward<Op>(f.x, f.y, f.items);
-      });
-  }
-
-  void backward() override {
-    for (const BackwardLaunch& b : backward_) {
-      with_op(b.op, [&](auto op) {
-        using Op = decltype(op);
-        if constexpr (has_device_kernel<Op>) {
-          if (b.input == 0)
-            run_.template backward<Op, 0>(b.x, b.y, b.g, b.dx, b.items);
-          else if constexpr (Op::arity > 1)
-            run_.template backward<Op, 1>(b.x, b.y, b.g, b.dx, b.items);
-        }
-      });
-      if (b.size) run_.accumulate(b.grad, b.dx, b.size);
-    }
-  }
+  void forward() override { queue('F'); }
+  void backward() override { queue('B'); }
 
   void set_optimizer(std::span<const ParamSlot> params, bool adam) override {
+    flush();
+    run_.drop_graphs();  // captured updates point at the old views
     std::size_t moments = 0;
     for (const ParamSlot& p : params) moments += p.size;
     // State buffers are allocated once per program and grown if needed.
@@ -143,27 +119,144 @@ class ReplayEngine final : public Engine<S> {
     if (!state_) return;
     const OptimizerHyper<S> h{static_cast<S>(s.lr),  static_cast<S>(s.beta1), static_cast<S>(s.beta2),
                               static_cast<S>(s.eps), static_cast<S>(s.clip),  s.adam};
-    run_.optimizer_prepare(views_, params_.size(), h, state_);
-    for (const ParamView<S>& p : params_) run_.optimizer_update(p, h, state_);
+    // Hyperparameters are kernel arguments, captured by value: new ones need new graphs.
+    const bool same = h.lr == hyper_.lr && h.beta1 == hyper_.beta1 && h.beta2 == hyper_.beta2 && h.eps == hyper_.eps &&
+                      h.clip == hyper_.clip && h.adam == hyper_.adam;
+    if (mode_ != Mode::per_node && !same) {
+      flush();
+      run_.drop_graphs();
+    }
+    hyper_ = h;
+    queue('O');
+  }
+
+  const std::string& fallback_reason() const override { return fallback_; }
+  void flush() override {
+    if (pending_.empty()) return;
+    const std::string phases = std::move(pending_);
+    pending_.clear();
+    if (fallback_.empty()) {
+      try {
+        auto [it, fresh] = keys_.try_emplace(phases, keys_.size());
+        run_.graph(it->second, [&] {
+          for (char p : phases) enqueue(p, fused_);
+        });
+        return;
+      } catch (const std::runtime_error& e) {
+        fallback_ = "grad::device: " + std::string(mode_ == Mode::fused ? "fused" : "graph") +
+                    " mode could not run the step as a graph (" + e.what() + "); falling back to per-node launches";
+        std::fprintf(stderr, "%s\n", fallback_.c_str());
+        run_.drop_graphs();
+        keys_.clear();
+      }
+    }
+    for (char p : phases) enqueue(p, false);
   }
 
  private:
-  struct ForwardLaunch {
-    std::uint8_t op;
-    NodeArgs<S> x;
-    S* y;
-    std::size_t items;
+  // A fused-mode kernel: a segment of the plan, over device_launches_[first, first + count).
+  struct Unit {
+    SegmentKind kind;
+    std::size_t first, count, rows, threads;
   };
-  struct BackwardLaunch {
-    std::uint8_t op = 0, input = 0;
-    NodeArgs<S> x;
-    const S* y = nullptr;
-    const S* g = nullptr;
-    S* dx = nullptr;    // the input's gradient, or scratch when it accumulates
-    S* grad = nullptr;  // the input's gradient
-    std::size_t items = 0;
-    std::size_t size = 0;  // elements to accumulate from scratch (0: stored as is)
-  };
+
+  void queue(char phase) {
+    if (mode_ == Mode::per_node)
+      enqueue(phase, false);
+    else
+      pending_.push_back(phase);
+  }
+
+  void enqueue(char phase, bool fused) {
+    if (phase == 'O') {
+      if (!state_) return;
+      run_.optimizer_prepare(views_, params_.size(), hyper_, state_);
+      for (const ParamView<S>& p : params_) run_.optimizer_update(p, hyper_, state_);
+      return;
+    }
+    if (!fused) {
+      for (const Launch<S>& l : phase == 'F' ? forward_ : backward_) launch(l);
+      return;
+    }
+    for (const Unit& u : phase == 'F' ? forward_units_ : backward_units_) {
+      const Launch<S>* d = device_launches_ + u.first;
+      switch (u.kind) {
+        case SegmentKind::rows:
+          run_.rows(d, u.count, u.rows, u.threads);
+          break;
+        case SegmentKind::serial:
+          run_.serial(d, u.count);
+          break;
+        case SegmentKind::across_rows:
+          if (u.count > 1) {
+            run_.batch(d, u.count, host_launches_.data() + u.first);
+            break;
+          }
+          [[fallthrough]];
+        case SegmentKind::per_node:
+          launch(host_launches_[u.first]);
+          break;
+      }
+    }
+  }
+
+  // One launch as its own kernel: the per-node path.
+  void launch(const Launch<S>& l) {
+    if (l.kind == LaunchKind::accumulate) {
+      run_.accumulate(l.grad, l.dx, l.items);
+      return;
+    }
+    with_op(l.op, [&](auto op) {
+      using Op = decltype(op);
+      if constexpr (has_device_kernel<Op>) {
+        if (l.kind == LaunchKind::forward)
+          run_.template forward<Op>(l.x, l.y, l.items);
+        else if (l.kind == LaunchKind::backward_a)
+          run_.template backward<Op, 0>(l.x, l.y, l.g, l.dx, l.items);
+        else if constexpr (Op::arity > 1)
+          run_.template backward<Op, 1>(l.x, l.y, l.g, l.dx, l.items);
+      }
+    });
+  }
+
+  Launch<S> resolve(const Layout<S>& L, const LaunchSpec& s) const {
+    const DeviceNode<S>& n = L.nodes[s.node];
+    Launch<S> l;
+    l.kind = s.kind;
+    l.op = s.op;
+    l.items = s.items;
+    l.x = args(L, n);
+    if (s.kind == LaunchKind::forward) {
+      l.y = values_ + n.value;
+      return l;
+    }
+    S* in_grad = grads_ + L.nodes[s.input].grad;
+    if (s.kind == LaunchKind::accumulate) {
+      l.grad = in_grad;
+      l.dx = scratch_;
+      return l;
+    }
+    l.y = values_ + n.value;
+    l.g = grads_ + n.grad;
+    l.dx = s.to_scratch ? scratch_ : in_grad;
+    return l;
+  }
+
+  // Lays the plan's launches out in segment order, once, in device memory.
+  void build_units(const FusionPlan& plan) {
+    constexpr std::size_t max_threads = 256;
+    for (const Segment& seg : plan.segments) {
+      const std::vector<Launch<S>>& from = seg.phase == Phase::forward ? forward_ : backward_;
+      Unit u{seg.kind, host_launches_.size(), seg.launches.size(), seg.rows, 0};
+      // Threads per block: the widest row, in whole warps, at most 256 (a row wider loops).
+      u.threads = std::min(max_threads, (seg.width + 31) / 32 * 32);
+      for (std::uint32_t i : seg.launches) host_launches_.push_back(from[i]);
+      (seg.phase == Phase::forward ? forward_units_ : backward_units_).push_back(u);
+    }
+    device_launches_ = run_.template allocate<Launch<S>>(host_launches_.size());
+    run_.upload(device_launches_, host_launches_.data(), host_launches_.size() * sizeof(Launch<S>));
+    fused_ = true;
+  }
 
   NodeArgs<S> args(const Layout<S>& L, const DeviceNode<S>& n) const {
     NodeArgs<S> x;
@@ -177,12 +270,22 @@ class ReplayEngine final : public Engine<S> {
   }
 
   Launcher run_;  // first member destroyed last: owns every buffer below
+  Mode mode_;
   S* values_ = nullptr;
   S* grads_ = nullptr;
   S* scratch_ = nullptr;
   std::size_t* extras_ = nullptr;
-  std::vector<ForwardLaunch> forward_;
-  std::vector<BackwardLaunch> backward_;
+  std::vector<Launch<S>> forward_, backward_;
+  // Fused mode: the plan's launches in segment order (host copy and device copy) and its kernels.
+  std::vector<Launch<S>> host_launches_;
+  Launch<S>* device_launches_ = nullptr;
+  std::vector<Unit> forward_units_, backward_units_;
+  bool fused_ = false;
+  // Graph and fused modes: phases queued since the last flush ('F', 'B', 'O'), graph key per sequence.
+  std::string pending_;
+  std::map<std::string, std::size_t> keys_;
+  std::string fallback_;
+  OptimizerHyper<S> hyper_{};
   std::vector<ParamView<S>> params_;
   ParamView<S>* views_ = nullptr;
   std::size_t views_capacity_ = 0, moment_capacity_ = 0;
