@@ -90,6 +90,15 @@ class CpuLauncher {
     device::optimizer_prepare(params, count, h, st);
   }
   template <class S>
+  void optimizer_update_all(const ParamView<S>* params, std::size_t count, const ParamView<S>*,
+                            const OptimizerHyper<S>& h, const OptimizerState<S>* st) {
+    std::size_t blocks = 0;
+    for (std::size_t k = 0; k < count; ++k) blocks += (params[k].size + threads_per_block - 1) / threads_per_block;
+    for (std::size_t block = 0; block < blocks; ++block)
+      for (std::size_t thread = 0; thread < threads_per_block; ++thread)
+        optimizer_update_block(params, count, h, *st, block, thread, threads_per_block);
+  }
+  template <class S>
   void optimizer_update(const ParamView<S>& p, const OptimizerHyper<S>& h, const OptimizerState<S>* st) {
     for_each_item(p.size, [&](std::size_t w) { device::optimizer_update(p, h, *st, w); });
   }

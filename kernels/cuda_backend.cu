@@ -82,6 +82,12 @@ __global__ void optimizer_prepare_kernel(const ParamView<S>* params, std::size_t
 }
 
 template <class S>
+__global__ void optimizer_update_all_kernel(const ParamView<S>* params, std::size_t count, OptimizerHyper<S> h,
+                                            const OptimizerState<S>* st) {
+  optimizer_update_block(params, count, h, *st, blockIdx.x, threadIdx.x, blockDim.x);
+}
+
+template <class S>
 __global__ void optimizer_update_kernel(ParamView<S> p, OptimizerHyper<S> h, const OptimizerState<S>* st) {
   const std::size_t w = work_item();
   if (w < p.size) optimizer_update(p, h, *st, w);
@@ -216,6 +222,16 @@ class CudaLauncher {
                          OptimizerState<S>* st) {
     optimizer_prepare_kernel<S><<<1, 1, 0, stream_>>>(params, count, h, st);
     check(cudaGetLastError(), "optimizer prepare kernel launch");
+  }
+  template <class S>
+  void optimizer_update_all(const ParamView<S>* device_params, std::size_t count, const ParamView<S>* host_params,
+                            const OptimizerHyper<S>& h, const OptimizerState<S>* st) {
+    std::size_t blocks = 0;
+    for (std::size_t k = 0; k < count; ++k) blocks += blocks_for(host_params[k].size);
+    if (!blocks) return;
+    optimizer_update_all_kernel<S>
+        <<<static_cast<unsigned>(blocks), threads_per_block, 0, stream_>>>(device_params, count, h, st);
+    check(cudaGetLastError(), "fused optimizer update kernel launch");
   }
   template <class S>
   void optimizer_update(const ParamView<S>& p, const OptimizerHyper<S>& h, const OptimizerState<S>* st) {

@@ -549,4 +549,21 @@ GRAD_HD inline void optimizer_update(const ParamView<S>& p, const OptimizerHyper
     p.w[i] = SgdRule::update(p.w[i], g, h.lr);
 }
 
+// Fused mode: every parameter's update in one grid, block b belonging to the
+// parameter whose block range holds it (the per-parameter kernels' items).
+template <class S>
+GRAD_HD inline void optimizer_update_block(const ParamView<S>* params, std::size_t count, const OptimizerHyper<S>& h,
+                                           const OptimizerState<S>& st, std::size_t block, std::size_t thread,
+                                           std::size_t block_items) {
+  for (std::size_t k = 0; k < count; ++k) {
+    const std::size_t blocks = (params[k].size + block_items - 1) / block_items;
+    if (block < blocks) {
+      const std::size_t i = block * block_items + thread;
+      if (i < params[k].size) optimizer_update(params[k], h, st, i);
+      return;
+    }
+    block -= blocks;
+  }
+}
+
 }  // namespace grad::device

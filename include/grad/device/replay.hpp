@@ -8,7 +8,8 @@
 //             whole training step) run as one CUDA graph, captured the first
 //             time that sequence is seen and replayed after
 //   fused     as graph, but each phase runs the FusionPlan's segments: one
-//             kernel per row run, serial tail or batch of reductions
+//             kernel per row run, serial tail or batch of reductions; the
+//             optimizer's updates share one grid
 //
 // Uploads never happen inside a capture: they flush the queue first, so a
 // replayed graph reads the fresh inputs from the buffers it captured. A
@@ -22,6 +23,7 @@
 //   rows(const Launch<S>* device, count, rows, threads)   serial(device, count)   batch(device, count, host copy)
 //   optimizer_prepare(const ParamView<S>* params, count, hyper, state*)
 //   optimizer_update(ParamView<S>, hyper, const state*)
+//   optimizer_update_all(device views, count, host views, hyper, const state*)  (fused: one grid)
 //   graph(key, record): runs record() under graph `key` (captured on first use); drop_graphs()
 #pragma once
 
@@ -171,7 +173,10 @@ class ReplayEngine final : public Engine<S> {
     if (phase == 'O') {
       if (!state_) return;
       run_.optimizer_prepare(views_, params_.size(), hyper_, state_);
-      for (const ParamView<S>& p : params_) run_.optimizer_update(p, hyper_, state_);
+      if (fused && params_.size() > 1)
+        run_.optimizer_update_all(views_, params_.size(), params_.data(), hyper_, state_);
+      else
+        for (const ParamView<S>& p : params_) run_.optimizer_update(p, hyper_, state_);
       return;
     }
     if (!fused) {
