@@ -28,6 +28,14 @@
 
 #include "grad/parallel.hpp"
 
+// Full unrolling of the register tile's constant-trip loops. nvcc's front end
+// (which sees this header through op_list.hpp) does not know GCC's pragma.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define GRAD_GEMM_UNROLL _Pragma("GCC unroll 16")
+#else
+#define GRAD_GEMM_UNROLL
+#endif
+
 namespace grad {
 
 // The plain loops that define the order; kept as the reference the blocked
@@ -147,9 +155,9 @@ template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
                                                 T* __restrict c, std::size_t ldc, bool accumulate) {
   using V = typename Vec<T, Lanes>::type;
   V acc[MR][NV];
-#pragma GCC unroll 16
+GRAD_GEMM_UNROLL
   for (std::size_t r = 0; r < MR; ++r)
-#pragma GCC unroll 16
+GRAD_GEMM_UNROLL
     for (std::size_t v = 0; v < NV; ++v) {
       if (accumulate)
         __builtin_memcpy(&acc[r][v], c + r * ldc + v * Lanes, sizeof(V));
@@ -158,18 +166,18 @@ template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
     }
   for (std::size_t p = 0; p < kc; ++p) {
     V b[NV];
-#pragma GCC unroll 16
+GRAD_GEMM_UNROLL
     for (std::size_t v = 0; v < NV; ++v) __builtin_memcpy(&b[v], bp + (p * NV + v) * Lanes, sizeof(V));
-#pragma GCC unroll 16
+GRAD_GEMM_UNROLL
     for (std::size_t r = 0; r < MR; ++r) {
       const T a = ap[p * MR + r];
-#pragma GCC unroll 16
+GRAD_GEMM_UNROLL
       for (std::size_t v = 0; v < NV; ++v) acc[r][v] = acc[r][v] + b[v] * a;
     }
   }
-#pragma GCC unroll 16
+GRAD_GEMM_UNROLL
   for (std::size_t r = 0; r < MR; ++r)
-#pragma GCC unroll 16
+GRAD_GEMM_UNROLL
     for (std::size_t v = 0; v < NV; ++v) __builtin_memcpy(c + r * ldc + v * Lanes, &acc[r][v], sizeof(V));
 }
 
