@@ -126,8 +126,9 @@ void register_device(const std::string& model, const std::function<void(Step&)>&
                      dev::Mode mode, bool f32) {
   const std::string name = "BM_" + model + "_" + std::string(dev::backend_name(backend)) + "_" +
                            std::string(dev::mode_name(mode)) + (f32 ? "_f32" : "");
-  benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) { device_step(st, record, backend, mode, f32); })
-      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) {
+    device_step(st, record, backend, mode, f32);
+  })->Unit(benchmark::kMicrosecond);
 }
 
 }  // namespace

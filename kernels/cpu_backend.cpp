@@ -7,6 +7,7 @@
 #include <memory>
 #include <new>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "grad/device/replay.hpp"
@@ -38,9 +39,11 @@ class CpuLauncher {
     return reinterpret_cast<U*>(block.get());
   }
   void upload(void* dst, const void* src, std::size_t bytes) {
+    outside_graph("upload");
     if (bytes) std::memcpy(dst, src, bytes);
   }
   void download(void* dst, const void* src, std::size_t bytes) {
+    outside_graph("download");
     if (bytes) std::memcpy(dst, src, bytes);
   }
 
@@ -77,10 +80,18 @@ class CpuLauncher {
       for (std::size_t thread = 0; thread < threads_per_block; ++thread)
         batch_block(launches, count, block, thread, threads_per_block);
   }
-  // No graphs on the host: graph mode runs the very launch list it would capture.
+  // No graphs on the host: graph mode runs the very launch list it would
+  // capture, and refuses a copy inside it as a CUDA capture would.
   template <class F>
   void graph(std::size_t, F&& record) {
-    record();
+    recording_ = true;
+    try {
+      record();
+    } catch (...) {
+      recording_ = false;
+      throw;
+    }
+    recording_ = false;
   }
   void drop_graphs() {}
 
@@ -107,7 +118,13 @@ class CpuLauncher {
   struct Free {
     void operator()(unsigned char* p) const { ::operator delete[](p, std::align_val_t{64}); }
   };
+  void outside_graph(const char* what) const {
+    if (recording_)
+      throw std::runtime_error(std::string("grad::device (cpu): ") + what +
+                               " inside a graph capture (copies must stay outside the recorded step)");
+  }
   std::vector<std::unique_ptr<unsigned char[], Free>> blocks_;
+  bool recording_ = false;
 };
 
 }  // namespace

@@ -14,7 +14,6 @@ std::unique_ptr<Engine<S>> make_cuda_engine(const Layout<S>&, Mode, const Fusion
   throw std::runtime_error(cuda_unavailable_reason());
 }
 template std::unique_ptr<Engine<float>> make_cuda_engine<float>(const Layout<float>&, Mode, const FusionPlan&, bool);
-template std::unique_ptr<Engine<double>> make_cuda_engine<double>(const Layout<double>&, Mode, const FusionPlan&,
-                                                                  bool);
+template std::unique_ptr<Engine<double>> make_cuda_engine<double>(const Layout<double>&, Mode, const FusionPlan&, bool);
 
 }  // namespace grad::device

@@ -281,7 +281,6 @@ std::unique_ptr<Engine<S>> make_cuda_engine(const Layout<S>& layout, Mode mode, 
   return std::make_unique<ReplayEngine<S, CudaLauncher>>(layout, mode, plan, fuse);
 }
 template std::unique_ptr<Engine<float>> make_cuda_engine<float>(const Layout<float>&, Mode, const FusionPlan&, bool);
-template std::unique_ptr<Engine<double>> make_cuda_engine<double>(const Layout<double>&, Mode, const FusionPlan&,
-                                                                  bool);
+template std::unique_ptr<Engine<double>> make_cuda_engine<double>(const Layout<double>&, Mode, const FusionPlan&, bool);
 
 }  // namespace grad::device

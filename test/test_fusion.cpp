@@ -302,15 +302,14 @@ TEST_CASE("planner: rows of different counts, rank-1 tensors and a scalar chain"
   Tape<double> tp;
   Var<double> a = tp.param(testing::random_tensor<double>({4, 5}, rng)),
               v = tp.param(testing::random_tensor<double>({5}, rng));
-  Var<double> s = sum(a * a);         // rows (4) then a scalar
-  Var<double> t = sum(v * 2.0) + s;   // v * 2 is rank 1: per-node; then sum, add: a scalar chain
-  Var<double> loss = t * 0.5 - 1.0;   // more of the chain
+  Var<double> s = sum(a * a);        // rows (4) then a scalar
+  Var<double> t = sum(v * 2.0) + s;  // v * 2 is rank 1: per-node; then sum, add: a scalar chain
+  Var<double> loss = t * 0.5 - 1.0;  // more of the chain
   auto prog = dev::capture(tp, loss, {.mode = dev::Mode::fused});
   const dev::FusionPlan& p = prog.plan();
   INFO(p.describe());
   // mul (alone: per-node), sum (serial with nothing: per-node), v*2 (rank 1), then sum, add, mul, sub serial.
-  CHECK(segment_kinds(p, dev::Phase::forward) ==
-        std::vector<std::string>{"node:1", "node:1", "node:1", "serial:4"});
+  CHECK(segment_kinds(p, dev::Phase::forward) == std::vector<std::string>{"node:1", "node:1", "node:1", "serial:4"});
   CHECK(p.segments[0].why == "row-local, but nothing next to it to fuse with");
   CHECK(p.segments[2].why == "mul_scalar: writes [5], not a [rows, cols] tensor");
   tp.backward(loss);

@@ -43,11 +43,11 @@ enum class Phase : std::uint8_t { forward, backward };
 // One launch of the per-node replay, as the planner sees it.
 struct LaunchSpec {
   LaunchKind kind = LaunchKind::forward;
-  std::uint8_t op = 0;       // the node's op (accumulate: the node whose contribution is added)
-  std::uint32_t node = 0;    // the node run (forward) or differentiated (backward)
-  std::uint32_t input = 0;   // backward / accumulate: the input receiving the gradient
-  bool to_scratch = false;   // backward: the contribution goes to scratch (a later accumulate adds it)
-  Dims out;                  // the tensor written: the node's value, or the input's gradient
+  std::uint8_t op = 0;      // the node's op (accumulate: the node whose contribution is added)
+  std::uint32_t node = 0;   // the node run (forward) or differentiated (backward)
+  std::uint32_t input = 0;  // backward / accumulate: the input receiving the gradient
+  bool to_scratch = false;  // backward: the contribution goes to scratch (a later accumulate adds it)
+  Dims out;                 // the tensor written: the node's value, or the input's gradient
   std::size_t items = 0;
 };
 
@@ -423,8 +423,8 @@ inline std::string FusionPlan::describe() const {
   std::string s = "fusion plan: forward " + std::to_string(forward.size()) + " launches -> " +
                   std::to_string(kernels(Phase::forward)) + " kernels, backward " + std::to_string(backward.size()) +
                   " launches -> " + std::to_string(kernels(Phase::backward)) + " kernels; " +
-                  std::to_string(fused_launches()) + " launches fused (worthwhile on cuda: " +
-                  (worthwhile(Backend::cuda) ? "yes" : "no") + ")\n";
+                  std::to_string(fused_launches()) +
+                  " launches fused (worthwhile on cuda: " + (worthwhile(Backend::cuda) ? "yes" : "no") + ")\n";
   for (Phase p : {Phase::forward, Phase::backward}) {
     s += p == Phase::forward ? "forward:\n" : "backward:\n";
     for (const Segment& seg : segments) {

@@ -27,8 +27,8 @@
 //   graph(key, record): runs record() under graph `key` (captured on first use); drop_graphs()
 #pragma once
 
-#include <cstdio>
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <stdexcept>
 #include <string>
