@@ -96,7 +96,7 @@ peer=${PYTHON:-python3}
 command -v "$peer" > /dev/null || peer=/usr/bin/python3
 t=$(now)
 if timeout 150 "$peer" "$root/bench/peer_torch_ae.py" --reps "$reps" > "$logs/peer_torch_ae.log" 2>&1; then
-  if grep -q skipped "$logs/peer_torch_ae.log"; then status="skipped ($(grep -o '(.*)' "$logs/peer_torch_ae.log"))"; else status="ok (median of $reps)"; fi
+  if grep -q skipped "$logs/peer_torch_ae.log"; then status="skipped $(grep -o '(.*)' "$logs/peer_torch_ae.log")"; else status="ok (median of $reps)"; fi
   row "peer_torch_ae" "$status" "$(( $(now) - t )) s"
   while read -r name time; do
     bench_rows+=("$(printf '  %-40s %10s us' "$name" "$time")")
