@@ -4,6 +4,13 @@
 //
 // Capture fails closed: anything it cannot replay exactly is refused with a
 // CaptureError whose message says what and why.
+//
+// Modes (Options::mode): per_node launches each node's kernels as forward()
+// and backward() are called. graph and fused queue forward(), backward() and
+// the device optimizer's step() and run them as one CUDA graph at the next
+// upload or read (loss(), value(), grad(), sync_params_to()); fused runs the
+// plan's fused kernels inside it (plan() shows the cut). All three land on
+// the same bits; fallback_reason() says if a graph could not be used.
 #pragma once
 
 #include <algorithm>
