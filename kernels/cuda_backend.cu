@@ -4,8 +4,8 @@
 // source the CPU backend runs. Built with --fmad=false so that no a*b+c is
 // contracted; launches go in order on one stream.
 //
-// Fused mode adds three kernels that walk a segment's launch array and
-// dispatch each launch through the op-code table (run_item, kernels.hpp):
+// Fused mode adds one kernel that walks a segment's launch array and
+// dispatches each launch through the op-code table (run_item, kernels.hpp):
 // no run-time compilation, and only the fusable ops are in that table.
 // Graph and fused modes record their launches on the same stream inside a
 // CaptureScope and replay the instantiated graph.
@@ -55,24 +55,23 @@ __global__ void accumulate_kernel(S* grad, const S* contribution, std::size_t n)
   if (w < n) accumulate_element(grad, contribution, w);
 }
 
-// Block per row of a row-local segment; a barrier between its launches.
+// Every fused segment runs through this one kernel (one entry point keeps
+// ptxas's whole-program work small): a row run (block per row, a barrier
+// between its launches), the serial tail (one thread), or a grid of
+// independent reductions.
 template <class S>
-__global__ void rows_kernel(const Launch<S>* launches, std::size_t count, std::size_t rows) {
-  for (std::size_t row = blockIdx.x; row < rows; row += gridDim.x)
-    for (std::size_t k = 0; k < count; ++k) {
-      row_segment_step(launches[k], rows, row, threadIdx.x, blockDim.x);
-      __syncthreads();
-    }
-}
-
-template <class S>
-__global__ void serial_kernel(const Launch<S>* launches, std::size_t count) {
-  serial_segment(launches, count);
-}
-
-template <class S>
-__global__ void batch_kernel(const Launch<S>* launches, std::size_t count) {
-  batch_block(launches, count, blockIdx.x, threadIdx.x, blockDim.x);
+__global__ void fused_kernel(SegmentKind kind, const Launch<S>* launches, std::size_t count, std::size_t rows) {
+  if (kind == SegmentKind::rows) {
+    for (std::size_t row = blockIdx.x; row < rows; row += gridDim.x)
+      for (std::size_t k = 0; k < count; ++k) {
+        row_segment_step(launches[k], rows, row, threadIdx.x, blockDim.x);
+        __syncthreads();
+      }
+  } else if (kind == SegmentKind::serial) {
+    serial_segment(launches, count);
+  } else {
+    batch_block(launches, count, blockIdx.x, threadIdx.x, blockDim.x);
+  }
 }
 
 template <class S>
@@ -176,12 +175,12 @@ class CudaLauncher {
   template <class S>
   void rows(const Launch<S>* launches, std::size_t count, std::size_t rows, std::size_t threads) {
     const unsigned blocks = static_cast<unsigned>(std::min<std::size_t>(rows, 1u << 20));
-    rows_kernel<S><<<blocks, static_cast<unsigned>(threads), 0, stream_>>>(launches, count, rows);
+    fused_kernel<S><<<blocks, static_cast<unsigned>(threads), 0, stream_>>>(SegmentKind::rows, launches, count, rows);
     check(cudaGetLastError(), "fused rows kernel launch");
   }
   template <class S>
   void serial(const Launch<S>* launches, std::size_t count) {
-    serial_kernel<S><<<1, 1, 0, stream_>>>(launches, count);
+    fused_kernel<S><<<1, 1, 0, stream_>>>(SegmentKind::serial, launches, count, 0);
     check(cudaGetLastError(), "fused serial kernel launch");
   }
   // The host holds the same launches at the same positions (ReplayEngine
@@ -190,7 +189,8 @@ class CudaLauncher {
   void batch(const Launch<S>* device_launches, std::size_t count, const Launch<S>* host_launches) {
     std::size_t blocks = 0;
     for (std::size_t k = 0; k < count; ++k) blocks += blocks_for(host_launches[k].items);
-    batch_kernel<S><<<static_cast<unsigned>(blocks), threads_per_block, 0, stream_>>>(device_launches, count);
+    fused_kernel<S><<<static_cast<unsigned>(blocks), threads_per_block, 0, stream_>>>(SegmentKind::across_rows,
+                                                                                      device_launches, count, 0);
     check(cudaGetLastError(), "fused batch kernel launch");
   }
 

@@ -445,7 +445,7 @@ inline constexpr bool fusable = kernel_detail::in_family<Op, Unary<Op>> || kerne
 //
 // Each op's item is its own function, not inlined on the device: ptxas then
 // optimises many small functions instead of one that holds the whole table
-// (ten times slower to build), and the three fused kernels share them.
+// (which took it several times longer to build).
 #ifdef __CUDACC__
 #define GRAD_DEVICE_NOINLINE __noinline__
 #else
