@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "grad/isa.hpp"
 #include "grad/parallel.hpp"
 
 // Full unrolling of the register tile's constant-trip loops. nvcc's front end
@@ -87,25 +88,10 @@ inline void gemm_tn(const T* A, const T* G, T* C, std::size_t m, std::size_t k, 
 
 namespace gemm_detail {
 
-enum class Isa { baseline, avx2, avx512 };
-
-inline bool supported(Isa isa) {
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
-  switch (isa) {
-    case Isa::baseline: return true;
-    case Isa::avx2: return __builtin_cpu_supports("avx2");
-    case Isa::avx512: return __builtin_cpu_supports("avx512f");
-  }
-  return false;
-#else
-  return isa == Isa::baseline;
-#endif
-}
-
-inline Isa best_isa() {
-  static const Isa isa = supported(Isa::avx512) ? Isa::avx512 : supported(Isa::avx2) ? Isa::avx2 : Isa::baseline;
-  return isa;
-}
+// The instruction-set choice is shared with the elementwise loops (isa.hpp).
+using grad::Isa;
+using grad::best_isa;
+using grad::supported;
 
 // Element (r, c) of a matrix operand lives at p[r * rs + c * cs]; the three
 // layouts differ only in these strides.
