@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "grad/config.hpp"
+#include "grad/isa.hpp"
 #include "grad/parallel.hpp"
 #include "grad/tensor.hpp"
 
@@ -87,10 +88,38 @@ struct Unary {
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
     const T* a = x.a.data;
+    const Isa isa = best_isa();
     parallel_ranges(x.out.size(), elementwise_grain, [&](std::size_t lo, std::size_t hi) {
-      for (std::size_t i = lo; i < hi; ++i) y[i] = Derived::forward(a[i], x.scalar);
+      map_forward(isa, a + lo, y + lo, hi - lo, x.scalar);
     });
   }
+
+  // The forward loop compiled once per instruction set: the exact_math
+  // functors (tanh, exp, ...) are branchless, so they vectorise 8 or 16 wide
+  // under AVX-512 instead of 2 wide at the x86-64 baseline. Same bits.
+  template <class T>
+  static void map_forward(Isa isa, const T* a, T* y, std::size_t n, T s) {
+#if GRAD_HAS_ISA_TARGETS
+    if (isa == Isa::avx512) return map_forward_avx512(a, y, n, s);
+    if (isa == Isa::avx2) return map_forward_avx2(a, y, n, s);
+#endif
+    (void)isa;
+    map_forward_loop(a, y, n, s);
+  }
+  template <class T>
+  static void map_forward_loop(const T* __restrict a, T* __restrict y, std::size_t n, T s) {
+    for (std::size_t i = 0; i < n; ++i) y[i] = Derived::forward(a[i], s);
+  }
+#if GRAD_HAS_ISA_TARGETS
+  template <class T>
+  GRAD_TARGET_AVX2 static void map_forward_avx2(const T* __restrict a, T* __restrict y, std::size_t n, T s) {
+    for (std::size_t i = 0; i < n; ++i) y[i] = Derived::forward(a[i], s);
+  }
+  template <class T>
+  GRAD_TARGET_AVX512 static void map_forward_avx512(const T* __restrict a, T* __restrict y, std::size_t n, T s) {
+    for (std::size_t i = 0; i < n; ++i) y[i] = Derived::forward(a[i], s);
+  }
+#endif
   template <int In, class T>
   static void backward_tensor(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
     const T* a = x.a.data;
