@@ -42,6 +42,9 @@ TEST_CASE_TEMPLATE("a mark/reset minibatch loop allocates nothing after the firs
   auto w2 = tp.param(random_tensor<T>({16, 6}, rng));
   const Tensor<T> data = random_tensor<T>({64, 6}, rng);
   auto x = tp.constant(Tensor<T>({32, 6}));  // the minibatch slot, refreshed in place
+  Adam<T> opt(T(0.01));
+  for (auto p : {w1, b1, w2}) opt.add(p, T(1e-4));
+  opt.set_clip(T(1));  // the global norm and the clip scale, on every step
   const auto m = tp.mark();
 
   auto episode = [&](std::size_t batch) {
@@ -52,11 +55,7 @@ TEST_CASE_TEMPLATE("a mark/reset minibatch loop allocates nothing after the firs
     auto y = matmul(sigmoid(parts) * h, w2);
     auto loss = mse(y, x) + mean(softmax(reshape(y, {16, 12}), -1)) + sum(transpose(h) * T(0.01));
     if (!tp.backward(loss)) return;  // no doctest macro inside the counted loop: they may allocate
-    for (auto p : {w1, b1, w2}) {  // a plain SGD step through the writable leaf view
-      std::span<T> v = tp.leaf_value(p);
-      const View<T> g = tp.grad(p);
-      for (std::size_t i = 0; i < v.size(); ++i) v[i] = v[i] - T(0.1) * g[i];
-    }
+    if (!opt.step()) return;
     tp.reset_to(m);
   };
 
@@ -66,4 +65,25 @@ TEST_CASE_TEMPLATE("a mark/reset minibatch loop allocates nothing after the firs
   const long during = allocations.load() - before;
   CHECK(tp.ok());
   CHECK(during == 0);
+}
+
+TEST_CASE("after add, SGD and Adam steps allocate nothing") {
+  Rng rng(10);
+  Tape<double> tp;
+  auto a = tp.param(random_tensor<double>({4, 3}, rng)), b = tp.param(random_tensor<double>({3}, rng));
+  Adam adam(0.1);
+  SGD sgd(0.1);
+  REQUIRE(adam.add(a, 0.1));
+  REQUIRE(adam.add(b));
+  REQUIRE(sgd.add(a, 0.1));
+  adam.set_clip(1.0);
+  sgd.set_clip(1.0);
+  REQUIRE(tp.backward(sum(matmul(a, reshape(b, {3, 1})))));
+  const long before = allocations.load();
+  bool ok = true;
+  for (int i = 0; i < 5; ++i) ok = adam.step() && sgd.step() && ok;
+  const long during = allocations.load() - before;
+  CHECK(ok);
+  CHECK(during == 0);
+  CHECK(adam.steps() == 5);
 }
