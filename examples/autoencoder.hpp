@@ -21,31 +21,13 @@ inline constexpr std::uint64_t default_seed = 7;
 inline constexpr double noise_sigma = 0.01;  // std. dev. of the Gaussian noise on every coordinate
 inline constexpr std::array<std::size_t, 5> widths = {dim, 64, 32, 64, dim};
 
-// splitmix64: the same stream on every platform, so data and weights are a
-// function of the seed alone.
-struct Splitmix64 {
-  std::uint64_t state;
-  std::uint64_t next() {
-    std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  double uniform(double lo, double hi) { return lo + (hi - lo) * static_cast<double>(next() >> 11) * 0x1.0p-53; }
-  // Box-Muller; the second variate is dropped to keep the stream simple.
-  double normal() {
-    const double u1 = 1.0 - uniform(0, 1);  // in (0, 1]: log is finite
-    const double u2 = uniform(0, 1);
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
-  }
-};
 
 // rows x 6: latent (s, t) uniform on [-1, 1]^2 mapped smoothly into 6-D,
 // scaled so that the mean square per coordinate is about 0.3 (the MSE of an
 // untrained network that outputs about zero), plus Gaussian noise.
 template <class T>
 grad::Tensor<T> make_data(std::uint64_t seed = default_seed, std::size_t n = rows) {
-  Splitmix64 rng{seed};
+  grad::SplitMix64 rng{seed};
   grad::Tensor<T> x({n, dim});
   const double pi = std::numbers::pi, scale = 1.3;
   for (std::size_t r = 0; r < n; ++r) {
@@ -69,7 +51,7 @@ struct Model {
 // Glorot-uniform weights from the seed, zero biases.
 template <class T>
 Model<T> make_model(grad::Tape<T>& tp, std::uint64_t seed = default_seed) {
-  Splitmix64 rng{seed ^ 0x5eedull};
+  grad::SplitMix64 rng{seed ^ 0x5eedull};
   Model<T> m;
   for (std::size_t layer = 0; layer + 1 < widths.size(); ++layer) {
     const std::size_t in = widths[layer], out = widths[layer + 1];

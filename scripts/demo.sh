@@ -4,7 +4,5 @@ set -eu
 cd "$(dirname "$0")/.."
 GRAD_WITH_TORCH=0 scripts/setup.sh
 scripts/build.sh
-if [ -x build/examples/autoencoder ]; then
-  exec build/examples/autoencoder "$@"
-fi
-exec build/examples/quickstart
+# The loss curve lands next to the build: build/autoencoder_loss.{csv,svg}.
+exec build/examples/autoencoder --csv build/autoencoder_loss.csv --svg build/autoencoder_loss.svg "$@"

@@ -14,18 +14,7 @@
 
 namespace grad::testing {
 
-// splitmix64: the same stream on every platform.
-struct Rng {
-  std::uint64_t state;
-  explicit Rng(std::uint64_t seed) : state(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  double uniform(double lo, double hi) { return lo + (hi - lo) * static_cast<double>(next() >> 11) * 0x1.0p-53; }
-};
+using Rng = SplitMix64;  // include/grad/random.hpp: the same stream on every platform
 
 template <class T>
 Tensor<T> random_tensor(Shape shape, Rng& rng, double lo = -1, double hi = 1) {
