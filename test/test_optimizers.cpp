@@ -329,3 +329,32 @@ TEST_CASE("the optimizer oracle, run live, still agrees" * doctest::skip(!python
   compare_all(path);
   std::remove(path);
 }
+
+TEST_CASE("Adam and SGD steps are the same bits on one thread and on three") {
+  // Large enough (> 2 * elementwise_grain elements) that the update loop is split over the pool.
+  auto run = [](std::size_t threads) {
+    grad::set_num_threads(threads);
+    grad::testing::Rng rng(21);
+    grad::Tape<double> tp;
+    auto w = tp.param(grad::testing::random_tensor<double>({300, 300}, rng));
+    auto u = tp.param(grad::testing::random_tensor<double>({300, 300}, rng));
+    grad::Adam adam(0.01);
+    grad::SGD sgd(0.05);
+    REQUIRE(adam.add(w, 1e-3));
+    REQUIRE(sgd.add(u, 1e-3));
+    adam.set_clip(10.0);
+    const auto m = tp.mark();
+    for (int step = 0; step < 3; ++step) {
+      REQUIRE(tp.backward(grad::sum(grad::tanh(w) * u)));
+      REQUIRE(adam.step());
+      REQUIRE(sgd.step());
+      tp.reset_to(m);
+    }
+    std::vector<double> out(tp.value(w).begin(), tp.value(w).end());
+    out.insert(out.end(), tp.value(u).begin(), tp.value(u).end());
+    grad::set_num_threads(1);
+    return out;
+  };
+  const std::vector<double> one = run(1), three = run(3);
+  CHECK(bitwise_equal<double>(one, three));
+}

@@ -210,8 +210,10 @@ class SGD : public Optimizer<T> {
   // False on a poisoned tape (nothing changes).
   bool step() {
     const bool ok = this->for_each_reached([&](const auto& e, std::span<T> w, std::span<const T> g, T scale) {
-      for (std::size_t i = 0; i < e.size; ++i)
-        w[i] = SgdRule::update(w[i], ClipRule::effective(g[i], w[i], scale, e.l2), this->lr_);
+      parallel_ranges(e.size, elementwise_grain, [&](std::size_t lo, std::size_t hi) {  // elements are independent
+        for (std::size_t i = lo; i < hi; ++i)
+          w[i] = SgdRule::update(w[i], ClipRule::effective(g[i], w[i], scale, e.l2), this->lr_);
+      });
     });
     if (ok) ++steps_;
     return ok;
@@ -242,8 +244,10 @@ class Adam : public Optimizer<T> {
     return this->for_each_reached([&](const auto& e, std::span<T> w, std::span<const T> g, T scale) {
       T* m = m_.data() + e.offset;
       T* v = v_.data() + e.offset;
-      for (std::size_t i = 0; i < e.size; ++i)
-        AdamRule::update(w[i], m[i], v[i], ClipRule::effective(g[i], w[i], scale, e.l2), beta1_, beta2_, eps_, c);
+      parallel_ranges(e.size, elementwise_grain, [&](std::size_t lo, std::size_t hi) {  // elements are independent
+        for (std::size_t i = lo; i < hi; ++i)
+          AdamRule::update(w[i], m[i], v[i], ClipRule::effective(g[i], w[i], scale, e.l2), beta1_, beta2_, eps_, c);
+      });
     });
   }
 
