@@ -106,7 +106,7 @@ class Tape {
   View<T> grad(Var<T> v) const {
     const Node<T>* n = find(v);
     if (!n) return {};
-    if (n->grad) return {n->dims.span(), {n->grad, n->dims.size()}};
+    if (n->touched) return {n->dims.span(), {n->grad, n->dims.size()}};
     return {n->dims.span(), {zeros(n->dims.size()), n->dims.size()}};
   }
   T scalar(Var<T> v) const {
@@ -145,7 +145,7 @@ class Tape {
 
   Mark mark() const { return {this, nodes_.size(), extras_.size(), values_.position(), grads_.position()}; }
 
-  // Drops every node recorded after m and zeroes the survivors' gradients;
+  // Drops every node recorded after m; the survivors' gradients read zero again;
   // all capacity is kept for the next episode.
   void reset_to(const Mark& m) {
     if (m.tape != this) return poison("reset_to: the mark was taken on a different tape");
@@ -245,8 +245,7 @@ class Tape {
     const std::size_t size = n.dims.size();
     n.value = values_.allocate(size);
     if (n.requires_grad) {
-      n.grad = grads_.allocate(size);
-      std::fill(n.grad, n.grad + size, T(0));
+      n.grad = grads_.allocate(size);  // written whole by its first contribution: never zero-filled
     }
   }
 
@@ -274,13 +273,11 @@ class Tape {
     return zero_blocks_.back().get();
   }
 
-  // Invariant: a gradient buffer not touched by the latest backward is zero.
+  // A gradient buffer counts only once the latest backward touched it; an
+  // untouched one reads as zeros (grad()), so clearing is forgetting, not
+  // writing: no memset per episode.
   void clear_gradients() {
-    for (Node<T>& n : nodes_)
-      if (n.touched) {
-        std::fill(n.grad, n.grad + n.dims.size(), T(0));
-        n.touched = false;
-      }
+    for (Node<T>& n : nodes_) n.touched = false;
   }
 
   template <class Op>

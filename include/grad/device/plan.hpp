@@ -445,7 +445,11 @@ inline std::string FusionPlan::describe() const {
           s += "  per-node    :";
           break;
       }
-      for (std::uint32_t i : seg.launches) s += " " + plan_detail::label(launches(p)[i]) + ";";
+      for (std::uint32_t i : seg.launches) {  // appended piecewise: GCC 12's -Wrestrict misfires on " " + string
+        s += ' ';
+        s += plan_detail::label(launches(p)[i]);
+        s += ';';
+      }
       s.pop_back();
       if (!seg.why.empty()) s += "  [" + seg.why + "]";
       s += "\n";
