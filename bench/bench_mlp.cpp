@@ -15,7 +15,8 @@ void BM_mlp_step(benchmark::State& state) {
   mlp.step();  // warm-up: arenas, packing buffers and the pool reach their steady size
   for (auto _ : state) benchmark::DoNotOptimize(mlp.step());
   if (!mlp.ok()) state.SkipWithError("the tape was poisoned");
-  state.counters["GFLOPS"] = benchmark::Counter(grad_bench::mlp_step_flops() / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOPS"] =
+      benchmark::Counter(grad_bench::mlp_step_flops() / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   grad::set_num_threads(1);
 }
 

@@ -21,7 +21,7 @@ void BM_elementwise_episode(benchmark::State& state) {
   for (auto _ : state) {
     auto v = x;
     for (int i = 0; i < ops - 1; ++i) v = (i & 1) ? v * w : v + w;  // 999 binary ops
-    auto loss = grad::sum(v);                                          // the 1,000th node
+    auto loss = grad::sum(v);                                       // the 1,000th node
     bool ok = tp.backward(loss);
     benchmark::DoNotOptimize(ok);
     tp.reset_to(m);

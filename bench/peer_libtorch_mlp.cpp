@@ -53,7 +53,8 @@ struct TorchMlp {
 };
 
 void report_flops(benchmark::State& state) {
-  state.counters["GFLOPS"] = benchmark::Counter(grad_bench::mlp_step_flops() / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOPS"] =
+      benchmark::Counter(grad_bench::mlp_step_flops() / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 template <class T>

@@ -21,7 +21,6 @@ inline constexpr std::uint64_t default_seed = 7;
 inline constexpr double noise_sigma = 0.01;  // std. dev. of the Gaussian noise on every coordinate
 inline constexpr std::array<std::size_t, 5> widths = {dim, 64, 32, 64, dim};
 
-
 // rows x 6: latent (s, t) uniform on [-1, 1]^2 mapped smoothly into 6-D,
 // scaled so that the mean square per coordinate is about 0.3 (the MSE of an
 // untrained network that outputs about zero), plus Gaussian noise.

@@ -87,8 +87,8 @@ FdResult check_gradients(const std::vector<Tensor<T>>& params, const Builder<T>&
       const double err = std::abs(analytic - numeric) / std::max({std::abs(analytic), std::abs(numeric), floor});
       if (!(err <= r.worst)) {  // also catches NaN
         r.worst = err;
-        r.where = "param " + std::to_string(k) + " element " + std::to_string(i) + ": analytic " + std::to_string(analytic) +
-                  " numeric " + std::to_string(numeric);
+        r.where = "param " + std::to_string(k) + " element " + std::to_string(i) + ": analytic " +
+                  std::to_string(analytic) + " numeric " + std::to_string(numeric);
       }
     }
   }

@@ -49,7 +49,8 @@ TEST_CASE_TEMPLATE("a mark/reset minibatch loop allocates nothing after the firs
 
   auto episode = [&](std::size_t batch) {
     std::span<T> rows = tp.leaf_value(x);
-    std::copy_n(data.data().begin() + static_cast<std::ptrdiff_t>((batch % 2) * rows.size()), rows.size(), rows.begin());
+    std::copy_n(data.data().begin() + static_cast<std::ptrdiff_t>((batch % 2) * rows.size()), rows.size(),
+                rows.begin());
     auto h = grad::tanh(matmul(x, w1) + b1);
     auto parts = concat(slice(h, {0, 0}, {32, 8}), slice(h, {0, 8}, {32, 16}), -1);
     auto y = matmul(sigmoid(parts) * h, w2);

@@ -82,9 +82,8 @@ std::vector<FdCase<T>> fd_table() {
     Var<T> h = grad::tanh(matmul(v[0], v[1]));
     return weighted_sum(h * sigmoid(h) + matmul(h, v[0]) - v[0]);
   });
-  add("fan-out through broadcast", {r({3}), r({2, 3})}, [](Tp, V v) {
-    return weighted_sum(v[0] * v[1] + v[0] + sum(v[0]) * v[1]);
-  });
+  add("fan-out through broadcast", {r({3}), r({2, 3})},
+      [](Tp, V v) { return weighted_sum(v[0] * v[1] + v[0] + sum(v[0]) * v[1]); });
   add("constant operand gets no gradient", {r({2, 2})}, [](Tp tp, V v) {
     Rng k(7);
     Var<T> c = tp.constant(random_tensor<T>({2, 2}, k));

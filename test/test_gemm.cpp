@@ -30,7 +30,9 @@ std::vector<Dims3> shapes() {
       for (std::size_t n : small) s.push_back({m, k, n});
   Rng rng(77);
   for (int i = 0; i < 24; ++i) {  // random mid-size shapes
-    auto pick = [&](std::size_t lo, std::size_t hi) { return lo + static_cast<std::size_t>(rng.next() % (hi - lo + 1)); };
+    auto pick = [&](std::size_t lo, std::size_t hi) {
+      return lo + static_cast<std::size_t>(rng.next() % (hi - lo + 1));
+    };
     s.push_back({pick(1, 130), pick(1, 300), pick(1, 140)});
   }
   s.push_back({97, 257, 33});    // one row and one term past mc and kc

@@ -53,7 +53,8 @@ std::uint64_t ulp_distance(T a, T b) {
   using Bits = std::conditional_t<std::is_same_v<T, double>, std::int64_t, std::int32_t>;
   auto ordered = [](T v) {
     const auto bits = std::bit_cast<Bits>(v);
-    return bits < 0 ? static_cast<std::int64_t>(std::numeric_limits<Bits>::min()) - bits : static_cast<std::int64_t>(bits);
+    return bits < 0 ? static_cast<std::int64_t>(std::numeric_limits<Bits>::min()) - bits
+                    : static_cast<std::int64_t>(bits);
   };
   const std::int64_t d = ordered(a) - ordered(b);
   return static_cast<std::uint64_t>(d < 0 ? -d : d);
@@ -135,21 +136,45 @@ Worst strided_floats(Ours ours, Ref ref, std::uint32_t stride) {
 template <class T>
 void check(const Worst& w, const std::string& what, double max_ulps = 1.0) {
   MESSAGE(what << ": " << w.count << " inputs, max " << w.ulps << " ulp at " << w.at << "; max " << w.glibc_ulps
-                << " ulp from libm, at " << w.glibc_at);
+               << " ulp from libm, at " << w.glibc_at);
   CHECK(w.count > 0);
   CHECK(w.ulps < max_ulps);
   CHECK(w.glibc_ulps <= 2);
 }
 
 // One wrapper per function so that each is a distinct callable for templates.
-template <class T> T ours_exp(T x) { return exact_exp(x); }
-template <class T> T ours_tanh(T x) { return exact_tanh(x); }
-template <class T> T ours_sigmoid(T x) { return exact_sigmoid(x); }
-template <class T> T ours_log(T x) { return exact_log(x); }
-template <class W> W ref_exp(W x) { return std::exp(x); }
-template <class W> W ref_tanh(W x) { return std::tanh(x); }
-template <class W> W ref_sigmoid(W x) { return W(1) / (W(1) + std::exp(-x)); }
-template <class W> W ref_log(W x) { return std::log(x); }
+template <class T>
+T ours_exp(T x) {
+  return exact_exp(x);
+}
+template <class T>
+T ours_tanh(T x) {
+  return exact_tanh(x);
+}
+template <class T>
+T ours_sigmoid(T x) {
+  return exact_sigmoid(x);
+}
+template <class T>
+T ours_log(T x) {
+  return exact_log(x);
+}
+template <class W>
+W ref_exp(W x) {
+  return std::exp(x);
+}
+template <class W>
+W ref_tanh(W x) {
+  return std::tanh(x);
+}
+template <class W>
+W ref_sigmoid(W x) {
+  return W(1) / (W(1) + std::exp(-x));
+}
+template <class W>
+W ref_log(W x) {
+  return std::log(x);
+}
 
 template <class T>
 bool same_bits(T a, T b) {
@@ -187,8 +212,8 @@ TEST_CASE_TEMPLATE("exact_sigmoid is within 1.5 ulp of 1 / (1 + e^-x), including
   check<T>(random_bits<T>(ours_sigmoid<T>, ref_sigmoid<Wide<T>>, 500'000, 13), "sigmoid, random bit patterns", 1.5);
 }
 
-TEST_CASE_TEMPLATE("exact_log is within 1 ulp of the truth and 2 of libm: near 1, every binade, subnormals", T,
-                   double, float) {
+TEST_CASE_TEMPLATE("exact_log is within 1 ulp of the truth and 2 of libm: near 1, every binade, subnormals", T, double,
+                   float) {
   using L = std::numeric_limits<T>;
   check<T>(sweep<T>(ours_log<T>, ref_log<Wide<T>>, 0.5, 2.0, 1'000'000), "log, [0.5, 2]");
   check<T>(geometric_sweep<T>(ours_log<T>, ref_log<Wide<T>>, static_cast<double>(L::min()),

@@ -32,7 +32,8 @@ class Arena {
       used_ = 0;
     }
     const std::size_t capacity = std::max(n, min_chunk);
-    chunks_.push_back(Chunk{Storage(static_cast<T*>(::operator new(capacity * sizeof(T), std::align_val_t{64}))), capacity});
+    chunks_.push_back(
+        Chunk{Storage(static_cast<T*>(::operator new (capacity * sizeof(T), std::align_val_t{64}))), capacity});
     current_ = chunks_.size() - 1;
     used_ = n;
     return chunks_.back().data.get();
@@ -53,7 +54,7 @@ class Arena {
   static constexpr std::size_t per_line = 64 / sizeof(T);
   static constexpr std::size_t min_chunk = std::size_t{1} << 16;
   struct Free {
-    void operator()(T* p) const { ::operator delete(p, std::align_val_t{64}); }
+    void operator()(T* p) const { ::operator delete (p, std::align_val_t{64}); }
   };
   using Storage = std::unique_ptr<T, Free>;
   struct Chunk {

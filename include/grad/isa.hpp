@@ -11,9 +11,12 @@ enum class Isa { baseline, avx2, avx512 };
 inline bool supported(Isa isa) {
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__CUDA_ARCH__)
   switch (isa) {
-    case Isa::baseline: return true;
-    case Isa::avx2: return __builtin_cpu_supports("avx2");
-    case Isa::avx512: return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+    case Isa::baseline:
+      return true;
+    case Isa::avx2:
+      return __builtin_cpu_supports("avx2");
+    case Isa::avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
   }
   return false;
 #else

@@ -67,33 +67,96 @@ bool resolve_axis(Tape<T>& tp, std::string_view op, const Dims& d, std::ptrdiff_
 }  // namespace detail
 
 // ---- arithmetic with numpy broadcasting ----
-template <class T> Var<T> operator+(Var<T> a, Var<T> b) { return detail::broadcast_binary<Add>(a, b); }
-template <class T> Var<T> operator-(Var<T> a, Var<T> b) { return detail::broadcast_binary<Sub>(a, b); }
-template <class T> Var<T> operator*(Var<T> a, Var<T> b) { return detail::broadcast_binary<Mul>(a, b); }
-template <class T> Var<T> operator/(Var<T> a, Var<T> b) { return detail::broadcast_binary<Div>(a, b); }
-template <class T> Var<T> operator-(Var<T> a) { return detail::unary<Neg>(a); }
+template <class T>
+Var<T> operator+(Var<T> a, Var<T> b) {
+  return detail::broadcast_binary<Add>(a, b);
+}
+template <class T>
+Var<T> operator-(Var<T> a, Var<T> b) {
+  return detail::broadcast_binary<Sub>(a, b);
+}
+template <class T>
+Var<T> operator*(Var<T> a, Var<T> b) {
+  return detail::broadcast_binary<Mul>(a, b);
+}
+template <class T>
+Var<T> operator/(Var<T> a, Var<T> b) {
+  return detail::broadcast_binary<Div>(a, b);
+}
+template <class T>
+Var<T> operator-(Var<T> a) {
+  return detail::unary<Neg>(a);
+}
 
 // ---- scalar forms ----
-template <class T> Var<T> operator+(Var<T> a, std::type_identity_t<T> s) { return detail::unary<AddScalar>(a, s); }
-template <class T> Var<T> operator+(std::type_identity_t<T> s, Var<T> a) { return detail::unary<AddScalar>(a, s); }
-template <class T> Var<T> operator-(Var<T> a, std::type_identity_t<T> s) { return detail::unary<AddScalar>(a, -s); }
-template <class T> Var<T> operator-(std::type_identity_t<T> s, Var<T> a) { return detail::unary<ScalarSub>(a, s); }
-template <class T> Var<T> operator*(Var<T> a, std::type_identity_t<T> s) { return detail::unary<MulScalar>(a, s); }
-template <class T> Var<T> operator*(std::type_identity_t<T> s, Var<T> a) { return detail::unary<MulScalar>(a, s); }
-template <class T> Var<T> operator/(Var<T> a, std::type_identity_t<T> s) { return detail::unary<DivScalar>(a, s); }
-template <class T> Var<T> operator/(std::type_identity_t<T> s, Var<T> a) { return detail::unary<ScalarDiv>(a, s); }
+template <class T>
+Var<T> operator+(Var<T> a, std::type_identity_t<T> s) {
+  return detail::unary<AddScalar>(a, s);
+}
+template <class T>
+Var<T> operator+(std::type_identity_t<T> s, Var<T> a) {
+  return detail::unary<AddScalar>(a, s);
+}
+template <class T>
+Var<T> operator-(Var<T> a, std::type_identity_t<T> s) {
+  return detail::unary<AddScalar>(a, -s);
+}
+template <class T>
+Var<T> operator-(std::type_identity_t<T> s, Var<T> a) {
+  return detail::unary<ScalarSub>(a, s);
+}
+template <class T>
+Var<T> operator*(Var<T> a, std::type_identity_t<T> s) {
+  return detail::unary<MulScalar>(a, s);
+}
+template <class T>
+Var<T> operator*(std::type_identity_t<T> s, Var<T> a) {
+  return detail::unary<MulScalar>(a, s);
+}
+template <class T>
+Var<T> operator/(Var<T> a, std::type_identity_t<T> s) {
+  return detail::unary<DivScalar>(a, s);
+}
+template <class T>
+Var<T> operator/(std::type_identity_t<T> s, Var<T> a) {
+  return detail::unary<ScalarDiv>(a, s);
+}
 
 // ---- pointwise ----
-template <class T> Var<T> relu(Var<T> a) { return detail::unary<Relu>(a); }
-template <class T> Var<T> sigmoid(Var<T> a) { return detail::unary<Sigmoid>(a); }
-template <class T> Var<T> tanh(Var<T> a) { return detail::unary<Tanh>(a); }
-template <class T> Var<T> exp(Var<T> a) { return detail::unary<Exp>(a); }
-template <class T> Var<T> log(Var<T> a) { return detail::unary<Log>(a); }
-template <class T> Var<T> sqrt(Var<T> a) { return detail::unary<Sqrt>(a); }
+template <class T>
+Var<T> relu(Var<T> a) {
+  return detail::unary<Relu>(a);
+}
+template <class T>
+Var<T> sigmoid(Var<T> a) {
+  return detail::unary<Sigmoid>(a);
+}
+template <class T>
+Var<T> tanh(Var<T> a) {
+  return detail::unary<Tanh>(a);
+}
+template <class T>
+Var<T> exp(Var<T> a) {
+  return detail::unary<Exp>(a);
+}
+template <class T>
+Var<T> log(Var<T> a) {
+  return detail::unary<Log>(a);
+}
+template <class T>
+Var<T> sqrt(Var<T> a) {
+  return detail::unary<Sqrt>(a);
+}
 
 // ---- reductions (over all axes, result shape {1}) ----
-template <class T> Var<T> sum(Var<T> a) { return detail::reduce_all<Sum>(a); }
-template <class T> Var<T> mean(Var<T> a) { return detail::reduce_all<Mean>(a); }
+template <class T>
+Var<T> sum(Var<T> a) {
+  return detail::reduce_all<Sum>(a);
+}
+template <class T>
+Var<T> mean(Var<T> a) {
+  return detail::reduce_all<Mean>(a);
+}
 
 // Sum over the last axis, kept as size 1: [..., n] -> [..., 1].
 template <class T>
@@ -156,10 +219,12 @@ Var<T> reshape(Var<T> a, std::span<const std::size_t> shape) {
   if (!tp.accept("reshape", {a})) return tp.rejected();
   const Dims& in = tp.dims(a);
   if (shape.size() > max_rank || shape.empty())
-    return tp.invalid("reshape: target shape " + shape_string(shape) + " must have rank 1 to " + std::to_string(max_rank));
+    return tp.invalid("reshape: target shape " + shape_string(shape) + " must have rank 1 to " +
+                      std::to_string(max_rank));
   if (element_count(shape) != in.size())
-    return tp.invalid("reshape: cannot reshape " + shape_string(in) + " (" + std::to_string(in.size()) + " elements) to " +
-                      shape_string(shape) + " (" + std::to_string(element_count(shape)) + " elements)");
+    return tp.invalid("reshape: cannot reshape " + shape_string(in) + " (" + std::to_string(in.size()) +
+                      " elements) to " + shape_string(shape) + " (" + std::to_string(element_count(shape)) +
+                      " elements)");
   return tp.template record<Reshape>(a, Var<T>{}, Dims::of(shape));
 }
 template <class T>
@@ -174,14 +239,15 @@ Var<T> slice(Var<T> a, std::span<const std::size_t> starts, std::span<const std:
   if (!tp.accept("slice", {a})) return tp.rejected();
   const Dims& in = tp.dims(a);
   if (starts.size() != in.rank || stops.size() != in.rank)
-    return tp.invalid("slice: shape " + shape_string(in) + " needs " + std::to_string(in.rank) + " starts and stops, got " +
-                      std::to_string(starts.size()) + " and " + std::to_string(stops.size()));
+    return tp.invalid("slice: shape " + shape_string(in) + " needs " + std::to_string(in.rank) +
+                      " starts and stops, got " + std::to_string(starts.size()) + " and " +
+                      std::to_string(stops.size()));
   Dims out = in;
   for (std::size_t ax = 0; ax < in.rank; ++ax) {
     if (!(starts[ax] < stops[ax] && stops[ax] <= in[ax]))
-      return tp.invalid("slice: range [" + std::to_string(starts[ax]) + ", " + std::to_string(stops[ax]) + ") on axis " +
-                        std::to_string(ax) + " of shape " + shape_string(in) + " is empty or out of bounds (expected start < stop <= " +
-                        std::to_string(in[ax]) + ")");
+      return tp.invalid("slice: range [" + std::to_string(starts[ax]) + ", " + std::to_string(stops[ax]) +
+                        ") on axis " + std::to_string(ax) + " of shape " + shape_string(in) +
+                        " is empty or out of bounds (expected start < stop <= " + std::to_string(in[ax]) + ")");
     out.d[ax] = stops[ax] - starts[ax];
   }
   return tp.template record<Slice>(a, Var<T>{}, out, T(0), 0, starts);
@@ -202,8 +268,8 @@ Var<T> concat(Var<T> a, Var<T> b, std::ptrdiff_t axis) {
   bool fits = x.rank == y.rank;
   for (std::size_t i = 0; fits && i < x.rank; ++i) fits = i == ax || x[i] == y[i];
   if (!fits)
-    return tp.invalid("concat: shapes " + shape_string(x) + " and " + shape_string(y) + " must match on every axis but axis " +
-                      std::to_string(ax));
+    return tp.invalid("concat: shapes " + shape_string(x) + " and " + shape_string(y) +
+                      " must match on every axis but axis " + std::to_string(ax));
   Dims out = x;
   out.d[ax] += y[ax];
   return tp.template record<Concat>(a, b, out, T(0), ax);

@@ -56,7 +56,9 @@ struct View {
   const T& operator[](std::size_t i) const { return data[i]; }
   auto begin() const { return data.begin(); }
   auto end() const { return data.end(); }
-  Tensor<T> tensor() const { return Tensor<T>(Shape(shape.begin(), shape.end()), std::vector<T>(data.begin(), data.end())); }
+  Tensor<T> tensor() const {
+    return Tensor<T>(Shape(shape.begin(), shape.end()), std::vector<T>(data.begin(), data.end()));
+  }
 };
 
 template <class T>
@@ -286,7 +288,7 @@ class Tape {
   std::vector<Node<T>> nodes_;
   std::vector<std::size_t> extras_;
   Arena<T> values_, grads_;
-  std::vector<T> scratch_;      // one input's contribution when it already holds a gradient
+  std::vector<T> scratch_;  // one input's contribution when it already holds a gradient
   // What grad() shows for a node without a gradient buffer. Blocks are only
   // added, never freed, so earlier views stay valid.
   mutable std::vector<std::unique_ptr<T[]>> zero_blocks_;

@@ -157,20 +157,20 @@ template <class T>
 GRAD_HD constexpr T pow2(T k) {
   using F = Format<T>;
   const typename F::Bits low = to_bits<T>(k + F::round_magic);
-  return from_bits<T>(static_cast<typename F::Bits>((low << F::mantissa_bits) + (F::exponent_bias << F::mantissa_bits)));
+  return from_bits<T>(
+      static_cast<typename F::Bits>((low << F::mantissa_bits) + (F::exponent_bias << F::mantissa_bits)));
 }
 
 // (e^r - 1 - r) / r^2 on |r| <= ln2/2: relative error 2^-58 (double), 2^-28 (float).
 template <class T>
 GRAD_HD constexpr T exp_tail(T r) {
   if constexpr (std::is_same_v<T, double>) {
-    const double c[] = {0x1.0000000000000p-1, 0x1.5555555555557p-3, 0x1.555555555554ep-5, 0x1.11111111100ebp-7,
+    const double c[] = {0x1.0000000000000p-1,  0x1.5555555555557p-3,  0x1.555555555554ep-5,  0x1.11111111100ebp-7,
                         0x1.6c16c16c1a07fp-10, 0x1.a01a01abe0ceap-13, 0x1.a01a01905fb43p-16, 0x1.71de024587b95p-19,
                         0x1.27e510dcf7816p-22, 0x1.af4dc495d3ce5p-26, 0x1.1f19f611f2d8bp-29};
     return estrin<11>(r, c);
   } else {
-    const float c[] = {0x1.0p-1f, 0x1.555556p-3f, 0x1.5554eap-5f, 0x1.11114cp-7f, 0x1.6d42dap-10f,
-                       0x1.a072c4p-13f};
+    const float c[] = {0x1.0p-1f, 0x1.555556p-3f, 0x1.5554eap-5f, 0x1.11114cp-7f, 0x1.6d42dap-10f, 0x1.a072c4p-13f};
     return estrin<6>(r, c);
   }
 }
@@ -180,13 +180,13 @@ GRAD_HD constexpr T exp_tail(T r) {
 template <class T>
 GRAD_HD constexpr T tanh_tail(T z) {
   if constexpr (std::is_same_v<T, double>) {
-    const double c[] = {-0x1.5555555555555p-2, 0x1.11111111110a8p-3, -0x1.ba1ba1ba0f149p-5, 0x1.664f487e0b227p-6,
-                        -0x1.226e3473f8991p-7, 0x1.d6d39ae8b74e8p-9, -0x1.7d9f6f7067b06p-10, 0x1.3526ecc6fea05p-11,
+    const double c[] = {-0x1.5555555555555p-2,  0x1.11111111110a8p-3,  -0x1.ba1ba1ba0f149p-5,  0x1.664f487e0b227p-6,
+                        -0x1.226e3473f8991p-7,  0x1.d6d39ae8b74e8p-9,  -0x1.7d9f6f7067b06p-10, 0x1.3526ecc6fea05p-11,
                         -0x1.f243a52cba6fdp-13, 0x1.84460c0e349b5p-14, -0x1.05bcf90ea952fp-15, 0x1.b33a6a4342501p-18};
     return estrin<12>(z, c);
   } else {
-    const float c[] = {-0x1.555556p-2f, 0x1.1110eap-3f, -0x1.ba08c8p-5f, 0x1.64a996p-6f, -0x1.116acap-7f,
-                       0x1.2c869ep-9f};
+    const float c[] = {-0x1.555556p-2f, 0x1.1110eap-3f,  -0x1.ba08c8p-5f,
+                       0x1.64a996p-6f,  -0x1.116acap-7f, 0x1.2c869ep-9f};
     return estrin<6>(z, c);
   }
 }
@@ -336,7 +336,8 @@ GRAD_HD constexpr T exact_log(T x) {
   const T m1 = from_bits<T>((bits & mantissa_mask) | one_bits);  // in [1, 2)
   const Bits halve = less_mask<T>(F::sqrt2, m1);
   const T m = blend<T>(halve, m1 * T(0.5), m1);
-  const T k = (biased - T(F::exponent_bias)) + blend<T>(halve, T(1), T(0)) - blend<T>(tiny, F::subnormal_scale_log2, T(0));
+  const T k =
+      (biased - T(F::exponent_bias)) + blend<T>(halve, T(1), T(0)) - blend<T>(tiny, F::subnormal_scale_log2, T(0));
 
   const T f = m - T(1);  // exact
   const T s = f / (T(2) + f);

@@ -28,7 +28,7 @@ struct NodeArgs {
   Operand<T> a, b;
   Dims out;
   T scalar = T(0);
-  std::uint32_t axis = 0;             // softmax, concat
+  std::uint32_t axis = 0;              // softmax, concat
   const std::size_t* extra = nullptr;  // slice starts, one per axis
 };
 
@@ -89,9 +89,8 @@ struct Unary {
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
     const T* a = x.a.data;
     const Isa isa = best_isa();
-    parallel_ranges(x.out.size(), elementwise_grain, [&](std::size_t lo, std::size_t hi) {
-      map_forward(isa, a + lo, y + lo, hi - lo, x.scalar);
-    });
+    parallel_ranges(x.out.size(), elementwise_grain,
+                    [&](std::size_t lo, std::size_t hi) { map_forward(isa, a + lo, y + lo, hi - lo, x.scalar); });
   }
 
   // The forward loop compiled once per instruction set: the exact_math
@@ -170,7 +169,8 @@ struct Binary {
     }
     const Dims sa = broadcast_strides(x.a.dims, x.out), sb = broadcast_strides(x.b.dims, x.out);
     if (mine == x.out) {
-      broadcast_loop(x.out, sa, sb, [&](std::size_t j, std::size_t ia, std::size_t ib) { dx[j] = contribution(j, ia, ib); });
+      broadcast_loop(x.out, sa, sb,
+                     [&](std::size_t j, std::size_t ia, std::size_t ib) { dx[j] = contribution(j, ia, ib); });
       return;
     }
     const std::size_t m = mine.size();

@@ -89,8 +89,8 @@ inline void gemm_tn(const T* A, const T* G, T* C, std::size_t m, std::size_t k, 
 namespace gemm_detail {
 
 // The instruction-set choice is shared with the elementwise loops (isa.hpp).
-using grad::Isa;
 using grad::best_isa;
+using grad::Isa;
 using grad::supported;
 
 // Element (r, c) of a matrix operand lives at p[r * rs + c * cs]; the three
@@ -141,30 +141,28 @@ template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
                                                 T* __restrict c, std::size_t ldc, bool accumulate) {
   using V = typename Vec<T, Lanes>::type;
   V acc[MR][NV];
-GRAD_GEMM_UNROLL
-  for (std::size_t r = 0; r < MR; ++r)
-GRAD_GEMM_UNROLL
-    for (std::size_t v = 0; v < NV; ++v) {
-      if (accumulate)
-        __builtin_memcpy(&acc[r][v], c + r * ldc + v * Lanes, sizeof(V));
-      else
-        acc[r][v] = V{};
-    }
+  GRAD_GEMM_UNROLL
+  for (std::size_t r = 0; r < MR; ++r) GRAD_GEMM_UNROLL
+  for (std::size_t v = 0; v < NV; ++v) {
+    if (accumulate)
+      __builtin_memcpy(&acc[r][v], c + r * ldc + v * Lanes, sizeof(V));
+    else
+      acc[r][v] = V{};
+  }
   for (std::size_t p = 0; p < kc; ++p) {
     V b[NV];
-GRAD_GEMM_UNROLL
+    GRAD_GEMM_UNROLL
     for (std::size_t v = 0; v < NV; ++v) __builtin_memcpy(&b[v], bp + (p * NV + v) * Lanes, sizeof(V));
-GRAD_GEMM_UNROLL
+    GRAD_GEMM_UNROLL
     for (std::size_t r = 0; r < MR; ++r) {
       const T a = ap[p * MR + r];
-GRAD_GEMM_UNROLL
+      GRAD_GEMM_UNROLL
       for (std::size_t v = 0; v < NV; ++v) acc[r][v] = acc[r][v] + b[v] * a;
     }
   }
-GRAD_GEMM_UNROLL
-  for (std::size_t r = 0; r < MR; ++r)
-GRAD_GEMM_UNROLL
-    for (std::size_t v = 0; v < NV; ++v) __builtin_memcpy(c + r * ldc + v * Lanes, &acc[r][v], sizeof(V));
+  GRAD_GEMM_UNROLL
+  for (std::size_t r = 0; r < MR; ++r) GRAD_GEMM_UNROLL
+  for (std::size_t v = 0; v < NV; ++v) __builtin_memcpy(c + r * ldc + v * Lanes, &acc[r][v], sizeof(V));
 }
 
 // A partial tile (rows < MR or cols < the strip width) runs the same kernel
@@ -244,8 +242,8 @@ template <class T, std::size_t MR>
 
 // Output rows [i0, i1) x columns [j0, j1) of the problem (k > 0).
 template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
-[[gnu::always_inline]] inline void multiply_block(const Problem<T>& pr, std::size_t i0, std::size_t i1,
-                                                  std::size_t j0, std::size_t j1) {
+[[gnu::always_inline]] inline void multiply_block(const Problem<T>& pr, std::size_t i0, std::size_t i1, std::size_t j0,
+                                                  std::size_t j1) {
   constexpr std::size_t nr = NV * Lanes;
   constexpr std::size_t KC = Blocking<T>::kc, MC = Blocking<T>::mc, NC = Blocking<T>::nc / nr * nr;
   static_assert(MC % MR == 0, "MC must hold whole row panels");
@@ -302,13 +300,13 @@ void multiply_baseline(const Problem<T>& pr, std::size_t i0, std::size_t i1, std
 }
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 template <class T>
-__attribute__((target("avx2"))) void multiply_avx2(const Problem<T>& pr, std::size_t i0, std::size_t i1,
-                                                    std::size_t j0, std::size_t j1) {
+__attribute__((target("avx2"))) void multiply_avx2(const Problem<T>& pr, std::size_t i0, std::size_t i1, std::size_t j0,
+                                                   std::size_t j1) {
   multiply_block<T, 32 / sizeof(T), 4, 2>(pr, i0, i1, j0, j1);
 }
 template <class T>
 __attribute__((target("avx512f"))) void multiply_avx512(const Problem<T>& pr, std::size_t i0, std::size_t i1,
-                                                         std::size_t j0, std::size_t j1) {
+                                                        std::size_t j0, std::size_t j1) {
   multiply_block<T, 64 / sizeof(T), 6, 4>(pr, i0, i1, j0, j1);
 }
 #endif

@@ -31,12 +31,12 @@ struct Const {
   static constexpr bool row_local = false;
 };
 
-using OpList = boost::mp11::mp_list<Param, Const,                                          //
-                                    Add, Sub, Mul, Div, Neg,                               //
+using OpList = boost::mp11::mp_list<Param, Const,                                           //
+                                    Add, Sub, Mul, Div, Neg,                                //
                                     AddScalar, MulScalar, DivScalar, ScalarSub, ScalarDiv,  //
-                                    Relu, Sigmoid, Tanh, Exp, Log, Sqrt,                   //
-                                    Sum, Mean, Matmul, Bmm, Transpose,                     //
-                                    Reshape, Slice, Concat, Softmax,                      //
+                                    Relu, Sigmoid, Tanh, Exp, Log, Sqrt,                    //
+                                    Sum, Mean, Matmul, Bmm, Transpose,                      //
+                                    Reshape, Slice, Concat, Softmax,                        //
                                     RowSum>;
 
 inline constexpr std::size_t op_count = boost::mp11::mp_size<OpList>::value;

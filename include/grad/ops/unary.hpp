@@ -13,15 +13,27 @@ namespace grad {
 struct Relu : Unary<Relu> {
   static constexpr std::string_view name = "relu";
   static constexpr Tier tier = Tier::exact;
-  template <class T> GRAD_HD static T forward(T x, T) { return x > T(0) ? x : T(0); }
-  template <class T> GRAD_HD static T backward(T x, T, T g, T) { return x > T(0) ? g : T(0); }
+  template <class T>
+  GRAD_HD static T forward(T x, T) {
+    return x > T(0) ? x : T(0);
+  }
+  template <class T>
+  GRAD_HD static T backward(T x, T, T g, T) {
+    return x > T(0) ? g : T(0);
+  }
 };
 
 struct Sqrt : Unary<Sqrt> {
   static constexpr std::string_view name = "sqrt";
   static constexpr Tier tier = Tier::exact;  // IEEE sqrt is correctly rounded
-  template <class T> GRAD_HD static T forward(T x, T) { return std::sqrt(x); }
-  template <class T> GRAD_HD static T backward(T, T y, T g, T) { return g / (y + y); }
+  template <class T>
+  GRAD_HD static T forward(T x, T) {
+    return std::sqrt(x);
+  }
+  template <class T>
+  GRAD_HD static T backward(T, T y, T g, T) {
+    return g / (y + y);
+  }
 };
 
 // sigmoid, tanh, exp and log are exact tier: exact_math.hpp computes them
@@ -29,29 +41,53 @@ struct Sqrt : Unary<Sqrt> {
 struct Sigmoid : Unary<Sigmoid> {
   static constexpr std::string_view name = "sigmoid";
   static constexpr Tier tier = Tier::exact;
-  template <class T> GRAD_HD static T forward(T x, T) { return exact_sigmoid(x); }
-  template <class T> GRAD_HD static T backward(T, T y, T g, T) { return g * (y * (T(1) - y)); }
+  template <class T>
+  GRAD_HD static T forward(T x, T) {
+    return exact_sigmoid(x);
+  }
+  template <class T>
+  GRAD_HD static T backward(T, T y, T g, T) {
+    return g * (y * (T(1) - y));
+  }
 };
 
 struct Tanh : Unary<Tanh> {
   static constexpr std::string_view name = "tanh";
   static constexpr Tier tier = Tier::exact;
-  template <class T> GRAD_HD static T forward(T x, T) { return exact_tanh(x); }
-  template <class T> GRAD_HD static T backward(T, T y, T g, T) { return g * (T(1) - y * y); }
+  template <class T>
+  GRAD_HD static T forward(T x, T) {
+    return exact_tanh(x);
+  }
+  template <class T>
+  GRAD_HD static T backward(T, T y, T g, T) {
+    return g * (T(1) - y * y);
+  }
 };
 
 struct Exp : Unary<Exp> {
   static constexpr std::string_view name = "exp";
   static constexpr Tier tier = Tier::exact;
-  template <class T> GRAD_HD static T forward(T x, T) { return exact_exp(x); }
-  template <class T> GRAD_HD static T backward(T, T y, T g, T) { return g * y; }
+  template <class T>
+  GRAD_HD static T forward(T x, T) {
+    return exact_exp(x);
+  }
+  template <class T>
+  GRAD_HD static T backward(T, T y, T g, T) {
+    return g * y;
+  }
 };
 
 struct Log : Unary<Log> {
   static constexpr std::string_view name = "log";
   static constexpr Tier tier = Tier::exact;
-  template <class T> GRAD_HD static T forward(T x, T) { return exact_log(x); }
-  template <class T> GRAD_HD static T backward(T x, T, T g, T) { return g / x; }
+  template <class T>
+  GRAD_HD static T forward(T x, T) {
+    return exact_log(x);
+  }
+  template <class T>
+  GRAD_HD static T backward(T x, T, T g, T) {
+    return g / x;
+  }
 };
 
 }  // namespace grad
