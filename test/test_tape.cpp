@@ -102,3 +102,11 @@ TEST_CASE("a rank-0 tensor is recorded as shape [1]") {
   REQUIRE(tp.backward(s * s));
   CHECK(tp.grad(s)[0] == 6);
 }
+
+TEST_CASE("a view copies out into an owning Tensor with the same shape and values") {
+  Tape<T> tp;
+  auto x = tp.param(Tensor<T>({2, 2}, {1, 2, 3, 4}));
+  const Tensor<T> copy = tp.value(x * x).tensor();
+  CHECK(copy.shape() == Shape{2, 2});
+  CHECK(copy[3] == 16);
+}

@@ -44,11 +44,6 @@ class Arena {
     current_ = p.chunk;
     used_ = p.used;
   }
-  std::size_t reserved_bytes() const {
-    std::size_t total = 0;
-    for (const Chunk& c : chunks_) total += c.capacity * sizeof(T);
-    return total;
-  }
 
  private:
   static constexpr std::size_t per_line = 64 / sizeof(T);
