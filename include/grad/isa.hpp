@@ -39,4 +39,37 @@ inline Isa best_isa() {
 #define GRAD_TARGET_AVX512
 #endif
 
+#if GRAD_HAS_ISA_TARGETS
+namespace isa_detail {
+template <class Body>
+GRAD_TARGET_AVX2 __attribute__((flatten)) void run_avx2(Body& body) {
+  body();
+}
+template <class Body>
+GRAD_TARGET_AVX512 __attribute__((flatten)) void run_avx512(Body& body) {
+  body();
+}
+}  // namespace isa_detail
+#endif
+
+// Runs body() compiled for the best instruction set this CPU has: body (a
+// lambda holding a loop) is inlined, with everything it calls, into a copy
+// of a small function built for AVX-512, AVX2 or the baseline, so the loop
+// vectorises as wide as the machine allows. Callers keep the loops short and
+// free of calls into the pool.
+template <class Body>
+inline void with_best_isa(Body&& body) {
+#if GRAD_HAS_ISA_TARGETS
+  switch (best_isa()) {
+    case Isa::avx512:
+      return isa_detail::run_avx512(body);
+    case Isa::avx2:
+      return isa_detail::run_avx2(body);
+    case Isa::baseline:
+      break;
+  }
+#endif
+  body();
+}
+
 }  // namespace grad
