@@ -134,11 +134,26 @@ inline T* pack_buffer(std::size_t elements) {
   return storage.data() + (line - address / sizeof(T) % line) % line;
 }
 
+// Where a micro-kernel reads its MR x kc panel of a: packed (the MR values
+// of each term side by side) or straight from the operand through its
+// strides, which saves the copy when the panel is used for one strip only.
+template <class T, std::size_t MR>
+struct PackedPanel {
+  const T* p;
+  T at(std::size_t r, std::size_t q) const { return p[q * MR + r]; }
+};
+template <class T>
+struct StridedPanel {
+  const T* p;
+  std::size_t rs, cs;
+  T at(std::size_t r, std::size_t q) const { return p[r * rs + q * cs]; }
+};
+
 // The MR x (NV vectors) tile of C at c (row stride ldc) after kc more terms:
 // lane by lane acc = acc + a*b in ascending p, from zero or from what c holds.
-template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
-[[gnu::always_inline]] inline void micro_kernel(std::size_t kc, const T* __restrict ap, const T* __restrict bp,
-                                                T* __restrict c, std::size_t ldc, bool accumulate) {
+template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV, class Panel>
+[[gnu::always_inline]] inline void micro_kernel(std::size_t kc, Panel ap, const T* __restrict bp, T* __restrict c,
+                                                std::size_t ldc, bool accumulate) {
   using V = typename Vec<T, Lanes>::type;
   V acc[MR][NV];
   GRAD_GEMM_UNROLL
@@ -155,7 +170,7 @@ template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
     for (std::size_t v = 0; v < NV; ++v) __builtin_memcpy(&b[v], bp + (p * NV + v) * Lanes, sizeof(V));
     GRAD_GEMM_UNROLL
     for (std::size_t r = 0; r < MR; ++r) {
-      const T a = ap[p * MR + r];
+      const T a = ap.at(r, p);
       GRAD_GEMM_UNROLL
       for (std::size_t v = 0; v < NV; ++v) acc[r][v] = acc[r][v] + b[v] * a;
     }
@@ -167,8 +182,8 @@ template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
 
 // A partial tile (rows < MR or cols < the strip width) runs the same kernel
 // on a local tile; only the valid part is read from and written to C.
-template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
-[[gnu::always_inline]] inline void edge_kernel(std::size_t kc, const T* ap, const T* bp, T* c, std::size_t ldc,
+template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV, class Panel>
+[[gnu::always_inline]] inline void edge_kernel(std::size_t kc, Panel ap, const T* bp, T* c, std::size_t ldc,
                                                bool accumulate, std::size_t rows, std::size_t cols) {
   constexpr std::size_t width = NV * Lanes;
   alignas(64) T tile[MR * width] = {};
@@ -178,6 +193,24 @@ template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
   micro_kernel<T, Lanes, MR, NV>(kc, ap, bp, tile, width, accumulate);
   for (std::size_t r = 0; r < rows; ++r)
     for (std::size_t j = 0; j < cols; ++j) c[r * ldc + j] = tile[r * width + j];
+}
+
+// One rows x cols tile of C from a full strip (NV vectors wide) or a tail
+// strip (one vector), by the micro-kernel when the tile is whole.
+template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV, class Panel>
+[[gnu::always_inline]] inline void tile(std::size_t kc, Panel ap, const T* bp, T* c, std::size_t ldc, bool accumulate,
+                                        std::size_t rows, std::size_t cols, bool full_strip) {
+  if (full_strip) {
+    if (rows == MR)
+      micro_kernel<T, Lanes, MR, NV>(kc, ap, bp, c, ldc, accumulate);
+    else
+      edge_kernel<T, Lanes, MR, NV>(kc, ap, bp, c, ldc, accumulate, rows, cols);
+  } else {
+    if (rows == MR && cols == Lanes)
+      micro_kernel<T, Lanes, MR, 1>(kc, ap, bp, c, ldc, accumulate);
+    else
+      edge_kernel<T, Lanes, MR, 1>(kc, ap, bp, c, ldc, accumulate, rows, cols);
+  }
 }
 
 // Strips of b's block, each kc x width with width = NR (full) or Lanes (the
@@ -259,9 +292,11 @@ template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
       const std::size_t kc = std::min(KC, pr.k - pc);
       const bool accumulate = pc > 0;  // later runs continue the stored partial sums
       pack_b<T, Lanes, NV>(pr.b, pc, kc, jc, nc, bpack);
+      // Packing a's block pays off when its panels serve several strips.
+      const bool pack_whole_a = nc > nr;
       for (std::size_t ic = i0; ic < i1; ic += MC) {
         const std::size_t mc = std::min(MC, i1 - ic);
-        pack_a<T, MR>(pr.a, ic, mc, pc, kc, apack);
+        if (pack_whole_a) pack_a<T, MR>(pr.a, ic, mc, pc, kc, apack);
         for (std::size_t jr = 0; jr < nc;) {
           const bool full_strip = nc - jr >= nr;
           const std::size_t width = full_strip ? nr : Lanes;
@@ -269,18 +304,16 @@ template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
           const T* bp = bpack + jr * kc;
           for (std::size_t ir = 0; ir < mc; ir += MR) {
             const std::size_t rows = std::min(MR, mc - ir);
-            const T* ap = apack + ir * kc;
             T* c = pr.c + (ic + ir) * ldc + jc + jr;
-            if (full_strip) {
-              if (rows == MR)
-                micro_kernel<T, Lanes, MR, NV>(kc, ap, bp, c, ldc, accumulate);
-              else
-                edge_kernel<T, Lanes, MR, NV>(kc, ap, bp, c, ldc, accumulate, rows, cols);
-            } else {
-              if (rows == MR && cols == Lanes)
-                micro_kernel<T, Lanes, MR, 1>(kc, ap, bp, c, ldc, accumulate);
-              else
-                edge_kernel<T, Lanes, MR, 1>(kc, ap, bp, c, ldc, accumulate, rows, cols);
+            if (pack_whole_a) {
+              tile<T, Lanes, MR, NV>(kc, PackedPanel<T, MR>{apack + ir * kc}, bp, c, ldc, accumulate, rows, cols,
+                                     full_strip);
+            } else if (rows == MR) {
+              const StridedPanel<T> ap{pr.a.p + (ic + ir) * pr.a.rs + pc * pr.a.cs, pr.a.rs, pr.a.cs};
+              tile<T, Lanes, MR, NV>(kc, ap, bp, c, ldc, accumulate, rows, cols, full_strip);
+            } else {  // the last, partial panel: packed, so that its padding reads zeros
+              pack_a<T, MR>(pr.a, ic + ir, rows, pc, kc, apack);
+              tile<T, Lanes, MR, NV>(kc, PackedPanel<T, MR>{apack}, bp, c, ldc, accumulate, rows, cols, full_strip);
             }
           }
           jr += width;
