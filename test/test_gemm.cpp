@@ -38,6 +38,7 @@ std::vector<Dims3> shapes() {
   s.push_back({97, 257, 33});    // one row and one term past mc and kc
   s.push_back({8, 520, 1025});   // crosses kc twice and nc (f32 and f64)
   s.push_back({200, 6, 64});     // workload A's first layer
+  s.push_back({200, 64, 6});     // and its last: one strip, a read straight from a
   s.push_back({130, 300, 600});  // large enough to be split across threads
   return s;
 }
@@ -176,11 +177,14 @@ TEST_CASE_TEMPLATE("a training graph gives the same bits on one and three thread
     auto x = tp.param(random_tensor<T>({300, 260}, rng));
     auto w = tp.param(random_tensor<T>({260, 270}, rng));
     auto b = tp.param(random_tensor<T>({270}, rng));
+    auto s = tp.param(random_tensor<T>({300, 1}, rng));  // broadcast along the last axis
+    auto c = tp.param(random_tensor<T>({1, 270}, rng));  // broadcast on the left of a binary op
     auto h = relu(matmul(x, w) + b);
-    auto loss = mean(h * h - h * T(0.5));
+    auto u = c - h * s;
+    auto loss = mean(h * h - h * T(0.5) + u * u);
     REQUIRE(tp.backward(loss));
     std::vector<T> out;
-    for (auto v : {h, x, w, b}) {
+    for (auto v : {h, x, w, b, s, c}) {
       const View<T> g = v.index() == h.index() ? tp.value(v) : tp.grad(v);
       out.insert(out.end(), g.data.begin(), g.data.end());
     }

@@ -14,6 +14,21 @@
 
 namespace grad {
 
+namespace backward_detail {
+// sum[k] = sum[k] + part[k]: a second (third, ...) contribution joining a
+// gradient. Elements are independent, so the pool may split them.
+template <class T>
+void add_into(T* sum, const T* part, std::size_t n) {
+  parallel_ranges(n, elementwise_grain, [&](std::size_t lo, std::size_t hi) {
+    with_best_isa([&] {
+      T* __restrict s = sum + lo;
+      const T* __restrict p = part + lo;
+      for (std::size_t k = 0; k < hi - lo; ++k) s[k] = s[k] + p[k];
+    });
+  });
+}
+}  // namespace backward_detail
+
 template <class T>
 bool Tape<T>::backward(Var<T> loss) {
   if (!accept("backward", {loss})) return false;
@@ -48,8 +63,7 @@ void Tape<T>::backward_node(Node<T>& n) {
         target = scratch_.data();
       }
       Op::template backward_tensor<In>(x, n.value, n.grad, target);
-      if (in.touched)
-        for (std::size_t k = 0; k < size; ++k) in.grad[k] = in.grad[k] + target[k];
+      if (in.touched) backward_detail::add_into(in.grad, target, size);
       in.touched = true;
     };
     hand_down(std::integral_constant<int, 0>{});

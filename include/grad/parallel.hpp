@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -162,7 +163,7 @@ inline void parallel_ranges(std::size_t n, std::size_t grain, Body&& body) {
     return;
   }
   struct Context {
-    Body* body;
+    std::remove_reference_t<Body>* body;
     std::size_t n, parts;
   } context{&body, n, std::min(threads * 4, n / grain)};
   auto part = [](void* c, std::size_t p) {
