@@ -389,10 +389,13 @@ void multiply(Isa isa, const Problem<T>& pr) {
   }
   const std::size_t threads = num_threads();
   if (threads <= 1 || pr.m * pr.n * pr.k < parallel_threshold) return multiply_range(isa, pr, 0, pr.m, 0, pr.n);
-  // Split the longer output side, in units of the widest register tile.
+  // Each thread packs the whole of the operand it does not split: split
+  // the output so that the smaller operand is the one packed twice (columns
+  // of C: a, m x k, is copied by every thread; rows: b, k x n), as long as
+  // that side has a tile for every thread. Units are the widest register tile.
   constexpr std::size_t col_unit = 4 * 64 / sizeof(T), row_unit = 6;
   const std::size_t col_units = (pr.n + col_unit - 1) / col_unit, row_units = (pr.m + row_unit - 1) / row_unit;
-  const bool by_columns = col_units >= row_units;
+  const bool by_columns = col_units >= threads && (pr.m <= pr.n || row_units < threads);
   const std::size_t units = by_columns ? col_units : row_units;
   // One part per thread: every part packs its own copy of a's blocks, so
   // finer parts would pay that copy again (measured: 8 parts cost ~30% more
