@@ -395,3 +395,41 @@ TEST_CASE_TEMPLATE("the tags' element loops give the scalar functions' bits, spe
   grad::Log::forward_tensor(args, y.data());
   CHECK(agrees(ours_log<T>));
 }
+
+// exact_tanh_array skips the arm a whole block of 16 does not need: blocks
+// all below the split (NaN, zeros and subnormals among them), all at or
+// above it (the split itself, inf, huge values) and mixed, at every block
+// alignment and with ragged tails, must give exact_tanh's bits element by
+// element.
+TEST_CASE_TEMPLATE("exact_tanh_array gives exact_tanh's bits for near-only, far-only and mixed blocks", T, double,
+                   float) {
+  using L = std::numeric_limits<T>;
+  grad::testing::Rng rng(31);
+  const T split = T(0.625);
+  const T near_specials[] = {T(0), -T(0), L::denorm_min(), -L::min(), std::nextafter(split, T(0)), L::quiet_NaN()};
+  const T far_specials[] = {split, -split, T(20), L::infinity(), -L::infinity(), L::max(), std::nextafter(split, T(1))};
+  std::vector<T> x;
+  for (std::size_t block = 0; block < 30'000; ++block)
+    for (std::size_t j = 0; j < 16; ++j) {
+      const std::size_t kind = block % 3;  // 0 near, 1 far, 2 mixed
+      const bool near = kind == 0 || (kind == 2 && rng.uniform(0, 1) < 0.5);
+      const bool special = rng.uniform(0, 1) < 0.05;
+      const T sign = rng.uniform(0, 1) < 0.5 ? T(-1) : T(1);
+      if (near)
+        x.push_back(special ? near_specials[block % 6] : sign * static_cast<T>(rng.uniform(0, 0.625)));
+      else
+        x.push_back(special ? far_specials[block % 7] : sign * static_cast<T>(rng.uniform(0.625, 30)));
+    }
+  std::vector<T> y(x.size());
+  for (std::size_t offset : {0, 1, 7, 15}) {
+    const std::size_t n = x.size() - offset - offset % 5;  // ragged tail too
+    grad::exact_tanh_array(x.data() + offset, y.data(), n);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const T want = grad::exact_tanh(x[offset + i]);
+      if (!(same_bits(y[i], want) || (std::isnan(y[i]) && std::isnan(want)))) ++wrong;
+    }
+    INFO("offset " << offset);
+    CHECK(wrong == 0);
+  }
+}

@@ -259,20 +259,24 @@ GRAD_HD constexpr T exact_exp(T x) {
   return split_exp<T>(from_bits<T>(to_bits<T>(magnitude) | sign)).hi;
 }
 
-// tanh(x), odd. Small |x|: x + x * (x^2 * t(x^2)). Otherwise 1 - d with
-// d = 2 / (E + 1), E = e^2|x| = hi + lo: E + 1 and 1 - d are formed with
-// their rounding errors kept (Fast2Sum) and d is corrected to first order, so
-// that only the roundings of 2 / (E + 1) and of the result remain. |x| is
-// capped where 1 - d has long rounded to 1, so that E stays finite.
-template <Scalar T>
-GRAD_HD constexpr T exact_tanh(T x) {
-  using namespace exact_math_detail;
-  using F = Format<T>;
-  const typename F::Bits sign = to_bits<T>(x) & F::sign_mask;
-  const T a = from_bits<T>(to_bits<T>(x) ^ sign);
-  const T z = a * a;
-  const T near_zero = a + a * (z * tanh_tail<T>(z));
+namespace exact_math_detail {
 
+// tanh's two arms for a = |x|, and how their results are put together.
+// Small a: a + a * (a^2 * t(a^2)).
+template <class T>
+GRAD_HD constexpr T tanh_near(T a) {
+  const T z = a * a;
+  return a + a * (z * tanh_tail<T>(z));
+}
+
+// Otherwise 1 - d with d = 2 / (E + 1), E = e^2a = hi + lo: E + 1 and 1 - d
+// are formed with their rounding errors kept (Fast2Sum) and d is corrected
+// to first order, so that only the roundings of 2 / (E + 1) and of the
+// result remain. a is capped where 1 - d has long rounded to 1, so that E
+// stays finite.
+template <class T>
+GRAD_HD constexpr T tanh_far(T a) {
+  using F = Format<T>;
   const T a_far = blend<T>(less_mask<T>(F::tanh_saturated, a), F::tanh_saturated, a);
   const ExpParts<T> e = exp_parts<T>(a_far + a_far);  // n <= 58: one exact scaling
   const T scale = pow2<T>(e.n);
@@ -283,11 +287,65 @@ GRAD_HD constexpr T exact_tanh(T x) {
   const T w = T(1) - q;
   // d = 2 / (s + s_low) ~ q - q * s_low / s, and 1 / s ~ q / 2 is plenty for
   // a term this small (one division fewer).
-  const T far = w + (((T(1) - w) - q) + q * (s_low * (q * T(0.5))));  // (1 - w) - q: exact
+  return w + (((T(1) - w) - q) + q * (s_low * (q * T(0.5))));  // (1 - w) - q: exact
+}
 
-  // For NaN x the masks are arbitrary: the result is replaced.
-  const T magnitude = blend<T>(less_mask<T>(a, F::tanh_split), near_zero, far);
-  return blend<T>(nan_mask<T>(x), x + x, from_bits<T>(to_bits<T>(magnitude) | sign));
+// All ones where a takes the near arm.
+template <class T>
+GRAD_HD constexpr typename Format<T>::Bits tanh_near_mask(T a) {
+  return less_mask<T>(a, Format<T>::tanh_split);
+}
+
+// x's sign on the magnitude; NaN x gives NaN (whatever the magnitude was).
+template <class T>
+GRAD_HD constexpr T tanh_finish(T x, T magnitude) {
+  return blend<T>(nan_mask<T>(x), x + x, from_bits<T>(to_bits<T>(magnitude) | (to_bits<T>(x) & Format<T>::sign_mask)));
+}
+
+template <class T>
+GRAD_HD constexpr T magnitude_of(T x) {
+  return from_bits<T>(to_bits<T>(x) & ~Format<T>::sign_mask);
+}
+
+}  // namespace exact_math_detail
+
+// tanh(x), odd: the near arm below tanh_split, the far arm from there on,
+// both computed and one kept by a bit blend (a GPU thread and a vector lane
+// alike). For NaN x the mask is arbitrary: the result is replaced.
+template <Scalar T>
+GRAD_HD constexpr T exact_tanh(T x) {
+  using namespace exact_math_detail;
+  const T a = magnitude_of(x);
+  return tanh_finish<T>(x, blend<T>(tanh_near_mask<T>(a), tanh_near<T>(a), tanh_far<T>(a)));
+}
+
+// y[i] = exact_tanh(x[i]) for a whole array, host only: in blocks of 16,
+// a block whose elements all take one arm computes that arm alone. Each
+// element still comes out of the very operations exact_tanh does, so the
+// bits are the same; only work whose result the blend would discard is
+// skipped (most activations of a trained network sit in one arm).
+template <Scalar T>
+inline void exact_tanh_array(const T* __restrict x, T* __restrict y, std::size_t n) {
+  using namespace exact_math_detail;
+  using Bits = typename Format<T>::Bits;
+  constexpr std::size_t block = 16;
+  std::size_t i = 0;
+  for (; i + block <= n; i += block) {
+    Bits any_near = 0, all_near = ~Bits(0);
+    for (std::size_t j = 0; j < block; ++j) {
+      const Bits near = tanh_near_mask<T>(magnitude_of(x[i + j])) | nan_mask<T>(x[i + j]);
+      any_near |= near;
+      all_near &= near;
+    }
+    if (all_near != 0) {
+      for (std::size_t j = 0; j < block; ++j) y[i + j] = tanh_finish<T>(x[i + j], tanh_near<T>(magnitude_of(x[i + j])));
+    } else if (any_near == 0) {
+      for (std::size_t j = 0; j < block; ++j) y[i + j] = tanh_finish<T>(x[i + j], tanh_far<T>(magnitude_of(x[i + j])));
+    } else {
+      for (std::size_t j = 0; j < block; ++j) y[i + j] = exact_tanh(x[i + j]);
+    }
+  }
+  for (; i < n; ++i) y[i] = exact_tanh(x[i]);
 }
 
 // 1 / (1 + e^-x), written with e = e^-|x| in (0, 1] as 1 / (1 + e) for x >= 0

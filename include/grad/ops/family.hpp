@@ -132,9 +132,14 @@ struct Unary {
 
  private:
   // A node's output and gradient buffers never overlap its inputs.
+  // A tag may bring a host loop of its own for a whole run (forward_array),
+  // which must give every element the bits forward() gives it.
   template <class T>
   static void map_forward(const T* __restrict a, T* __restrict y, std::size_t n, T s) {
-    for (std::size_t i = 0; i < n; ++i) y[i] = Derived::forward(a[i], s);
+    if constexpr (requires { Derived::forward_array(a, y, n, s); })
+      Derived::forward_array(a, y, n, s);
+    else
+      for (std::size_t i = 0; i < n; ++i) y[i] = Derived::forward(a[i], s);
   }
   template <class T>
   static void map_backward(const T* __restrict a, const T* __restrict y, const T* __restrict g, T* __restrict dx,
