@@ -18,6 +18,7 @@
 #pragma once
 
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -327,19 +328,17 @@ GRAD_HD constexpr T exact_tanh(T x) {
 template <Scalar T>
 inline void exact_tanh_array(const T* __restrict x, T* __restrict y, std::size_t n) {
   using namespace exact_math_detail;
-  using Bits = typename Format<T>::Bits;
   constexpr std::size_t block = 16;
   std::size_t i = 0;
   for (; i + block <= n; i += block) {
-    Bits any_near = 0, all_near = ~Bits(0);
-    for (std::size_t j = 0; j < block; ++j) {
-      const Bits near = tanh_near_mask<T>(magnitude_of(x[i + j])) | nan_mask<T>(x[i + j]);
-      any_near |= near;
-      all_near &= near;
-    }
-    if (all_near != 0) {
+    // How many take the near arm: |x| < split, NaN counted too (its result
+    // is replaced whichever arm ran). A plain compare, so that the count
+    // vectorises; it agrees with tanh_near_mask on every non-NaN input.
+    unsigned near = 0;
+    for (std::size_t j = 0; j < block; ++j) near += !(std::fabs(x[i + j]) >= Format<T>::tanh_split);
+    if (near == block) {
       for (std::size_t j = 0; j < block; ++j) y[i + j] = tanh_finish<T>(x[i + j], tanh_near<T>(magnitude_of(x[i + j])));
-    } else if (any_near == 0) {
+    } else if (near == 0) {
       for (std::size_t j = 0; j < block; ++j) y[i + j] = tanh_finish<T>(x[i + j], tanh_far<T>(magnitude_of(x[i + j])));
     } else {
       for (std::size_t j = 0; j < block; ++j) y[i + j] = exact_tanh(x[i + j]);
