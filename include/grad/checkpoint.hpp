@@ -126,31 +126,28 @@ struct CheckpointAccess {
     T lr{}, clip{}, beta1{}, beta2{}, eps{}, beta1_power{}, beta2_power{};
   };
   static constexpr bool is_adam = std::is_same_v<Opt, Adam<T>>;
+  // f(settings field, optimizer field) for every setting: the one list that
+  // both directions below walk (o and s const or not, as each needs).
+  template <class O, class S, class F>
+  static void each_setting(O& o, S& s, F f) {
+    f(s.steps, o.steps_);
+    f(s.lr, o.lr_);
+    f(s.clip, o.clip_);
+    if constexpr (is_adam) {
+      f(s.beta1, o.beta1_);
+      f(s.beta2, o.beta2_);
+      f(s.eps, o.eps_);
+      f(s.beta1_power, o.beta1_power_);
+      f(s.beta2_power, o.beta2_power_);
+    }
+  }
   static Settings settings(const Opt& o) {
     Settings s;
-    s.steps = o.steps_;
-    s.lr = o.lr_;
-    s.clip = o.clip_;
-    if constexpr (is_adam) {
-      s.beta1 = o.beta1_;
-      s.beta2 = o.beta2_;
-      s.eps = o.eps_;
-      s.beta1_power = o.beta1_power_;
-      s.beta2_power = o.beta2_power_;
-    }
+    each_setting(o, s, [](auto& to, const auto& from) { to = from; });
     return s;
   }
   static void restore(Opt& o, const Settings& s) {
-    o.steps_ = s.steps;
-    o.lr_ = s.lr;
-    o.clip_ = s.clip;
-    if constexpr (is_adam) {
-      o.beta1_ = s.beta1;
-      o.beta2_ = s.beta2;
-      o.eps_ = s.eps;
-      o.beta1_power_ = s.beta1_power;
-      o.beta2_power_ = s.beta2_power;
-    }
+    each_setting(o, s, [](const auto& from, auto& to) { to = from; });
   }
   static std::vector<typename Optimizer<T>::Entry>& entries(Opt& o) { return o.entries_; }
   static std::vector<T>* moments(Opt& o, int which) {
