@@ -57,23 +57,29 @@ GRAD_HD inline Dims strides_in(const Dims& in, const Dims& out) {
 template <class Op, class Base>
 inline constexpr bool in_family = std::is_base_of_v<Base, Op>;
 
+// How many items (device threads) a node's kernels take, unless its family
+// says otherwise: one per output element forward, one per element of the
+// input's gradient backward.
+struct PerElementItems {
+  template <class T>
+  static std::size_t forward_items(const NodeArgs<T>& x) {
+    return x.out.size();
+  }
+  template <int In, class T>
+  static std::size_t backward_items(const NodeArgs<T>& x) {
+    return (In == 0 ? x.a.dims : x.b.dims).size();
+  }
+};
+
 }  // namespace kernel_detail
 
 // y = f(x, scalar): item w is element w.
 template <class Op>
 requires kernel_detail::in_family<Op, Unary<Op>>
-struct DeviceKernel<Op> {
-  template <class T>
-  static std::size_t forward_items(const NodeArgs<T>& x) {
-    return x.out.size();
-  }
+struct DeviceKernel<Op> : kernel_detail::PerElementItems {
   template <class T>
   GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
     y[w] = Op::forward(x.a.data[w], x.scalar);
-  }
-  template <int In, class T>
-  static std::size_t backward_items(const NodeArgs<T>& x) {
-    return x.out.size();
   }
   template <int In, class T>
   GRAD_HD static void backward(const NodeArgs<T>& x, const T* y, const T* g, T* dx, std::size_t w) {
@@ -86,11 +92,7 @@ struct DeviceKernel<Op> {
 // adds its contributions in ascending output index (Binary::backward_tensor).
 template <class Op>
 requires kernel_detail::in_family<Op, Binary<Op>>
-struct DeviceKernel<Op> {
-  template <class T>
-  static std::size_t forward_items(const NodeArgs<T>& x) {
-    return x.out.size();
-  }
+struct DeviceKernel<Op> : kernel_detail::PerElementItems {
   template <class T>
   GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
     const std::size_t ia = kernel_detail::same_dims(x.a.dims, x.out)
@@ -100,11 +102,6 @@ struct DeviceKernel<Op> {
                                ? w
                                : broadcast_index(w, x.out, kernel_detail::strides_in(x.b.dims, x.out));
     y[w] = Op::forward(x.a.data[ia], x.b.data[ib]);
-  }
-
-  template <int In, class T>
-  static std::size_t backward_items(const NodeArgs<T>& x) {
-    return (In == 0 ? x.a.dims : x.b.dims).size();
   }
 
   template <int In, class T>
@@ -155,17 +152,13 @@ struct DeviceKernel<Op> {
 // gemm_nn / gemm_nt / gemm_tn (linalg.hpp) accumulate it.
 template <class Op>
 requires kernel_detail::in_family<Op, MatrixProduct<Op>>
-struct DeviceKernel<Op> {
+struct DeviceKernel<Op> : kernel_detail::PerElementItems {
   struct Sizes {
     std::size_t m, k, n;
   };
   template <class T>
   GRAD_HD static Sizes sizes(const NodeArgs<T>& x) {
     return {x.a.dims.back(1), x.a.dims.back(), x.b.dims.back()};
-  }
-  template <class T>
-  static std::size_t forward_items(const NodeArgs<T>& x) {
-    return x.out.size();
   }
   template <class T>
   GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
@@ -176,10 +169,6 @@ struct DeviceKernel<Op> {
     T acc = T(0);
     for (std::size_t p = 0; p < k; ++p) acc = acc + A[p] * B[p * n];
     y[w] = acc;
-  }
-  template <int In, class T>
-  static std::size_t backward_items(const NodeArgs<T>& x) {
-    return (In == 0 ? x.a.dims : x.b.dims).size();
   }
   template <int In, class T>
   GRAD_HD static void backward(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
@@ -203,7 +192,7 @@ struct DeviceKernel<Op> {
 // sum and mean: one item computes the whole reduction (sum_ascending, the
 // one documented order); backward hands every element the same share.
 template <class Op>
-requires(std::same_as<Op, Sum> || std::same_as<Op, Mean>) struct DeviceKernel<Op> {
+requires(std::same_as<Op, Sum> || std::same_as<Op, Mean>) struct DeviceKernel<Op> : kernel_detail::PerElementItems {
   template <class T>
   static std::size_t forward_items(const NodeArgs<T>&) {
     return 1;
@@ -217,10 +206,6 @@ requires(std::same_as<Op, Sum> || std::same_as<Op, Mean>) struct DeviceKernel<Op
       y[0] = sum_ascending(x.a.data, n);
   }
   template <int In, class T>
-  static std::size_t backward_items(const NodeArgs<T>& x) {
-    return x.a.dims.size();
-  }
-  template <int In, class T>
   GRAD_HD static void backward(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
     if constexpr (std::same_as<Op, Mean>)
       dx[w] = g[0] / static_cast<T>(x.a.dims.size());
@@ -231,19 +216,11 @@ requires(std::same_as<Op, Sum> || std::same_as<Op, Mean>) struct DeviceKernel<Op
 
 // Swaps the last two axes (transpose_batches).
 template <>
-struct DeviceKernel<Transpose> {
-  template <class T>
-  static std::size_t forward_items(const NodeArgs<T>& x) {
-    return x.out.size();
-  }
+struct DeviceKernel<Transpose> : kernel_detail::PerElementItems {
   template <class T>
   GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
     const std::size_t r = x.a.dims.back(1), c = x.a.dims.back(), s = w / (r * c), q = w % (r * c);
     y[w] = x.a.data[s * r * c + (q % r) * c + q / r];
-  }
-  template <int In, class T>
-  static std::size_t backward_items(const NodeArgs<T>& x) {
-    return x.a.dims.size();
   }
   template <int In, class T>
   GRAD_HD static void backward(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
@@ -253,18 +230,10 @@ struct DeviceKernel<Transpose> {
 };
 
 template <>
-struct DeviceKernel<Reshape> {
-  template <class T>
-  static std::size_t forward_items(const NodeArgs<T>& x) {
-    return x.out.size();
-  }
+struct DeviceKernel<Reshape> : kernel_detail::PerElementItems {
   template <class T>
   GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
     y[w] = x.a.data[w];
-  }
-  template <int In, class T>
-  static std::size_t backward_items(const NodeArgs<T>& x) {
-    return x.out.size();
   }
   template <int In, class T>
   GRAD_HD static void backward(const NodeArgs<T>&, const T*, const T* g, T* dx, std::size_t w) {
@@ -275,11 +244,7 @@ struct DeviceKernel<Reshape> {
 // Slice: forward gathers from the input box; backward gives each input
 // element its output's gradient inside the box and zero outside.
 template <>
-struct DeviceKernel<Slice> {
-  template <class T>
-  static std::size_t forward_items(const NodeArgs<T>& x) {
-    return x.out.size();
-  }
+struct DeviceKernel<Slice> : kernel_detail::PerElementItems {
   template <class T>
   GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
     std::size_t src = 0, in_stride = 1, rest = w;
@@ -289,10 +254,6 @@ struct DeviceKernel<Slice> {
       in_stride *= x.a.dims.d[ax];
     }
     y[w] = x.a.data[src];
-  }
-  template <int In, class T>
-  static std::size_t backward_items(const NodeArgs<T>& x) {
-    return x.a.dims.size();
   }
   template <int In, class T>
   GRAD_HD static void backward(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
@@ -313,7 +274,7 @@ struct DeviceKernel<Slice> {
 
 // Concat: per outer index, a's block then b's block.
 template <>
-struct DeviceKernel<Concat> {
+struct DeviceKernel<Concat> : kernel_detail::PerElementItems {
   struct Blocks {
     std::size_t a, b;
   };
@@ -327,18 +288,10 @@ struct DeviceKernel<Concat> {
     return k;
   }
   template <class T>
-  static std::size_t forward_items(const NodeArgs<T>& x) {
-    return x.out.size();
-  }
-  template <class T>
   GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
     const Blocks k = blocks(x);
     const std::size_t o = w / (k.a + k.b), r = w % (k.a + k.b);
     y[w] = r < k.a ? x.a.data[o * k.a + r] : x.b.data[o * k.b + (r - k.a)];
-  }
-  template <int In, class T>
-  static std::size_t backward_items(const NodeArgs<T>& x) {
-    return (In == 0 ? x.a.dims : x.b.dims).size();
   }
   template <int In, class T>
   GRAD_HD static void backward(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
@@ -383,11 +336,7 @@ struct DeviceKernel<Softmax> {
 
 // row_sum: item w is row w, run by the tag's own row functions.
 template <>
-struct DeviceKernel<RowSum> {
-  template <class T>
-  static std::size_t forward_items(const NodeArgs<T>& x) {
-    return x.out.size();
-  }
+struct DeviceKernel<RowSum> : kernel_detail::PerElementItems {
   template <class T>
   GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t w) {
     const std::size_t n = x.a.dims.back();
