@@ -5,7 +5,9 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "support.hpp"
@@ -156,6 +158,19 @@ TEST_CASE("summing in another order is detected by the bitwise comparison") {
     for (std::size_t p = k; p-- > 0;)
       for (std::size_t j = 0; j < n; ++j) reversed[i * n + j] = reversed[i * n + j] + A[i * k + p] * B[p * n + j];
   CHECK_FALSE(same_bits(want, reversed));
+}
+
+// The test runner runs this suite with GRAD_ISA unset, "baseline" and "avx2".
+TEST_CASE("best_isa is the widest set the CPU has, capped by GRAD_ISA") {
+  const Isa widest = supported(Isa::avx512) ? Isa::avx512 : supported(Isa::avx2) ? Isa::avx2 : Isa::baseline;
+  const char* cap = std::getenv("GRAD_ISA");
+  const std::string name = cap ? cap : "";
+  if (name == "baseline")
+    CHECK(best_isa() == Isa::baseline);
+  else if (name == "avx2")
+    CHECK(best_isa() == (widest == Isa::avx512 ? Isa::avx2 : widest));
+  else
+    CHECK(best_isa() == widest);
 }
 
 TEST_CASE("set_num_threads: 0 means one per hardware thread, and 1 restores the default") {

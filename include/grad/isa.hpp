@@ -4,6 +4,10 @@
 // -ffp-contract=off and do the same IEEE operations in the same order.
 #pragma once
 
+#include <cstdio>
+#include <cstdlib>
+#include <string_view>
+
 namespace grad {
 
 enum class Isa { baseline, avx2, avx512 };
@@ -24,8 +28,23 @@ inline bool supported(Isa isa) {
 #endif
 }
 
+// The widest set the CPU has, capped by the environment variable GRAD_ISA
+// (baseline, avx2 or avx512) when it is set: a way to run, and test, the
+// narrower code paths on a wide machine. Read once, at the first kernel call.
 inline Isa best_isa() {
-  static const Isa isa = supported(Isa::avx512) ? Isa::avx512 : supported(Isa::avx2) ? Isa::avx2 : Isa::baseline;
+  static const Isa isa = [] {
+    Isa best = supported(Isa::avx512) ? Isa::avx512 : supported(Isa::avx2) ? Isa::avx2 : Isa::baseline;
+    if (const char* cap = std::getenv("GRAD_ISA")) {
+      const std::string_view name(cap);
+      if (name == "baseline")
+        best = Isa::baseline;
+      else if (name == "avx2" && best == Isa::avx512)
+        best = Isa::avx2;
+      else if (name != "avx2" && name != "avx512")
+        std::fprintf(stderr, "grad: GRAD_ISA=%s is not one of baseline, avx2, avx512; ignored\n", cap);
+    }
+    return best;
+  }();
   return isa;
 }
 
