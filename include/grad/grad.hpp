@@ -5,7 +5,8 @@
 //   tensor.hpp       Tensor<T>, Shape, Dims, broadcasting
 //   ops/             one tag per op: GRAD_HD forward/backward functors and host loops;
 //                    op_list.hpp lists them all (OpList, op_code, with_op)
-//   isa.hpp, parallel.hpp   run-time instruction-set choice, the thread pool (set_num_threads)
+//   isa.hpp          run-time instruction-set choice for host loops (with_best_isa, GRAD_ISA)
+//   parallel.hpp     the thread pool (set_num_threads, parallel_ranges)
 //   arena.hpp        the chunked allocator behind the tape
 //   tape.hpp         Tape<T>, Var<T>: nodes, poisoning, requires-grad, mark/reset
 //   ops.hpp          a + b, matmul(a, b), softmax(a, axis), ...: checks shapes, records a node
