@@ -220,8 +220,8 @@ class SGD : public Optimizer<T> {
   std::uint64_t steps() const { return steps_; }
 
  private:
-  // The parameters, moments and gradients never overlap; saying so lets the
-  // loop vectorise without run-time overlap checks.
+  // Parameters and gradients never overlap; saying so lets the loop
+  // vectorise without run-time overlap checks.
   static void sgd_loop(T* __restrict w, const T* __restrict g, std::size_t n, T scale, T l2, T lr) {
     for (std::size_t i = 0; i < n; ++i) w[i] = SgdRule::update(w[i], ClipRule::effective(g[i], w[i], scale, l2), lr);
   }
@@ -267,6 +267,7 @@ class Adam : public Optimizer<T> {
   std::span<const T> second_moments() const { return v_; }
 
  private:
+  // Parameters, moments and gradients never overlap (see sgd_loop).
   static void adam_loop(T* __restrict w, T* __restrict m, T* __restrict v, const T* __restrict g, std::size_t n,
                         T scale, T l2, T beta1, T beta2, T eps, const AdamStepConstants<T>& c) {
     for (std::size_t i = 0; i < n; ++i)

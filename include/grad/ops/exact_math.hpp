@@ -1,9 +1,8 @@
 // exp, tanh, sigmoid and log written with + - * / only, so that they round
 // the same way on every backend: host code is built with -ffp-contract=off and
 // device code with --fmad=false, and IEEE + - * / are correctly rounded on
-// both. No
-// libm call, no fma, no lookup table, no branch on data (bit-mask blends), so
-// a host loop over them auto-vectorises (GCC at -O3; -O2's very-cheap cost
+// both. No libm call, no fma, no lookup table, no branch on data (bit-mask
+// blends), so a host loop over them auto-vectorises (GCC at -O3; -O2's very-cheap cost
 // model declines loops that need alias checks) and a GPU thread computes the
 // very same bits. This is what moves exp, tanh, sigmoid and log into the
 // exact tier.
@@ -119,6 +118,16 @@ GRAD_HD constexpr T from_bits(typename Format<T>::Bits b) {
 template <class T>
 GRAD_HD constexpr T blend(typename Format<T>::Bits mask, T if_set, T if_clear) {
   return from_bits<T>((to_bits<T>(if_set) & mask) | (to_bits<T>(if_clear) & ~mask));
+}
+
+// |x| (NaN stays NaN), and magnitude m with x's sign bit.
+template <class T>
+GRAD_HD constexpr T magnitude_of(T x) {
+  return from_bits<T>(to_bits<T>(x) & ~Format<T>::sign_mask);
+}
+template <class T>
+GRAD_HD constexpr T with_sign_of(T m, T x) {
+  return from_bits<T>(to_bits<T>(m) | (to_bits<T>(x) & Format<T>::sign_mask));
 }
 
 // All ones where a < b, for a, b not NaN: the sign of a - b is exact.
@@ -254,10 +263,7 @@ GRAD_HD constexpr T log_tail(T z) {
 template <Scalar T>
 GRAD_HD constexpr T exact_exp(T x) {
   using namespace exact_math_detail;
-  using F = Format<T>;
-  const typename F::Bits sign = to_bits<T>(x) & F::sign_mask;
-  const T magnitude = at_most<T>(from_bits<T>(to_bits<T>(x) ^ sign), F::exp_limit);
-  return split_exp<T>(from_bits<T>(to_bits<T>(magnitude) | sign)).hi;
+  return split_exp<T>(with_sign_of<T>(at_most<T>(magnitude_of<T>(x), Format<T>::exp_limit), x)).hi;
 }
 
 namespace exact_math_detail {
@@ -300,12 +306,7 @@ GRAD_HD constexpr typename Format<T>::Bits tanh_near_mask(T a) {
 // x's sign on the magnitude; NaN x gives NaN (whatever the magnitude was).
 template <class T>
 GRAD_HD constexpr T tanh_finish(T x, T magnitude) {
-  return blend<T>(nan_mask<T>(x), x + x, from_bits<T>(to_bits<T>(magnitude) | (to_bits<T>(x) & Format<T>::sign_mask)));
-}
-
-template <class T>
-GRAD_HD constexpr T magnitude_of(T x) {
-  return from_bits<T>(to_bits<T>(x) & ~Format<T>::sign_mask);
+  return blend<T>(nan_mask<T>(x), x + x, with_sign_of<T>(magnitude, x));
 }
 
 }  // namespace exact_math_detail
@@ -355,7 +356,7 @@ template <Scalar T>
 GRAD_HD constexpr T exact_sigmoid(T x) {
   using namespace exact_math_detail;
   using Bits = typename Format<T>::Bits;
-  const T magnitude = from_bits<T>(to_bits<T>(x) & ~Format<T>::sign_mask);
+  const T magnitude = magnitude_of<T>(x);
   const SplitExp<T> e =
       split_exp<T>(-blend<T>(less_mask<T>(Format<T>::exp_limit, magnitude), Format<T>::exp_limit, magnitude));
   const Bits negative = Bits(0) - (to_bits<T>(x) >> (8 * sizeof(T) - 1));

@@ -98,10 +98,14 @@ inline void broadcast_loop(const Dims& out, const Dims& sa, const Dims& sb, F&& 
   }
 }
 
-// Every element of `out`, in ascending j.
+// Every element of `out`, each written by one call f(j, ia, ib): rows are
+// split over the pool, each range compiled for the best instruction set.
 template <class F>
-inline void broadcast_loop(const Dims& out, const Dims& sa, const Dims& sb, F&& f) {
-  broadcast_loop(out, sa, sb, f, 0, row_count(out), 0, row_length(out));
+inline void broadcast_loop_by_rows(const Dims& out, const Dims& sa, const Dims& sb, F&& f) {
+  const std::size_t inner = row_length(out);
+  parallel_ranges(row_count(out), row_grain(inner), [&](std::size_t r0, std::size_t r1) {
+    with_best_isa([&] { broadcast_loop(out, sa, sb, f, r0, r1, 0, inner); });
+  });
 }
 
 // y = f(x, scalar) elementwise; the tag supplies forward(x, s) and
@@ -131,9 +135,9 @@ struct Unary {
   }
 
  private:
-  // A node's output and gradient buffers never overlap its inputs.
-  // A tag may bring a host loop of its own for a whole run (forward_array),
-  // which must give every element the bits forward() gives it.
+  // A node's output and gradient buffers never overlap its inputs. A tag may
+  // bring a host loop of its own for a whole run (forward_array), which must
+  // give every element the bits forward() gives it.
   template <class T>
   static void map_forward(const T* __restrict a, T* __restrict y, std::size_t n, T s) {
     if constexpr (requires { Derived::forward_array(a, y, n, s); })
@@ -166,16 +170,9 @@ struct Binary {
       });
       return;
     }
-    const Dims sa = broadcast_strides(x.a.dims, x.out), sb = broadcast_strides(x.b.dims, x.out);
-    const std::size_t inner = row_length(x.out);
-    parallel_ranges(row_count(x.out), row_grain(inner), [&](std::size_t r0, std::size_t r1) {
-      with_best_isa([&] {
-        broadcast_loop(
-            x.out, sa, sb,
-            [&](std::size_t j, std::size_t ia, std::size_t ib) { y[j] = Derived::forward(a[ia], b[ib]); }, r0, r1, 0,
-            inner);
-      });
-    });
+    broadcast_loop_by_rows(
+        x.out, broadcast_strides(x.a.dims, x.out), broadcast_strides(x.b.dims, x.out),
+        [&](std::size_t j, std::size_t ia, std::size_t ib) { y[j] = Derived::forward(a[ia], b[ib]); });
   }
 
   template <int In, class T>
@@ -184,10 +181,7 @@ struct Binary {
     const T* b = x.b.data;
     const Dims& mine = In == 0 ? x.a.dims : x.b.dims;
     auto contribution = [&](std::size_t j, std::size_t ia, std::size_t ib) {
-      if constexpr (In == 0)
-        return Derived::backward_a(a[ia], b[ib], y[j], g[j]);
-      else
-        return Derived::backward_b(a[ia], b[ib], y[j], g[j]);
+      return gradient<In>(a[ia], b[ib], y[j], g[j]);
     };
     if (x.a.dims == x.out && x.b.dims == x.out) {
       parallel_ranges(x.out.size(), elementwise_grain, [&](std::size_t lo, std::size_t hi) {
@@ -196,15 +190,9 @@ struct Binary {
       return;
     }
     const Dims sa = broadcast_strides(x.a.dims, x.out), sb = broadcast_strides(x.b.dims, x.out);
-    const std::size_t rows = row_count(x.out), inner = row_length(x.out);
     if (mine == x.out) {
-      parallel_ranges(rows, row_grain(inner), [&](std::size_t r0, std::size_t r1) {
-        with_best_isa([&] {
-          broadcast_loop(
-              x.out, sa, sb, [&](std::size_t j, std::size_t ia, std::size_t ib) { dx[j] = contribution(j, ia, ib); },
-              r0, r1, 0, inner);
-        });
-      });
+      broadcast_loop_by_rows(x.out, sa, sb,
+                             [&](std::size_t j, std::size_t ia, std::size_t ib) { dx[j] = contribution(j, ia, ib); });
       return;
     }
     // A broadcast input: each of its elements sums its contributions over the
@@ -212,6 +200,7 @@ struct Binary {
     // columns feed distinct elements, so column ranges may run on different
     // threads; otherwise one thread walks everything.
     const bool split_columns = (In == 0 ? sa : sb).back() == 1;
+    const std::size_t rows = row_count(x.out), inner = row_length(x.out);
     const std::size_t m = mine.size();
     for (std::size_t i = 0; i < m; ++i) dx[i] = T(0);
     auto reduce = [&](std::size_t c0, std::size_t c1) {
@@ -240,12 +229,15 @@ struct Binary {
   template <int In, class T>
   static void map_backward(const T* __restrict a, const T* __restrict b, const T* __restrict y, const T* __restrict g,
                            T* __restrict dx, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) {
-      if constexpr (In == 0)
-        dx[i] = Derived::backward_a(a[i], b[i], y[i], g[i]);
-      else
-        dx[i] = Derived::backward_b(a[i], b[i], y[i], g[i]);
-    }
+    for (std::size_t i = 0; i < n; ++i) dx[i] = gradient<In>(a[i], b[i], y[i], g[i]);
+  }
+  // The tag's gradient for operand In from one output element.
+  template <int In, class T>
+  static T gradient(T a, T b, T y, T g) {
+    if constexpr (In == 0)
+      return Derived::backward_a(a, b, y, g);
+    else
+      return Derived::backward_b(a, b, y, g);
   }
 };
 

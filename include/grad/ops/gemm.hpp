@@ -331,22 +331,22 @@ template <class T>
 void multiply_baseline(const Problem<T>& pr, std::size_t i0, std::size_t i1, std::size_t j0, std::size_t j1) {
   multiply_block<T, 16 / sizeof(T), 4, 2>(pr, i0, i1, j0, j1);
 }
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#if GRAD_HAS_ISA_TARGETS
 template <class T>
-__attribute__((target("avx2"))) void multiply_avx2(const Problem<T>& pr, std::size_t i0, std::size_t i1, std::size_t j0,
-                                                   std::size_t j1) {
+GRAD_TARGET_AVX2 void multiply_avx2(const Problem<T>& pr, std::size_t i0, std::size_t i1, std::size_t j0,
+                                    std::size_t j1) {
   multiply_block<T, 32 / sizeof(T), 4, 2>(pr, i0, i1, j0, j1);
 }
 template <class T>
-__attribute__((target("avx512f"))) void multiply_avx512(const Problem<T>& pr, std::size_t i0, std::size_t i1,
-                                                        std::size_t j0, std::size_t j1) {
+GRAD_TARGET_AVX512 void multiply_avx512(const Problem<T>& pr, std::size_t i0, std::size_t i1, std::size_t j0,
+                                        std::size_t j1) {
   multiply_block<T, 64 / sizeof(T), 6, 4>(pr, i0, i1, j0, j1);
 }
 #endif
 
 template <class T>
 void multiply_range(Isa isa, const Problem<T>& pr, std::size_t i0, std::size_t i1, std::size_t j0, std::size_t j1) {
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#if GRAD_HAS_ISA_TARGETS
   if (isa == Isa::avx512) return multiply_avx512(pr, i0, i1, j0, j1);
   if (isa == Isa::avx2) return multiply_avx2(pr, i0, i1, j0, j1);
 #endif
@@ -397,8 +397,8 @@ void multiply(Isa isa, const Problem<T>& pr) {
   const std::size_t col_units = (pr.n + col_unit - 1) / col_unit, row_units = (pr.m + row_unit - 1) / row_unit;
   const bool by_columns = col_units >= threads && (pr.m <= pr.n || row_units < threads);
   const std::size_t units = by_columns ? col_units : row_units;
-  // One part per thread: every part packs its own copy of a's blocks, so
-  // finer parts would pay that copy again (measured: 8 parts cost ~30% more
+  // One part per thread: every part packs its own copy of the unsplit
+  // operand, so finer parts would pay that copy again (measured: 8 parts cost ~30% more
   // CPU time than 2 on workload B).
   Split<T> split{isa, &pr, std::min(threads, units), units, by_columns ? col_unit : row_unit, by_columns};
   parallel_for(split.parts, &run_part<T>, &split);
