@@ -16,12 +16,10 @@ namespace grad::device {
 
 namespace {
 
-// Same launch geometry as the CUDA backend: work item w = block * threads + thread.
-constexpr std::size_t threads_per_block = 256;
-
+// The CUDA backend's launch geometry (kernels.hpp), blocks and threads as loops.
 template <class F>
 void for_each_item(std::size_t items, F&& body) {
-  const std::size_t blocks = (items + threads_per_block - 1) / threads_per_block;
+  const std::size_t blocks = blocks_for(items);
   for (std::size_t block = 0; block < blocks; ++block)
     for (std::size_t thread = 0; thread < threads_per_block; ++thread) {
       const std::size_t w = block * threads_per_block + thread;
@@ -74,8 +72,7 @@ class CpuLauncher {
   }
   template <class S>
   void batch(const Launch<S>* launches, std::size_t count, const Launch<S>*) {
-    std::size_t blocks = 0;
-    for (std::size_t k = 0; k < count; ++k) blocks += (launches[k].items + threads_per_block - 1) / threads_per_block;
+    const std::size_t blocks = batch_blocks(launches, count);
     for (std::size_t block = 0; block < blocks; ++block)
       for (std::size_t thread = 0; thread < threads_per_block; ++thread)
         batch_block(launches, count, block, thread, threads_per_block);
@@ -103,8 +100,7 @@ class CpuLauncher {
   template <class S>
   void optimizer_update_all(const ParamView<S>* params, std::size_t count, const ParamView<S>*,
                             const OptimizerHyper<S>& h, const OptimizerState<S>* st) {
-    std::size_t blocks = 0;
-    for (std::size_t k = 0; k < count; ++k) blocks += (params[k].size + threads_per_block - 1) / threads_per_block;
+    const std::size_t blocks = update_blocks(params, count);
     for (std::size_t block = 0; block < blocks; ++block)
       for (std::size_t thread = 0; thread < threads_per_block; ++thread)
         optimizer_update_block(params, count, h, *st, block, thread, threads_per_block);

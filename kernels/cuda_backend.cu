@@ -27,8 +27,6 @@ namespace grad::device {
 
 namespace {
 
-constexpr unsigned threads_per_block = 256;
-
 void check(cudaError_t rc, const char* what) {
   if (rc != cudaSuccess)
     throw std::runtime_error(std::string("grad::device (cuda): ") + what + " failed: " + cudaGetErrorName(rc) + " (" +
@@ -92,9 +90,8 @@ __global__ void optimizer_update_kernel(ParamView<S> p, OptimizerHyper<S> h, con
   if (w < p.size) optimizer_update(p, h, *st, w);
 }
 
-unsigned blocks_for(std::size_t items) {
-  return static_cast<unsigned>((items + threads_per_block - 1) / threads_per_block);
-}
+// A grid of `blocks` blocks, as CUDA's launch syntax takes it.
+unsigned grid(std::size_t blocks) { return static_cast<unsigned>(blocks); }
 
 // Stream capture as a scope (tiny-cuda-nn's cuda_graph.h): end() hands the
 // recorded graph over; leaving the scope any other way (a launch threw)
@@ -158,18 +155,18 @@ class CudaLauncher {
   template <class Op, class S>
   void forward(const NodeArgs<S>& x, S* y, std::size_t items) {
     if (!items) return;
-    forward_kernel<Op, S><<<blocks_for(items), threads_per_block, 0, stream_>>>(x, y, items);
+    forward_kernel<Op, S><<<grid(blocks_for(items)), threads_per_block, 0, stream_>>>(x, y, items);
     check(cudaGetLastError(), "forward kernel launch");
   }
   template <class Op, int In, class S>
   void backward(const NodeArgs<S>& x, const S* y, const S* g, S* dx, std::size_t items) {
     if (!items) return;
-    backward_kernel<Op, In, S><<<blocks_for(items), threads_per_block, 0, stream_>>>(x, y, g, dx, items);
+    backward_kernel<Op, In, S><<<grid(blocks_for(items)), threads_per_block, 0, stream_>>>(x, y, g, dx, items);
     check(cudaGetLastError(), "backward kernel launch");
   }
   template <class S>
   void accumulate(S* grad, const S* contribution, std::size_t n) {
-    accumulate_kernel<S><<<blocks_for(n), threads_per_block, 0, stream_>>>(grad, contribution, n);
+    accumulate_kernel<S><<<grid(blocks_for(n)), threads_per_block, 0, stream_>>>(grad, contribution, n);
     check(cudaGetLastError(), "accumulate kernel launch");
   }
   template <class S>
@@ -187,10 +184,8 @@ class CudaLauncher {
   // keeps both copies): the block count is the sum of each launch's blocks.
   template <class S>
   void batch(const Launch<S>* device_launches, std::size_t count, const Launch<S>* host_launches) {
-    std::size_t blocks = 0;
-    for (std::size_t k = 0; k < count; ++k) blocks += blocks_for(host_launches[k].items);
-    fused_kernel<S><<<static_cast<unsigned>(blocks), threads_per_block, 0, stream_>>>(SegmentKind::across_rows,
-                                                                                      device_launches, count, 0);
+    fused_kernel<S><<<grid(batch_blocks(host_launches, count)), threads_per_block, 0, stream_>>>(
+        SegmentKind::across_rows, device_launches, count, 0);
     check(cudaGetLastError(), "fused batch kernel launch");
   }
 
@@ -226,17 +221,15 @@ class CudaLauncher {
   template <class S>
   void optimizer_update_all(const ParamView<S>* device_params, std::size_t count, const ParamView<S>* host_params,
                             const OptimizerHyper<S>& h, const OptimizerState<S>* st) {
-    std::size_t blocks = 0;
-    for (std::size_t k = 0; k < count; ++k) blocks += blocks_for(host_params[k].size);
+    const std::size_t blocks = update_blocks(host_params, count);
     if (!blocks) return;
-    optimizer_update_all_kernel<S>
-        <<<static_cast<unsigned>(blocks), threads_per_block, 0, stream_>>>(device_params, count, h, st);
+    optimizer_update_all_kernel<S><<<grid(blocks), threads_per_block, 0, stream_>>>(device_params, count, h, st);
     check(cudaGetLastError(), "fused optimizer update kernel launch");
   }
   template <class S>
   void optimizer_update(const ParamView<S>& p, const OptimizerHyper<S>& h, const OptimizerState<S>* st) {
     if (!p.size) return;
-    optimizer_update_kernel<S><<<blocks_for(p.size), threads_per_block, 0, stream_>>>(p, h, st);
+    optimizer_update_kernel<S><<<grid(blocks_for(p.size)), threads_per_block, 0, stream_>>>(p, h, st);
     check(cudaGetLastError(), "optimizer update kernel launch");
   }
 

@@ -422,6 +422,15 @@ GRAD_HD inline void run_item(const Launch<S>& l, std::size_t w) {
   });
 }
 
+// The launch geometry both backends use: work item w = block *
+// threads_per_block + thread (the CPU backend runs blocks and threads as loops).
+inline constexpr std::size_t threads_per_block = 256;
+
+// Blocks that cover `items` work items, `block_items` a block.
+GRAD_HD constexpr std::size_t blocks_for(std::size_t items, std::size_t block_items = threads_per_block) {
+  return (items + block_items - 1) / block_items;
+}
+
 // Row-local segment, block `row`, one launch: this thread's items of the
 // row (the launch's items split evenly over `rows`). The caller puts a
 // barrier after it (__syncthreads on CUDA; the end of the thread loop on the CPU).
@@ -445,7 +454,7 @@ template <class S>
 GRAD_HD inline void batch_block(const Launch<S>* launches, std::size_t count, std::size_t block, std::size_t thread,
                                 std::size_t block_items) {
   for (std::size_t k = 0; k < count; ++k) {
-    const std::size_t blocks = (launches[k].items + block_items - 1) / block_items;
+    const std::size_t blocks = blocks_for(launches[k].items, block_items);
     if (block < blocks) {
       const std::size_t w = block * block_items + thread;
       if (w < launches[k].items) run_item(launches[k], w);
@@ -453,6 +462,14 @@ GRAD_HD inline void batch_block(const Launch<S>* launches, std::size_t count, st
     }
     block -= blocks;
   }
+}
+
+// The grid batch_block needs: every launch's blocks, side by side.
+template <class S>
+std::size_t batch_blocks(const Launch<S>* launches, std::size_t count) {
+  std::size_t blocks = 0;
+  for (std::size_t k = 0; k < count; ++k) blocks += blocks_for(launches[k].items);
+  return blocks;
 }
 
 // ---- device optimizers: grad/opt.hpp's rules over the parameter buffers ----
@@ -517,7 +534,7 @@ GRAD_HD inline void optimizer_update_block(const ParamView<S>* params, std::size
                                            const OptimizerState<S>& st, std::size_t block, std::size_t thread,
                                            std::size_t block_items) {
   for (std::size_t k = 0; k < count; ++k) {
-    const std::size_t blocks = (params[k].size + block_items - 1) / block_items;
+    const std::size_t blocks = blocks_for(params[k].size, block_items);
     if (block < blocks) {
       const std::size_t i = block * block_items + thread;
       if (i < params[k].size) optimizer_update(params[k], h, st, i);
@@ -525,6 +542,14 @@ GRAD_HD inline void optimizer_update_block(const ParamView<S>* params, std::size
     }
     block -= blocks;
   }
+}
+
+// The grid optimizer_update_block needs: every parameter's blocks, side by side.
+template <class S>
+std::size_t update_blocks(const ParamView<S>* params, std::size_t count) {
+  std::size_t blocks = 0;
+  for (std::size_t k = 0; k < count; ++k) blocks += blocks_for(params[k].size);
+  return blocks;
 }
 
 }  // namespace grad::device
