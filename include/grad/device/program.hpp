@@ -94,9 +94,10 @@ class Program {
   void sync_params_to(Tape<T>& tape) {
     if (&tape != tape_)
       throw std::invalid_argument("grad::device::sync_params_to: the program was captured from a different tape");
-    for (std::uint32_t i = 0; i <= loss_; ++i) {
-      if (tape.nodes()[i].op != op_code<Param>) continue;
-      check_node(i, "sync_params_to");
+    // The captured parameters, each checked before the tape is touched: after a
+    // reset_to, a captured node may no longer exist (or be another node).
+    for (std::uint32_t i : params_) check_node(i, "sync_params_to");
+    for (std::uint32_t i : params_) {
       const std::vector<T> v = read(i, false);
       std::copy(v.begin(), v.end(), tape.nodes()[i].value);
     }
@@ -186,6 +187,7 @@ class Program {
   std::vector<Dims> dims_;
   std::vector<std::size_t> value_offset_, grad_offset_;
   std::vector<std::uint64_t> serials_;
+  std::vector<std::uint32_t> params_;  // indices of the captured parameter nodes
   std::size_t grad_elements_ = 0, forward_launches_ = 0, backward_launches_ = 0;
   FusionPlan plan_;
   bool fused_ = false;
@@ -306,6 +308,7 @@ Program<T> capture(const Tape<T>& tape, Var<T> loss, Options options) {
   for (std::uint32_t i = 0; i <= p.loss_; ++i) {
     p.dims_.push_back(tape.nodes()[i].dims);
     p.serials_.push_back(tape.nodes()[i].serial);
+    if (tape.nodes()[i].op == op_code<Param>) p.params_.push_back(i);
   }
   auto finish = [&](const auto& layout) {
     p.grad_elements_ = layout.grad_size;
