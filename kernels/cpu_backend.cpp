@@ -1,9 +1,12 @@
 // The CPU backend: the device kernel bodies (grad/device/kernels.hpp) run on
 // the host, one loop over blocks and threads per launch, launches in order.
 // It exists so the bit-exactness contract can be checked on any machine; it
-// is not meant to be fast.
+// is not meant to be fast. Its Schedule (engine.hpp) reorders blocks and
+// threads to expose races that in-order emulation would hide.
+#include <concepts>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <new>
 #include <stdexcept>
@@ -11,24 +14,73 @@
 #include <vector>
 
 #include "grad/device/replay.hpp"
+#include "grad/random.hpp"
 
 namespace grad::device {
 
 namespace {
 
-// The CUDA backend's launch geometry (kernels.hpp), blocks and threads as loops.
-template <class F>
-void for_each_item(std::size_t items, F&& body) {
-  const std::size_t blocks = blocks_for(items);
-  for (std::size_t block = 0; block < blocks; ++block)
-    for (std::size_t thread = 0; thread < threads_per_block; ++thread) {
-      const std::size_t w = block * threads_per_block + thread;
-      if (w < items) body(w);
+// The order blocks and threads run in (Schedule, engine.hpp).
+class CpuOrder {
+ public:
+  explicit CpuOrder(Schedule s) : schedule_(s) {}
+  Schedule schedule() const { return schedule_; }
+  // Calls f(block) for every block of a grid of `blocks`.
+  template <class F>
+  void blocks(std::size_t blocks, F&& f) {
+    if (schedule_ == Schedule::in_order) {
+      for (std::size_t b = 0; b < blocks; ++b) f(b);
+    } else if (schedule_ == Schedule::reverse) {
+      for (std::size_t b = blocks; b-- > 0;) f(b);
+    } else {
+      // A fixed permutation per grid size (Fisher-Yates from a seed that
+      // depends on nothing else), so a failure reproduces.
+      std::vector<std::size_t>& perm = permutations_[blocks];
+      if (perm.size() != blocks) {
+        perm.resize(blocks);
+        for (std::size_t b = 0; b < blocks; ++b) perm[b] = b;
+        SplitMix64 rng(0x5eedULL + blocks);
+        for (std::size_t b = blocks; b > 1; --b) std::swap(perm[b - 1], perm[rng.next() % b]);
+      }
+      for (std::size_t b : perm) f(b);
     }
-}
+  }
+  // Calls f(thread) for the threads of one block, between two barriers.
+  template <class F>
+  void threads(std::size_t threads, F&& f) const {
+    if (schedule_ == Schedule::in_order)
+      for (std::size_t t = 0; t < threads; ++t) f(t);
+    else
+      for (std::size_t t = threads; t-- > 0;) f(t);
+  }
+
+ private:
+  Schedule schedule_;
+  std::map<std::size_t, std::vector<std::size_t>> permutations_;
+};
+
+// A block (kernels.hpp's Block) as loops: a step runs every thread's share
+// in the schedule's thread order; the barrier is the end of that loop.
+struct CpuBlock {
+  const CpuOrder& order;
+  std::size_t size;
+  template <class F>
+  void step(F&& f) {
+    order.threads(size, [&](std::size_t t) { f(t, size); });
+  }
+  template <class F>
+  void step_one(F&& f) {
+    f();
+  }
+};
 
 class CpuLauncher {
  public:
+  explicit CpuLauncher(Schedule s) : order_(s) {
+    const char* fail = std::getenv("GRAD_DEVICE_FAIL_CAPTURE");
+    fail_capture_ = fail && std::string(fail) == "1";
+  }
+
   template <class U>
   U* allocate(std::size_t n) {
     auto& block =
@@ -47,7 +99,13 @@ class CpuLauncher {
 
   template <class Op, class S>
   void forward(const NodeArgs<S>& x, S* y, std::size_t items) {
-    for_each_item(items, [&](std::size_t w) { DeviceKernel<Op>::forward(x, y, w); });
+    if constexpr (std::same_as<Op, Sum> || std::same_as<Op, Mean>) {
+      // The CUDA backend's one-block reduction, threads as loops.
+      CpuBlock block{order_, threads_per_block};
+      block_reduce_forward(x, y, op_code<Op>, shared<S>(), block);
+    } else {
+      for_each_item(items, [&](std::size_t w) { DeviceKernel<Op>::forward(x, y, w); });
+    }
   }
   template <class Op, int In, class S>
   void backward(const NodeArgs<S>& x, const S* y, const S* g, S* dx, std::size_t items) {
@@ -61,26 +119,29 @@ class CpuLauncher {
   // barrier is the end of a thread loop.
   template <class S>
   void rows(const Launch<S>* launches, std::size_t count, std::size_t rows, std::size_t threads) {
-    for (std::size_t row = 0; row < rows; ++row)
+    order_.blocks(rows, [&](std::size_t row) {
       for (std::size_t k = 0; k < count; ++k)
-        for (std::size_t thread = 0; thread < threads; ++thread)
-          row_segment_step(launches[k], rows, row, thread, threads);
+        order_.threads(threads, [&](std::size_t t) { row_segment_step(launches[k], rows, row, t, threads); });
+    });
   }
   template <class S>
   void serial(const Launch<S>* launches, std::size_t count) {
-    serial_segment(launches, count);
+    CpuBlock block{order_, threads_per_block};
+    serial_segment(launches, count, shared<S>(), block);
   }
   template <class S>
   void batch(const Launch<S>* launches, std::size_t count, const Launch<S>*) {
-    const std::size_t blocks = batch_blocks(launches, count);
-    for (std::size_t block = 0; block < blocks; ++block)
-      for (std::size_t thread = 0; thread < threads_per_block; ++thread)
-        batch_block(launches, count, block, thread, threads_per_block);
+    order_.blocks(batch_blocks(launches, count), [&](std::size_t block) {
+      order_.threads(threads_per_block,
+                     [&](std::size_t t) { batch_block(launches, count, block, t, threads_per_block); });
+    });
   }
   // No graphs on the host: graph mode runs the very launch list it would
   // capture, and refuses a copy inside it as a CUDA capture would.
   template <class F>
   void graph(std::size_t, F&& record) {
+    // A test hook: makes the fallback path reachable (as on CUDA).
+    if (fail_capture_) throw std::runtime_error("graph capture refused (GRAD_DEVICE_FAIL_CAPTURE=1)");
     recording_ = true;
     try {
       record();
@@ -95,15 +156,17 @@ class CpuLauncher {
   template <class S>
   void optimizer_prepare(const ParamView<S>* params, std::size_t count, const OptimizerHyper<S>& h,
                          OptimizerState<S>* st) {
-    device::optimizer_prepare(params, count, h, st);
+    CpuBlock block{order_, threads_per_block};
+    device::optimizer_prepare(params, count, h, st, shared<S>(), block);
   }
   template <class S>
   void optimizer_update_all(const ParamView<S>* params, std::size_t count, const ParamView<S>*,
                             const OptimizerHyper<S>& h, const OptimizerState<S>* st) {
-    const std::size_t blocks = update_blocks(params, count);
-    for (std::size_t block = 0; block < blocks; ++block)
-      for (std::size_t thread = 0; thread < threads_per_block; ++thread)
-        optimizer_update_block(params, count, h, *st, block, thread, threads_per_block);
+    order_.blocks(update_blocks(params, count), [&](std::size_t block) {
+      order_.threads(threads_per_block, [&](std::size_t t) {
+        optimizer_update_block(params, count, h, *st, block, t, threads_per_block);
+      });
+    });
   }
   template <class S>
   void optimizer_update(const ParamView<S>& p, const OptimizerHyper<S>& h, const OptimizerState<S>* st) {
@@ -114,13 +177,30 @@ class CpuLauncher {
   struct Free {
     void operator()(unsigned char* p) const { ::operator delete[](p, std::align_val_t{64}); }
   };
+  // The CUDA backend's launch geometry (kernels.hpp), blocks and threads as loops.
+  template <class F>
+  void for_each_item(std::size_t items, F&& body) {
+    order_.blocks(blocks_for(items), [&](std::size_t block) {
+      order_.threads(threads_per_block, [&](std::size_t thread) {
+        const std::size_t w = block * threads_per_block + thread;
+        if (w < items) body(w);
+      });
+    });
+  }
+  // A block's shared memory (block_sum_shared values).
+  template <class S>
+  S* shared() {
+    return reinterpret_cast<S*>(shared_);
+  }
   void outside_graph(const char* what) const {
     if (recording_)
       throw std::runtime_error(std::string("grad::device (cpu): ") + what +
                                " inside a graph capture (copies must stay outside the recorded step)");
   }
+  CpuOrder order_;
   std::vector<std::unique_ptr<unsigned char[], Free>> blocks_;
-  bool recording_ = false;
+  alignas(64) double shared_[block_sum_shared];
+  bool recording_ = false, fail_capture_ = false;
 };
 
 }  // namespace
@@ -132,14 +212,14 @@ std::unique_ptr<Engine<S>> make_cuda_engine(const Layout<S>& layout, Mode mode, 
 
 template <class S>
 std::unique_ptr<Engine<S>> make_engine(Backend backend, const Layout<S>& layout, Mode mode, const FusionPlan& plan,
-                                       bool fuse) {
+                                       bool fuse, Schedule schedule) {
   if (backend == Backend::cuda) return make_cuda_engine<S>(layout, mode, plan, fuse);
-  return std::make_unique<ReplayEngine<S, CpuLauncher>>(layout, mode, plan, fuse);
+  return std::make_unique<ReplayEngine<S, CpuLauncher>>(layout, mode, plan, fuse, schedule);
 }
 
-template std::unique_ptr<Engine<float>> make_engine<float>(Backend, const Layout<float>&, Mode, const FusionPlan&,
-                                                           bool);
+template std::unique_ptr<Engine<float>> make_engine<float>(Backend, const Layout<float>&, Mode, const FusionPlan&, bool,
+                                                           Schedule);
 template std::unique_ptr<Engine<double>> make_engine<double>(Backend, const Layout<double>&, Mode, const FusionPlan&,
-                                                             bool);
+                                                             bool, Schedule);
 
 }  // namespace grad::device

@@ -10,15 +10,29 @@
 // Graph and fused modes record their launches on the same stream inside a
 // CaptureScope and replay the instantiated graph.
 //
-// No CUB here: in per-node replay every reduction is one work item's serial
-// loop in the documented order (the parallelism is across output elements),
-// so there is no tree reduction a CUB primitive could take over.
+// No CUB here: a full reduction (sum, mean, the clip norm) runs the one
+// documented order (sum_fixed, grad/ops/reduce.hpp) with one block of warps
+// through block_sum_fixed (kernels.hpp), the functions the host and the CPU
+// backend call too; CUB's trees would give other bits. Every other
+// reduction is one work item's serial loop (the parallelism is across
+// output elements).
+//
+// Failures are loud: a launch error names its kernel; GRAD_DEVICE_SYNC=1
+// synchronises after every launch so that an asynchronous fault is pinned on
+// the kernel that caused it; a sticky fault (illegal address, failed launch)
+// throws DeviceFault, which the replay never answers with a fallback.
+// Inputs go through a pinned staging buffer without a synchronisation, and
+// reads come back through a pinned buffer: a training step synchronises
+// once, when it reads the loss.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "grad/device/replay.hpp"
@@ -27,11 +41,71 @@ namespace grad::device {
 
 namespace {
 
-void check(cudaError_t rc, const char* what) {
-  if (rc != cudaSuccess)
-    throw std::runtime_error(std::string("grad::device (cuda): ") + what + " failed: " + cudaGetErrorName(rc) + " (" +
-                             cudaGetErrorString(rc) + ")");
+// Errors after which the context is unusable (CUDA's "sticky" errors).
+bool sticky(cudaError_t rc) {
+  switch (rc) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorHardwareStackError:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorUnknown:
+      return true;
+    default:
+      return false;
+  }
 }
+
+void check(cudaError_t rc, const std::string& what) {
+  if (rc == cudaSuccess) return;
+  const std::string msg =
+      "grad::device (cuda): " + what + " failed: " + cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+  if (sticky(rc)) throw DeviceFault(msg + "; the CUDA context is unusable (set GRAD_DEVICE_SYNC=1 to name the kernel)");
+  throw std::runtime_error(msg);
+}
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && std::string(v) == "1";
+}
+
+// kernels.hpp's Block on the real block. Host bodies exist only so that the
+// GRAD_HD drivers compile for the host too; they are never called there.
+struct CudaBlock {
+  template <class F>
+  GRAD_HD void step(F&& f) {
+#ifdef __CUDA_ARCH__
+    f(static_cast<std::size_t>(threadIdx.x), static_cast<std::size_t>(blockDim.x));
+    __syncthreads();
+#else
+    f(std::size_t{0}, std::size_t{1});
+#endif
+  }
+  template <class F>
+  GRAD_HD void step_one(F&& f) {
+#ifdef __CUDA_ARCH__
+    if (threadIdx.x == 0) f();
+    __syncthreads();
+#else
+    f();
+#endif
+  }
+};
+
+// The shared memory of block_sum_fixed, typed.
+template <class S>
+__device__ S* block_shared() {
+  __shared__ alignas(16) unsigned char raw[block_sum_shared * sizeof(double)];
+  return reinterpret_cast<S*>(raw);
+}
+
+// Threads of the one-block reductions: 8 warps.
+constexpr unsigned reduce_threads = 256;
 
 __device__ inline std::size_t work_item() { return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
 
@@ -45,6 +119,13 @@ template <class Op, int In, class S>
 __global__ void backward_kernel(NodeArgs<S> x, const S* y, const S* g, S* dx, std::size_t items) {
   const std::size_t w = work_item();
   if (w < items) DeviceKernel<Op>::template backward<In>(x, y, g, dx, w);
+}
+
+// sum / mean forward: one block (kernels.hpp's block_reduce_forward).
+template <class S>
+__global__ void reduce_forward_kernel(NodeArgs<S> x, S* y, std::uint8_t op) {
+  CudaBlock block;
+  block_reduce_forward(x, y, op, block_shared<S>(), block);
 }
 
 template <class S>
@@ -66,7 +147,8 @@ __global__ void fused_kernel(SegmentKind kind, const Launch<S>* launches, std::s
         __syncthreads();
       }
   } else if (kind == SegmentKind::serial) {
-    serial_segment(launches, count);
+    CudaBlock block;
+    serial_segment(launches, count, block_shared<S>(), block);
   } else {
     batch_block(launches, count, blockIdx.x, threadIdx.x, blockDim.x);
   }
@@ -75,7 +157,8 @@ __global__ void fused_kernel(SegmentKind kind, const Launch<S>* launches, std::s
 template <class S>
 __global__ void optimizer_prepare_kernel(const ParamView<S>* params, std::size_t count, OptimizerHyper<S> h,
                                          OptimizerState<S>* st) {
-  optimizer_prepare(params, count, h, st);
+  CudaBlock block;
+  optimizer_prepare(params, count, h, st, block_shared<S>(), block);
 }
 
 template <class S>
@@ -123,11 +206,19 @@ class CaptureScope {
 
 class CudaLauncher {
  public:
-  CudaLauncher() { check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags"); }
+  CudaLauncher() {
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    check(cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    sync_each_ = env_flag("GRAD_DEVICE_SYNC");
+    fail_capture_ = env_flag("GRAD_DEVICE_FAIL_CAPTURE");
+  }
   ~CudaLauncher() {
     cudaStreamSynchronize(stream_);
     drop_graphs();
     for (void* p : buffers_) cudaFree(p);
+    if (staging_) cudaFreeHost(staging_);
+    if (readback_) cudaFreeHost(readback_);
+    cudaEventDestroy(staged_);
     cudaStreamDestroy(stream_);
   }
   CudaLauncher(const CudaLauncher&) = delete;
@@ -142,43 +233,70 @@ class CudaLauncher {
     check(cudaMemsetAsync(p, 0, bytes, stream_), "cudaMemsetAsync");
     return static_cast<U*>(p);
   }
+  // The source may be a temporary: it is copied into pinned staging at once,
+  // and the device copy runs asynchronously from there. The staging buffer
+  // is reused only after the previous copy out of it has finished (by the
+  // next upload, one step later, it long has): no per-step synchronisation.
   void upload(void* dst, const void* src, std::size_t bytes) {
-    if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (upload)");
-    // The source may be a temporary: wait until the copy has read it.
-    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    if (!bytes) return;
+    check(cudaEventSynchronize(staged_), "cudaEventSynchronize (staging)");
+    if (bytes > staging_bytes_) {
+      if (staging_) check(cudaFreeHost(staging_), "cudaFreeHost");
+      staging_ = nullptr;
+      check(cudaMallocHost(&staging_, bytes), "cudaMallocHost (staging)");
+      staging_bytes_ = bytes;
+    }
+    std::memcpy(staging_, src, bytes);
+    check(cudaMemcpyAsync(dst, staging_, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (upload)");
+    check(cudaEventRecord(staged_, stream_), "cudaEventRecord (staging)");
   }
+  // The one synchronisation of a step: the read (the loss) lands in pinned memory.
   void download(void* dst, const void* src, std::size_t bytes) {
-    if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (download)");
-    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    if (!bytes) return;
+    if (bytes > readback_bytes_) {
+      if (readback_) check(cudaFreeHost(readback_), "cudaFreeHost");
+      readback_ = nullptr;
+      check(cudaMallocHost(&readback_, bytes), "cudaMallocHost (readback)");
+      readback_bytes_ = bytes;
+    }
+    check(cudaMemcpyAsync(readback_, src, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync (download)");
+    check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize (the step's kernels, then the read)");
+    std::memcpy(dst, readback_, bytes);
   }
 
   template <class Op, class S>
   void forward(const NodeArgs<S>& x, S* y, std::size_t items) {
     if (!items) return;
-    forward_kernel<Op, S><<<grid(blocks_for(items)), threads_per_block, 0, stream_>>>(x, y, items);
-    check(cudaGetLastError(), "forward kernel launch");
+    if constexpr (std::is_same_v<Op, Sum> || std::is_same_v<Op, Mean>)
+      reduce_forward_kernel<S><<<1, reduce_threads, 0, stream_>>>(x, y, op_code<Op>);
+    else
+      forward_kernel<Op, S><<<grid(blocks_for(items)), threads_per_block, 0, stream_>>>(x, y, items);
+    launched([&] { return "forward kernel of '" + std::string(Op::name) + "'"; });
   }
   template <class Op, int In, class S>
   void backward(const NodeArgs<S>& x, const S* y, const S* g, S* dx, std::size_t items) {
     if (!items) return;
     backward_kernel<Op, In, S><<<grid(blocks_for(items)), threads_per_block, 0, stream_>>>(x, y, g, dx, items);
-    check(cudaGetLastError(), "backward kernel launch");
+    launched([&] { return "backward kernel of '" + std::string(Op::name) + "' (input " + std::to_string(In) + ")"; });
   }
   template <class S>
   void accumulate(S* grad, const S* contribution, std::size_t n) {
     accumulate_kernel<S><<<grid(blocks_for(n)), threads_per_block, 0, stream_>>>(grad, contribution, n);
-    check(cudaGetLastError(), "accumulate kernel launch");
+    launched([] { return std::string("accumulate kernel"); });
   }
+  // Rows beyond the grid's 2^20 blocks are taken by a grid-stride loop.
   template <class S>
   void rows(const Launch<S>* launches, std::size_t count, std::size_t rows, std::size_t threads) {
-    const unsigned blocks = static_cast<unsigned>(std::min<std::size_t>(rows, 1u << 20));
+    const unsigned blocks = static_cast<unsigned>(std::min<std::size_t>(rows, max_row_blocks));
     fused_kernel<S><<<blocks, static_cast<unsigned>(threads), 0, stream_>>>(SegmentKind::rows, launches, count, rows);
-    check(cudaGetLastError(), "fused rows kernel launch");
+    launched([&] {
+      return "fused rows kernel (" + std::to_string(count) + " launches, " + std::to_string(rows) + " rows)";
+    });
   }
   template <class S>
   void serial(const Launch<S>* launches, std::size_t count) {
-    fused_kernel<S><<<1, 1, 0, stream_>>>(SegmentKind::serial, launches, count, 0);
-    check(cudaGetLastError(), "fused serial kernel launch");
+    fused_kernel<S><<<1, reduce_threads, 0, stream_>>>(SegmentKind::serial, launches, count, 0);
+    launched([&] { return "fused serial kernel (" + std::to_string(count) + " launches)"; });
   }
   // The host holds the same launches at the same positions (ReplayEngine
   // keeps both copies): the block count is the sum of each launch's blocks.
@@ -186,15 +304,24 @@ class CudaLauncher {
   void batch(const Launch<S>* device_launches, std::size_t count, const Launch<S>* host_launches) {
     fused_kernel<S><<<grid(batch_blocks(host_launches, count)), threads_per_block, 0, stream_>>>(
         SegmentKind::across_rows, device_launches, count, 0);
-    check(cudaGetLastError(), "fused batch kernel launch");
+    launched([&] { return "fused batch kernel (" + std::to_string(count) + " reductions over rows)"; });
   }
 
   template <class F>
   void graph(std::size_t key, F&& record) {
     if (key >= graphs_.size()) graphs_.resize(key + 1, nullptr);
     if (!graphs_[key]) {
+      // A test hook: the fallback path must be exercised on a GPU too.
+      if (fail_capture_) throw std::runtime_error("graph capture refused (GRAD_DEVICE_FAIL_CAPTURE=1)");
       CaptureScope scope(stream_);
-      record();
+      capturing_ = true;
+      try {
+        record();
+      } catch (...) {
+        capturing_ = false;
+        throw;
+      }
+      capturing_ = false;
       cudaGraph_t g = scope.end();
       cudaGraphExec_t exec = nullptr;
       const cudaError_t rc = cudaGraphInstantiate(&exec, g, 0);
@@ -203,6 +330,9 @@ class CudaLauncher {
       graphs_[key] = exec;
     }
     check(cudaGraphLaunch(graphs_[key], stream_), "cudaGraphLaunch");
+    if (sync_each_)
+      check(cudaStreamSynchronize(stream_), "the graph of step sequence " + std::to_string(key) +
+                                                " (its kernels ran without a synchronisation between them)");
   }
   void drop_graphs() {
     for (cudaGraphExec_t& e : graphs_)
@@ -215,8 +345,8 @@ class CudaLauncher {
   template <class S>
   void optimizer_prepare(const ParamView<S>* params, std::size_t count, const OptimizerHyper<S>& h,
                          OptimizerState<S>* st) {
-    optimizer_prepare_kernel<S><<<1, 1, 0, stream_>>>(params, count, h, st);
-    check(cudaGetLastError(), "optimizer prepare kernel launch");
+    optimizer_prepare_kernel<S><<<1, reduce_threads, 0, stream_>>>(params, count, h, st);
+    launched([] { return std::string("optimizer prepare kernel (clip norm, Adam constants)"); });
   }
   template <class S>
   void optimizer_update_all(const ParamView<S>* device_params, std::size_t count, const ParamView<S>* host_params,
@@ -224,17 +354,32 @@ class CudaLauncher {
     const std::size_t blocks = update_blocks(host_params, count);
     if (!blocks) return;
     optimizer_update_all_kernel<S><<<grid(blocks), threads_per_block, 0, stream_>>>(device_params, count, h, st);
-    check(cudaGetLastError(), "fused optimizer update kernel launch");
+    launched([] { return std::string("fused optimizer update kernel"); });
   }
   template <class S>
   void optimizer_update(const ParamView<S>& p, const OptimizerHyper<S>& h, const OptimizerState<S>* st) {
     if (!p.size) return;
     optimizer_update_kernel<S><<<grid(blocks_for(p.size)), threads_per_block, 0, stream_>>>(p, h, st);
-    check(cudaGetLastError(), "optimizer update kernel launch");
+    launched([] { return std::string("optimizer update kernel"); });
   }
 
  private:
+  // After every launch: the launch error, named; with GRAD_DEVICE_SYNC=1 also
+  // the kernel's own fault (not inside a capture, where nothing runs yet).
+  template <class Name>
+  void launched(Name&& name) {
+    const cudaError_t rc = cudaGetLastError();
+    if (rc != cudaSuccess) check(rc, "launch of the " + name());
+    if (sync_each_ && !capturing_) check(cudaStreamSynchronize(stream_), "the " + name());
+  }
+
+  static constexpr std::size_t max_row_blocks = std::size_t{1} << 20;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t staged_ = nullptr;
+  void* staging_ = nullptr;
+  void* readback_ = nullptr;
+  std::size_t staging_bytes_ = 0, readback_bytes_ = 0;
+  bool sync_each_ = false, fail_capture_ = false, capturing_ = false;
   std::vector<void*> buffers_;
   std::vector<cudaGraphExec_t> graphs_;
 };

@@ -2,7 +2,10 @@
 // available backend: the forward value of the op's node, every node's
 // gradient and the loss. Exact-tier ops must match bit for bit everywhere;
 // transcendental ops bit for bit on the CPU backend and within 1e-12
-// relative on CUDA. The table must cover every op in OpList.
+// relative on CUDA. The table must cover every op in OpList, and runs in
+// every mode (per-node, graph, fused: the fused kernels dispatch each op
+// through their op table) and, on the CPU backend, under the race-checking
+// schedules (blocks and threads out of order).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -11,6 +14,7 @@
 #include <sstream>
 
 #include "support.hpp"
+#include "test_device_support.hpp"
 
 using namespace grad;
 using namespace grad::testing;
@@ -85,10 +89,24 @@ std::vector<ParityCase> parity_table() {
   return t;
 }
 
-std::vector<dev::Backend> backends() {
-  std::vector<dev::Backend> b{dev::Backend::cpu};
-  if (dev::cuda_available()) b.push_back(dev::Backend::cuda);
-  return b;
+std::vector<dev::Backend> backends() { return device_backends("device parity on CUDA"); }
+
+// Every way a program can run: each mode; on the CPU backend each schedule too.
+struct Variant {
+  dev::Mode mode;
+  dev::Schedule schedule;
+};
+std::vector<Variant> variants(dev::Backend backend) {
+  std::vector<Variant> v;
+  for (dev::Mode m : {dev::Mode::per_node, dev::Mode::graph, dev::Mode::fused}) {
+    v.push_back({m, dev::Schedule::in_order});
+    if (backend == dev::Backend::cpu && m != dev::Mode::graph)
+      for (dev::Schedule s : {dev::Schedule::reverse, dev::Schedule::shuffled}) v.push_back({m, s});
+  }
+  return v;
+}
+const char* schedule_name(dev::Schedule s) {
+  return s == dev::Schedule::in_order ? "in_order" : s == dev::Schedule::reverse ? "reverse" : "shuffled";
 }
 
 // Bits for exact ops (and every op on the CPU backend); 1e-12 relative for
@@ -130,11 +148,12 @@ bool expect_bitwise(const Tape<double>& tp, dev::Backend backend) {
 // forward and backward on `backend` and checks the loss and the gradients of
 // `vars` against the tape's. Returns the program for further checks.
 dev::Program<double> replay_and_compare(const Tape<double>& tp, Var<double> loss, dev::Backend backend,
-                                        const std::vector<Var<double>>& vars) {
-  auto prog = dev::capture(tp, loss, {.backend = backend});
+                                        const std::vector<Var<double>>& vars, Variant variant = {}) {
+  auto prog = dev::capture(tp, loss, {.backend = backend, .mode = variant.mode, .schedule = variant.schedule});
   prog.forward();
   prog.backward();
   CHECK(close(tp.scalar(loss), prog.loss(), expect_bitwise(tp, backend)));
+  CHECK(prog.fallback_reason() == "");
   for (const Var<double>& v : vars) {
     const Tensor<double> g = prog.grad(v);
     CHECK(first_difference(tp.grad(v).data, g.data(), expect_bitwise(tp, backend)) == "");
@@ -144,24 +163,32 @@ dev::Program<double> replay_and_compare(const Tape<double>& tp, Var<double> loss
 
 }  // namespace
 
-TEST_CASE("every op's forward value and every gradient match the CPU tape on every backend") {
+TEST_CASE("every op's forward value and every gradient match the CPU tape on every backend, in every mode") {
+  std::size_t fused_runs = 0;
   for (dev::Backend backend : backends()) {
-    for (const ParityCase& c : parity_table()) {
-      CAPTURE(c.name);
-      CAPTURE(dev::backend_name(backend));
-      Tape<double> tp;
-      std::vector<Var<double>> vars;
-      for (const auto& p : c.params) vars.push_back(tp.param(p));
-      for (const auto& k : c.constants) vars.push_back(tp.constant(k));
-      const Var<double> y = c.build(tp, vars);
-      const Var<double> loss = weighted_sum(y);
-      REQUIRE(tp.backward(loss));
-      vars.push_back(y);
-      dev::Program<double> prog = replay_and_compare(tp, loss, backend, vars);
-      const Tensor<double> value = prog.value(y);
-      CHECK(first_difference(tp.value(y).data, value.data(), expect_bitwise(tp, backend)) == "");
+    for (const Variant& variant : variants(backend)) {
+      for (const ParityCase& c : parity_table()) {
+        CAPTURE(c.name);
+        CAPTURE(dev::backend_name(backend));
+        CAPTURE(dev::mode_name(variant.mode));
+        CAPTURE(schedule_name(variant.schedule));
+        Tape<double> tp;
+        std::vector<Var<double>> vars;
+        for (const auto& p : c.params) vars.push_back(tp.param(p));
+        for (const auto& k : c.constants) vars.push_back(tp.constant(k));
+        const Var<double> y = c.build(tp, vars);
+        const Var<double> loss = weighted_sum(y);
+        REQUIRE(tp.backward(loss));
+        vars.push_back(y);
+        dev::Program<double> prog = replay_and_compare(tp, loss, backend, vars, variant);
+        fused_runs += prog.fused() && prog.plan().fused_launches() > 0;
+        const Tensor<double> value = prog.value(y);
+        CHECK(first_difference(tp.value(y).data, value.data(), expect_bitwise(tp, backend)) == "");
+      }
     }
   }
+  // The fused variants did dispatch ops through the fused kernels' table.
+  CHECK(fused_runs > 0);
 }
 
 TEST_CASE("a second replay with fresh inputs matches a fresh tape episode bit for bit") {
@@ -225,8 +252,10 @@ TEST_CASE("the parity table covers every op in OpList") {
   });
 }
 
-TEST_CASE("CUDA-only parity runs when a GPU is present" * doctest::skip(!dev::cuda_available())) {
-  // The table above already includes CUDA when present; this case states it.
+TEST_CASE("CUDA-only parity runs when a GPU is present") {
+  // The table above already includes CUDA when present; this case states it
+  // (probed here, at run time: never during static initialisation).
+  if (!cuda_case("CUDA parity")) return;
   CHECK(backends().size() == 2);
 }
 
@@ -261,7 +290,7 @@ TEST_CASE("an attention block built from nn layers replays bit for bit (transcen
   }
 }
 
-TEST_CASE("a float tape replays bit for bit on the CPU backend") {
+TEST_CASE("a float tape replays bit for bit on the CPU backend and on CUDA, which agree with each other") {
   Rng rng(9);
   Tape<float> tp;
   Var<float> w1 = tp.param(random_tensor<float>({5, 8}, rng)), b1 = tp.param(random_tensor<float>({8}, rng)),
@@ -270,14 +299,45 @@ TEST_CASE("a float tape replays bit for bit on the CPU backend") {
   Var<float> y = softmax(matmul(sigmoid(matmul(x, w1) + b1), w2), -1);
   Var<float> loss = mean(grad::log(y + 0.5f) * y);
   REQUIRE(tp.backward(loss));
-  auto prog = dev::capture(tp, loss);
-  CHECK(prog.f32());
-  prog.forward();
-  prog.backward();
-  const float want = tp.scalar(loss), got = prog.loss();
-  CHECK(std::memcmp(&want, &got, sizeof want) == 0);
-  for (Var<float> p : {w1, b1, w2}) {
-    const Tensor<float> g = prog.grad(p);
-    CHECK(bitwise_equal<float>(tp.grad(p).data, g.data()));
+  // Every op here is exact tier: f32 on CUDA must equal f32 on the CPU
+  // backend (and the float tape) bit for bit, in every mode.
+  for (dev::Backend backend : backends())
+    for (dev::Mode mode : {dev::Mode::per_node, dev::Mode::graph, dev::Mode::fused}) {
+      CAPTURE(dev::backend_name(backend));
+      CAPTURE(dev::mode_name(mode));
+      auto prog = dev::capture(tp, loss, {.backend = backend, .mode = mode});
+      CHECK(prog.f32());
+      prog.forward();
+      prog.backward();
+      const float want = tp.scalar(loss), got = prog.loss();
+      CHECK(std::memcmp(&want, &got, sizeof want) == 0);
+      CHECK(prog.fallback_reason() == "");
+      for (Var<float> p : {w1, b1, w2}) {
+        const Tensor<float> g = prog.grad(p);
+        CHECK(bitwise_equal<float>(tp.grad(p).data, g.data()));
+      }
+    }
+}
+
+TEST_CASE("an f32 capture of a double tape gives the same bits on CUDA as on the CPU backend") {
+  Rng rng(12);
+  Tape<double> tp;
+  Var<double> w = tp.param(random_tensor<double>({6, 9}, rng)), b = tp.param(random_tensor<double>({9}, rng));
+  Var<double> x = tp.constant(random_tensor<double>({40, 6}, rng));
+  Var<double> loss = mean(grad::tanh(matmul(x, w) + b) * 0.5);
+  REQUIRE(tp.backward(loss));
+  std::vector<std::vector<double>> runs;
+  for (dev::Backend backend : backends()) {
+    auto prog = dev::capture(tp, loss, {.backend = backend, .mode = dev::Mode::fused, .f32 = true});
+    prog.forward();
+    prog.backward();
+    std::vector<double> r{prog.loss()};
+    for (Var<double> p : {w, b}) {
+      const Tensor<double> g = prog.grad(p);
+      r.insert(r.end(), g.data().begin(), g.data().end());
+    }
+    runs.push_back(std::move(r));
   }
+  CHECK(std::abs(runs[0][0] - tp.scalar(loss)) <= 1e-5 * std::abs(tp.scalar(loss)));
+  for (std::size_t k = 1; k < runs.size(); ++k) CHECK(bitwise_equal<double>(runs[0], runs[k]));
 }

@@ -13,6 +13,7 @@
 
 #include "../examples/autoencoder.hpp"
 #include "support.hpp"
+#include "test_device_support.hpp"
 
 using namespace grad;
 namespace dev = grad::device;
@@ -160,7 +161,8 @@ bool autoencoder_is_exact_tier() {
 
 }  // namespace
 
-TEST_CASE("the same run on CUDA" * doctest::skip(!dev::cuda_available())) {
+TEST_CASE("the same run on CUDA") {
+  if (!testing::cuda_case("the autoencoder run on CUDA")) return;
   const Run want = tape_run(true);
   const Run got = device_run(dev::Backend::cuda, false, true);
   if (autoencoder_is_exact_tier()) {
@@ -172,7 +174,8 @@ TEST_CASE("the same run on CUDA" * doctest::skip(!dev::cuda_available())) {
   }
 }
 
-TEST_CASE("CUDA and the CPU backend agree bit for bit on an exact-tier model" * doctest::skip(!dev::cuda_available())) {
+TEST_CASE("CUDA and the CPU backend agree bit for bit on an exact-tier model") {
+  if (!testing::cuda_case("CUDA against the CPU backend")) return;
   // relu instead of tanh: every op exact, so every backend lands on the same bits.
   testing::Rng rng(3);
   auto run = [&](dev::Backend backend) {
@@ -203,9 +206,7 @@ TEST_CASE("CUDA and the CPU backend agree bit for bit on an exact-tier model" * 
 
 TEST_CASE("f32 capture of the f64 tape stays within 1e-4 relative over the same run") {
   const Run want = tape_run(true);
-  std::vector<dev::Backend> backends{dev::Backend::cpu};
-  if (dev::cuda_available()) backends.push_back(dev::Backend::cuda);
-  for (dev::Backend b : backends) {
+  for (dev::Backend b : testing::device_backends("f32 on CUDA")) {
     CAPTURE(dev::backend_name(b));
     const Run got = device_run(b, true, true);
     MESSAGE("f32 on ", dev::backend_name(b), ": worst relative loss difference ",
@@ -325,7 +326,11 @@ TEST_CASE("capture refuses a bmm whose operands do not both carry the full batch
                        dev::CaptureError);
 }
 
-TEST_CASE("capture refuses the CUDA backend where no device answers" * doctest::skip(dev::cuda_available())) {
+TEST_CASE("capture refuses the CUDA backend where no device answers") {
+  if (dev::cuda_available()) {
+    MESSAGE("a CUDA device answers: the refusal cannot be exercised here");
+    return;
+  }
   Tape<double> tp;
   Var<double> loss = sum(tp.param(Tensor<double>::ones({2})));
   CHECK_THROWS_WITH_AS(dev::capture(tp, loss, {.backend = dev::Backend::cuda}),

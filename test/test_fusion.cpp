@@ -10,15 +10,18 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <grad/device/device.hpp>
 #include <grad/nn.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "../examples/autoencoder.hpp"
 #include "support.hpp"
+#include "test_device_support.hpp"
 
 using namespace grad;
 namespace dev = grad::device;
@@ -27,11 +30,11 @@ namespace {
 
 constexpr dev::Mode all_modes[] = {dev::Mode::per_node, dev::Mode::graph, dev::Mode::fused};
 
-std::vector<dev::Backend> backends() {
-  std::vector<dev::Backend> b{dev::Backend::cpu};
-  if (dev::cuda_available()) b.push_back(dev::Backend::cuda);
-  return b;
-}
+std::vector<dev::Backend> backends() { return testing::device_backends("fusion on CUDA"); }
+
+// The CPU backend's race-checking schedules (engine.hpp): blocks and threads
+// out of order. A run that differs from the in-order one has a race.
+constexpr dev::Schedule race_schedules[] = {dev::Schedule::reverse, dev::Schedule::shuffled};
 
 // A model recorded once: its loss, its parameters (optimizer order, with L2
 // coefficients), and one input whose rows change per minibatch.
@@ -50,8 +53,9 @@ struct Run {
   std::size_t kernels = 0;
 };
 
-Run train(Model& m, dev::Backend backend, dev::Mode mode, int episodes, double lr = 0.005, double clip = 0.5) {
-  auto prog = dev::capture(m.tp, m.loss, {.backend = backend, .mode = mode});
+Run train(Model& m, dev::Backend backend, dev::Mode mode, int episodes, double lr = 0.005, double clip = 0.5,
+          dev::Schedule schedule = dev::Schedule::in_order) {
+  auto prog = dev::capture(m.tp, m.loss, {.backend = backend, .mode = mode, .schedule = schedule});
   dev::Adam<double> opt(prog, lr);
   for (std::size_t k = 0; k < m.params.size(); ++k) opt.add(m.params[k], m.l2[k]);
   opt.set_clip(clip);
@@ -101,6 +105,13 @@ void check_all_modes(const std::function<void(Model&)>& build, int episodes, boo
       build(m);
       const Run got = train(m, b, mode, episodes);
       check_same_bits(base, got);
+      if (b != dev::Backend::cpu || mode == dev::Mode::graph) continue;
+      for (dev::Schedule schedule : race_schedules) {
+        CAPTURE(schedule == dev::Schedule::reverse ? "reverse" : "shuffled");
+        Model r;
+        build(r);
+        check_same_bits(base, train(r, b, mode, episodes, 0.005, 0.5, schedule));
+      }
     }
   }
 }
@@ -365,41 +376,201 @@ TEST_CASE("planner: every launch lands in exactly one segment, in a valid order"
 // ---- graph mode's queue ----
 
 TEST_CASE("graph mode runs whatever was queued when a value is read: forward only, forward + backward, a step") {
-  Model a, b;
-  build_mlp(a);
-  build_mlp(b);
-  auto g = dev::capture(a.tp, a.loss, {.mode = dev::Mode::graph});
-  auto n = dev::capture(b.tp, b.loss);
-  auto same = [](double x, double y) { return std::memcmp(&x, &y, sizeof x) == 0; };
-  g.forward();
-  n.forward();
-  CHECK(same(g.loss(), n.loss()));
-  g.forward();
-  g.backward();
-  n.forward();
-  n.backward();
-  CHECK(testing::bitwise_equal<double>(g.grad(a.params[0]).data(), n.grad(b.params[0]).data()));
-  dev::SGD<double> sg(g, 0.1), sn(n, 0.1);
-  sg.add(a.params[0]);
-  sn.add(b.params[0]);
-  for (int e = 0; e < 3; ++e) {
-    g.set_input(a.input, a.batches[static_cast<std::size_t>(e) % 3]);
-    n.set_input(b.input, b.batches[static_cast<std::size_t>(e) % 3]);
-    for (auto* p : {&g, &n}) {
-      p->forward();
-      p->backward();
+  for (dev::Backend backend : backends()) {
+    CAPTURE(dev::backend_name(backend));
+    Model a, b;
+    build_mlp(a);
+    build_mlp(b);
+    auto g = dev::capture(a.tp, a.loss, {.backend = backend, .mode = dev::Mode::graph});
+    auto n = dev::capture(b.tp, b.loss, {.backend = backend});
+    auto same = [](double x, double y) { return std::memcmp(&x, &y, sizeof x) == 0; };
+    g.forward();
+    n.forward();
+    CHECK(same(g.loss(), n.loss()));
+    g.forward();
+    g.backward();
+    n.forward();
+    n.backward();
+    CHECK(testing::bitwise_equal<double>(g.grad(a.params[0]).data(), n.grad(b.params[0]).data()));
+    dev::SGD<double> sg(g, 0.1), sn(n, 0.1);
+    sg.add(a.params[0]);
+    sn.add(b.params[0]);
+    for (int e = 0; e < 3; ++e) {
+      g.set_input(a.input, a.batches[static_cast<std::size_t>(e) % 3]);
+      n.set_input(b.input, b.batches[static_cast<std::size_t>(e) % 3]);
+      for (auto* p : {&g, &n}) {
+        p->forward();
+        p->backward();
+      }
+      sg.step();
+      sn.step();
+      if (e == 1) {  // a new learning rate is a new graph, not a stale one
+        sg.set_lr(0.05);
+        sn.set_lr(0.05);
+      }
     }
-    sg.step();
-    sn.step();
-    if (e == 1) {  // a new learning rate is a new graph, not a stale one
-      sg.set_lr(0.05);
-      sn.set_lr(0.05);
-    }
+    g.forward();
+    n.forward();
+    CHECK(same(g.loss(), n.loss()));
+    CHECK(g.fallback_reason() == "");
   }
-  g.forward();
-  n.forward();
-  CHECK(same(g.loss(), n.loss()));
-  CHECK(g.fallback_reason() == "");
+}
+
+// ---- paths the models above do not reach ----
+
+namespace {
+
+// A model from a builder of one [rows, cols] input: captured in every mode
+// on every backend (and the CPU race schedules), trained a few SGD steps,
+// all bit-equal to the CPU backend's per-node run.
+void check_shape_everywhere(const std::function<Var<double>(Tape<double>&, Var<double>, Var<double>)>& build,
+                            Shape input, Shape param, int episodes = 2) {
+  auto make = [&](Model& m) {
+    testing::Rng rng(21);
+    m.batches.push_back(testing::random_tensor<double>(input, rng, 0.5, 1.5));
+    m.batches.push_back(testing::random_tensor<double>(input, rng, 0.5, 1.5));
+    m.input = m.tp.constant(m.batches[0]);
+    Var<double> w = m.tp.param(testing::random_tensor<double>(param, rng, 0.5, 1.5));
+    m.loss = build(m.tp, m.input, w);
+    m.params = {w};
+    m.l2 = {0};
+    REQUIRE(m.tp.ok());
+  };
+  check_all_modes(make, episodes, true);
+}
+
+}  // namespace
+
+TEST_CASE("fused kernels dispatch neg, exp, log, div and every scalar op bit for bit") {
+  auto build = [](Tape<double>&, Var<double> x, Var<double> w) {
+    Var<double> h = grad::exp(-(x * w)) + grad::log(x + w);  // neg, exp, log
+    h = (h / (w + 2.0)) * 1.5 - 0.25;                        // div, mul_scalar, add_scalar
+    h = 2.0 - h / 3.0;                                       // scalar_sub, div_scalar
+    h = 1.0 / (h * h + 1.0) + relu(h) + sigmoid(h) * grad::tanh(h) + grad::sqrt(h * h + 1.0);
+    return mean(h * x);
+  };
+  // The row run really holds these ops (not per-node launches).
+  Model m;
+  testing::Rng rng(3);
+  m.input = m.tp.constant(testing::random_tensor<double>({16, 8}, rng, 0.5, 1.5));
+  Var<double> w = m.tp.param(testing::random_tensor<double>({16, 8}, rng, 0.5, 1.5));
+  auto prog = dev::capture(m.tp, build(m.tp, m.input, w), {.mode = dev::Mode::fused});
+  INFO(prog.plan().describe());
+  std::set<std::string> fused_ops;
+  for (const dev::Segment& seg : prog.plan().segments)
+    if (seg.kind == dev::SegmentKind::rows)
+      for (std::uint32_t i : seg.launches)
+        fused_ops.insert(std::string(op_name(prog.plan().launches(seg.phase)[i].op)));
+  for (const char* op : {"neg", "exp", "log", "div", "mul_scalar", "add_scalar", "scalar_sub", "div_scalar",
+                         "scalar_div", "relu", "sigmoid", "tanh", "sqrt"}) {
+    CAPTURE(op);
+    CHECK(fused_ops.count(op) == 1);
+  }
+  check_shape_everywhere(build, {16, 8}, {16, 8});
+}
+
+TEST_CASE("rows wider than a block (256 threads) and than 1,024 threads loop inside the block") {
+  for (std::size_t width : {300, 1100}) {
+    CAPTURE(width);
+    check_shape_everywhere([](Tape<double>&, Var<double> x, Var<double> w) { return sum(grad::tanh(x * w) * x + w); },
+                           {3, width}, {width});
+  }
+}
+
+TEST_CASE("more than 2^20 rows: the row kernel's grid-stride loop") {
+  const std::size_t rows = (std::size_t{1} << 20) + 3;
+  check_shape_everywhere([](Tape<double>&, Var<double> x, Var<double> w) { return mean(relu(x * w) - x); }, {rows, 1},
+                         {1}, 1);
+}
+
+TEST_CASE(
+    "a forced capture failure falls back to per-node launches with the reason, or fails under "
+    "GRAD_REQUIRE_CUDA=1") {
+  for (dev::Backend backend : backends()) {
+    CAPTURE(dev::backend_name(backend));
+    Model ref;
+    build_mlp(ref);
+    const Run want = train(ref, backend, dev::Mode::per_node, 3);
+    ::setenv("GRAD_DEVICE_FAIL_CAPTURE", "1", 1);
+    Model m;
+    build_mlp(m);
+    if (testing::cuda_required()) {
+      CHECK_THROWS_WITH(train(m, backend, dev::Mode::fused, 3), doctest::Contains("GRAD_REQUIRE_CUDA=1"));
+    } else {
+      const Run got = train(m, backend, dev::Mode::fused, 3);
+      CHECK(got.fallback.find("graph capture refused (GRAD_DEVICE_FAIL_CAPTURE=1)") != std::string::npos);
+      CHECK(testing::bitwise_equal<double>(want.losses, got.losses));
+      CHECK(testing::bitwise_equal<double>(want.weights, got.weights));
+    }
+    ::unsetenv("GRAD_DEVICE_FAIL_CAPTURE");
+  }
+}
+
+TEST_CASE("race schedules catch a deliberately broken plan and pass the real one") {
+  // relu(w) and the matmul that reads relu(w) WHOLE are merged into one row
+  // run: block r then reads rows of relu(w) other blocks write in the same
+  // kernel. In-order emulation happens to read them finished (for rows
+  // before r) or stale; any other block order reads other values.
+  testing::Rng rng(8);
+  const Tensor<double> x0 = testing::random_tensor<double>({6, 6}, rng),
+                       w0 = testing::random_tensor<double>({6, 6}, rng),
+                       w1 = testing::random_tensor<double>({6, 6}, rng);
+  auto run = [&](dev::Schedule schedule, bool broken) {
+    Tape<double> tp;
+    Var<double> x = tp.param(x0), w = tp.constant(w0);
+    Var<double> loss = sum(matmul(relu(x), relu(w)) * 2.0);
+    dev::Options o{.mode = dev::Mode::fused, .schedule = schedule};
+    if (broken)
+      o.edit_plan = [](dev::FusionPlan& p) {
+        // forward: [rows: relu, relu] [rows: matmul, mul] [sum] -> one run of four.
+        auto& seg = p.segments;
+        REQUIRE(seg.size() > 2);
+        REQUIRE(seg[0].kind == dev::SegmentKind::rows);
+        REQUIRE(seg[1].kind == dev::SegmentKind::rows);
+        seg[0].launches.insert(seg[0].launches.end(), seg[1].launches.begin(), seg[1].launches.end());
+        seg[0].width = std::max(seg[0].width, seg[1].width);
+        seg.erase(seg.begin() + 1);
+      };
+    auto prog = dev::capture(tp, loss, o);
+    prog.set_input(w, w1);  // fresh values: a stale row now differs from a finished one
+    prog.forward();
+    prog.backward();
+    std::vector<double> out{prog.loss()};
+    const Tensor<double> g = prog.grad(x);
+    out.insert(out.end(), g.data().begin(), g.data().end());
+    return out;
+  };
+  const std::vector<double> truth = run(dev::Schedule::in_order, false);
+  for (dev::Schedule s : race_schedules) CHECK(testing::bitwise_equal<double>(truth, run(s, false)));
+  const std::vector<double> in_order = run(dev::Schedule::in_order, true);
+  bool caught = false;
+  for (dev::Schedule s : race_schedules) caught = caught || !testing::bitwise_equal<double>(in_order, run(s, true));
+  CHECK(caught);
+  // And the broken plan is wrong, which in-order emulation alone would not say.
+  CHECK_FALSE(testing::bitwise_equal<double>(truth, run(dev::Schedule::reverse, true)));
+}
+
+TEST_CASE("the fused autoencoder step runs six kernels: two forward, two backward, two for the optimizer") {
+  for (dev::Backend backend : backends()) {
+    CAPTURE(dev::backend_name(backend));
+    Model m;
+    build_autoencoder(m);
+    auto prog = dev::capture(m.tp, m.loss, {.backend = backend, .mode = dev::Mode::fused});
+    dev::Adam<double> opt(prog, 0.005);
+    for (std::size_t k = 0; k < m.params.size(); ++k) opt.add(m.params[k], m.l2[k]);
+    opt.set_clip(0.5);
+    std::uint64_t per_step = 0;
+    for (int e = 0; e < 3; ++e) {
+      const std::uint64_t before = prog.launches();
+      prog.set_input(m.input, m.batches[static_cast<std::size_t>(e)]);
+      prog.forward();
+      prog.backward();
+      opt.step();
+      prog.loss();
+      per_step = prog.launches() - before;
+    }
+    CHECK(per_step == 6);
+  }
 }
 
 TEST_CASE("capture accepts every mode on every backend and says which ran fused") {

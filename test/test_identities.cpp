@@ -18,16 +18,52 @@ TEST_CASE_TEMPLATE("d/dx sum(x*x) is exactly 2x", T, double, float) {
   CHECK(bitwise_equal<T>(g.data, twice));
 }
 
-TEST_CASE_TEMPLATE("forward sum and mean equal a plain ascending loop", T, double, float) {
+// The documented order of every full reduction (README, grad/ops/reduce.hpp),
+// written out here from its definition rather than from the library's code:
+// 32 lanes, lane j summing j, j+32, ... ascending from zero, a fixed tree
+// (w = 16, 8, 4, 2, 1), chunks of 4096 reduced level by level.
+template <class T>
+T documented_sum(std::vector<T> v, int level = 0) {
+  if (v.size() > 4096 && level < 4) {
+    std::vector<T> next;
+    for (std::size_t c = 0; c < v.size(); c += 4096)
+      next.push_back(documented_sum(std::vector<T>(v.begin() + c, v.begin() + std::min(v.size(), c + 4096)), 4));
+    return documented_sum(std::move(next), level + 1);
+  }
+  T lane[32] = {};
+  for (std::size_t i = 0; i < v.size(); ++i) lane[i % 32] = lane[i % 32] + v[i];
+  for (std::size_t w = 16; w > 0; w /= 2)
+    for (std::size_t j = 0; j < w; ++j) lane[j] = lane[j] + lane[j + w];
+  return lane[0];
+}
+
+TEST_CASE_TEMPLATE("forward sum, mean and row_sum follow the documented order (32 lanes, fixed tree, chunks)", T,
+                   double, float) {
   Rng rng(2);
-  const Tensor<T> t = random_tensor<T>({13, 17}, rng, -1e3, 1e3);
-  T acc = 0;
-  for (T e : t.data()) acc = acc + e;
-  Tape<T> tp;
-  auto x = tp.constant(t);
-  const T s = tp.scalar(sum(x)), m = tp.scalar(mean(x)), expected_mean = acc / T(t.size());
-  CHECK(std::memcmp(&s, &acc, sizeof(T)) == 0);
-  CHECK(std::memcmp(&m, &expected_mean, sizeof(T)) == 0);
+  for (const Shape& shape :
+       {Shape{13, 17}, Shape{1}, Shape{31}, Shape{32}, Shape{33}, Shape{4096}, Shape{3, 4099}, Shape{5, 7, 1000}}) {
+    CAPTURE(shape_string(Dims::of(shape)));
+    const Tensor<T> t = random_tensor<T>(shape, rng, -1e3, 1e3);
+    const std::vector<T> all(t.data().begin(), t.data().end());
+    const T acc = documented_sum(all), expected_mean = acc / T(t.size());
+    // The order is not the serial chain (else this test would pin nothing new).
+    T serial = 0;
+    for (T e : all) serial = serial + e;
+    if (t.size() >= 1000) CHECK(std::memcmp(&serial, &acc, sizeof(T)) != 0);
+    Tape<T> tp;
+    auto x = tp.constant(t);
+    const T s = tp.scalar(sum(x)), m = tp.scalar(mean(x));
+    CHECK(std::memcmp(&s, &acc, sizeof(T)) == 0);
+    CHECK(std::memcmp(&m, &expected_mean, sizeof(T)) == 0);
+    // row_sum sums each row in the same order: a single row equals sum.
+    const std::size_t n = shape.back(), rows = t.size() / n;
+    const View<T> r = tp.value(row_sum(x));
+    REQUIRE(r.size() == rows);
+    for (std::size_t i = 0; i < rows; ++i) {
+      const T want = documented_sum(std::vector<T>(all.begin() + i * n, all.begin() + (i + 1) * n));
+      CHECK(std::memcmp(&r[i], &want, sizeof(T)) == 0);
+    }
+  }
 }
 
 TEST_CASE_TEMPLATE("matmul equals a plain loop accumulating in ascending k, forward and backward", T, double, float) {

@@ -11,8 +11,10 @@
 //      are skipped entirely: no decay, moments untouched, no norm share.
 //   2. Clipping (when max_norm > 0) looks at the RAW gradients, before L2,
 //      as torch.nn.utils.clip_grad_norm_ followed by an optimizer's
-//      weight_decay does. Sum of squares in one order: parameters in add
-//      order, elements ascending, acc = acc + g*g starting from zero; then
+//      weight_decay does. Sum of squares in one order: each parameter's
+//      g*g summed in the order of every full reduction (sum_fixed,
+//      grad/ops/reduce.hpp: 32 lanes, a fixed tree), then those per-parameter
+//      sums in add order, acc = acc + s starting from zero; then
 //      norm = sqrt(acc); scale = max_norm / norm if norm > max_norm, else 1.
 //      (torch divides by norm + 1e-6; grad does not.)
 //   3. Per element: g = grad * scale + l2 * w, then the rule's update.
@@ -50,9 +52,15 @@ namespace grad {
 
 // Global-norm clipping, split into the pieces a device reduction needs.
 struct ClipRule {
+  // One parameter's share of the squared norm, in the documented order.
   template <class T>
-  GRAD_HD static T accumulate(T acc, T g) {
-    return acc + g * g;
+  GRAD_HD static T squares(const T* g, std::size_t n) {
+    return sum_fixed(g, n, fixed_order::Square{});
+  }
+  // Adds a parameter's share (parameters in add order, from zero).
+  template <class T>
+  GRAD_HD static T accumulate(T acc, T share) {
+    return acc + share;
   }
   // The factor every gradient is multiplied by; 1 when clipping is off
   // (max_norm == 0) or the norm is within bounds.
@@ -160,8 +168,10 @@ class Optimizer {
     if (clip_ == T(0) || !tape_) return T(1);
     T acc = T(0);
     for (const Entry& e : entries_)
-      if (tape_->has_grad(e.var))
-        for (T g : tape_->grad(e.var)) acc = ClipRule::accumulate(acc, g);
+      if (tape_->has_grad(e.var)) {
+        const View<T> g = tape_->grad(e.var);
+        acc = ClipRule::accumulate(acc, ClipRule::squares(g.data.data(), g.size()));
+      }
     return ClipRule::scale(acc, clip_);
   }
 

@@ -8,6 +8,7 @@
 #include <limits>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,14 @@ namespace grad::device {
 
 enum class Backend { cpu, cuda };
 enum class Mode { per_node, graph, fused };
+
+// The order in which the CPU backend runs the blocks of a launch and the
+// threads of a block between two barriers. A GPU promises no order, so a
+// result that changes with the schedule is a bug (a missing barrier, or a
+// block reading rows another block of the same kernel writes) that in-order
+// emulation hides. reverse: blocks and threads last to first; shuffled:
+// blocks in a fixed pseudo-random order, threads in reverse. CUDA ignores it.
+enum class Schedule { in_order, reverse, shuffled };
 
 inline constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
 
@@ -65,6 +74,14 @@ struct OptimizerSettings {
   double lr = 0, beta1 = 0, beta2 = 0, eps = 0, clip = 0;  // clip 0 = off
 };
 
+// A fault of the device itself (an illegal address, a failed or timed-out
+// launch): the CUDA context is unusable afterwards, so nothing may retry or
+// fall back; the message names the kernel when GRAD_DEVICE_SYNC=1.
+class DeviceFault : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 template <class S>
 class Engine {
  public:
@@ -87,6 +104,9 @@ class Engine {
   virtual void flush() = 0;
   // Why a graph or fused mode fell back to per-node launches ("" if it did not).
   virtual const std::string& fallback_reason() const = 0;
+  // Kernels run so far (a replayed graph counts the kernels inside it): the
+  // launch count per step is the difference over a step.
+  virtual std::uint64_t launches() const = 0;
 };
 
 struct FusionPlan;  // plan.hpp
@@ -96,7 +116,7 @@ struct FusionPlan;  // plan.hpp
 // `plan` is plan_fusion(layout); its segments are used when `fuse` is set.
 template <class S>
 std::unique_ptr<Engine<S>> make_engine(Backend backend, const Layout<S>& layout, Mode mode, const FusionPlan& plan,
-                                       bool fuse);
+                                       bool fuse, Schedule schedule = Schedule::in_order);
 
 // True when the CUDA backend was built and a device answers.
 bool cuda_available();

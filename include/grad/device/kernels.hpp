@@ -106,43 +106,70 @@ struct DeviceKernel<Op> : kernel_detail::PerElementItems {
 
   template <int In, class T>
   GRAD_HD static void backward(const NodeArgs<T>& x, const T* y, const T* g, T* dx, std::size_t w) {
+    // 32-bit index arithmetic whenever the output allows it: a 64-bit
+    // division is a long software routine on the GPU.
+    if (x.out.size() <= 0xffffffffu)
+      backward_indexed<In, std::uint32_t>(x, y, g, dx, static_cast<std::uint32_t>(w));
+    else
+      backward_indexed<In, std::size_t>(x, y, g, dx, w);
+  }
+
+ private:
+  template <int In, class I, class T>
+  GRAD_HD static void backward_indexed(const NodeArgs<T>& x, const T* y, const T* g, T* dx, I w) {
     using kernel_detail::same_dims;
-    const Dims sa = kernel_detail::strides_in(x.a.dims, x.out), sb = kernel_detail::strides_in(x.b.dims, x.out);
-    auto contribution = [&](std::size_t j) {
-      const std::size_t ia = broadcast_index(j, x.out, sa), ib = broadcast_index(j, x.out, sb);
+    auto contribution = [&](I j, I ia, I ib) {
       if constexpr (In == 0)
         return Op::backward_a(x.a.data[ia], x.b.data[ib], y[j], g[j]);
       else
         return Op::backward_b(x.a.data[ia], x.b.data[ib], y[j], g[j]);
     };
+    const Dims sa = kernel_detail::strides_in(x.a.dims, x.out), sb = kernel_detail::strides_in(x.b.dims, x.out);
     const Dims& mine = In == 0 ? x.a.dims : x.b.dims;
+    const Dims& s = In == 0 ? sa : sb;
+    // Element w's coordinates on the axes it spans give the first output j
+    // that reads it (and the other operand's index there); the broadcast
+    // (stride 0) axes are enumerated row-major, so that j ascends, by an
+    // odometer whose strides are gathered once here: no division per term.
+    I j = 0, ia = 0, ib = 0, ostride = 1;
+    I size[max_rank], step_j[max_rank], step_a[max_rank], step_b[max_rank];
+    std::size_t free = 0;
+    for (std::size_t ax = x.out.rank; ax-- > 0;) {
+      const I n = static_cast<I>(x.out.d[ax]);
+      if (s.d[ax] != 0) {
+        const I c = w / static_cast<I>(s.d[ax]) % n;
+        j += c * ostride;
+        ia += c * static_cast<I>(sa.d[ax]);
+        ib += c * static_cast<I>(sb.d[ax]);
+      } else if (n > 1) {  // innermost first
+        size[free] = n;
+        step_j[free] = ostride;
+        step_a[free] = static_cast<I>(sa.d[ax]);
+        step_b[free] = static_cast<I>(sb.d[ax]);
+        ++free;
+      }
+      ostride *= n;
+    }
     if (same_dims(mine, x.out)) {
-      dx[w] = contribution(w);
+      dx[w] = contribution(w, ia, ib);
       return;
     }
-    // The outputs that read element w: its coordinates fixed on the axes it
-    // spans, every combination of the broadcast (stride 0) axes, enumerated
-    // row-major so that j ascends.
-    const Dims& s = In == 0 ? sa : sb;
-    std::size_t base = 0, free_count = 1, ostride = 1;
-    for (std::size_t ax = x.out.rank; ax-- > 0;) {
-      if (s.d[ax] != 0)
-        base += (w / s.d[ax]) % x.out.d[ax] * ostride;
-      else
-        free_count *= x.out.d[ax];
-      ostride *= x.out.d[ax];
-    }
+    I at[max_rank] = {};
     T acc = T(0);
-    for (std::size_t k = 0; k < free_count; ++k) {
-      std::size_t j = base, rest = k, os = 1;
-      for (std::size_t ax = x.out.rank; ax-- > 0;) {
-        if (s.d[ax] == 0) {
-          j += rest % x.out.d[ax] * os;
-          rest /= x.out.d[ax];
-        }
-        os *= x.out.d[ax];
+    for (;;) {
+      acc = acc + contribution(j, ia, ib);
+      std::size_t k = 0;
+      for (; k < free; ++k) {
+        j += step_j[k];
+        ia += step_a[k];
+        ib += step_b[k];
+        if (++at[k] < size[k]) break;
+        j -= size[k] * step_j[k];
+        ia -= size[k] * step_a[k];
+        ib -= size[k] * step_b[k];
+        at[k] = 0;
       }
-      acc = acc + contribution(j);
+      if (k == free) break;
     }
     dx[w] = acc;
   }
@@ -189,8 +216,10 @@ struct DeviceKernel<Op> : kernel_detail::PerElementItems {
   }
 };
 
-// sum and mean: one item computes the whole reduction (sum_ascending, the
-// one documented order); backward hands every element the same share.
+// sum and mean: one item computes the whole reduction in the documented
+// order (sum_fixed, grad/ops/reduce.hpp); the CUDA backend runs the same
+// order with a block of warps (block_sum_fixed below). Backward hands every
+// element the same share.
 template <class Op>
 requires(std::same_as<Op, Sum> || std::same_as<Op, Mean>) struct DeviceKernel<Op> : kernel_detail::PerElementItems {
   template <class T>
@@ -201,9 +230,9 @@ requires(std::same_as<Op, Sum> || std::same_as<Op, Mean>) struct DeviceKernel<Op
   GRAD_HD static void forward(const NodeArgs<T>& x, T* y, std::size_t) {
     const std::size_t n = x.a.dims.size();
     if constexpr (std::same_as<Op, Mean>)
-      y[0] = sum_ascending(x.a.data, n) / static_cast<T>(n);
+      y[0] = sum_fixed(x.a.data, n) / static_cast<T>(n);
     else
-      y[0] = sum_ascending(x.a.data, n);
+      y[0] = sum_fixed(x.a.data, n);
   }
   template <int In, class T>
   GRAD_HD static void backward(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
@@ -441,11 +470,81 @@ GRAD_HD inline void row_segment_step(const Launch<S>& l, std::size_t rows, std::
   for (std::size_t t = thread; t < per_row; t += threads) run_item(l, row * per_row + t);
 }
 
-// The scalar tail: one thread runs every launch's items in order.
+// ---- one block cooperating: the full reductions ----
+//
+// A Block runs a kernel body's steps: step(f) calls f(thread, threads) on
+// every thread of the block and then waits at a barrier; step_one(f) calls
+// f() on thread 0 only, then the barrier. The CUDA backend's Block is the
+// real block (__syncthreads); the CPU backend's runs the threads as a loop
+// (in reverse when checking for races). Thread 0's locals carry state from
+// one step to the next; what other threads share goes through `shared`.
+
+// Chunks whose 32 lane sums sit in shared memory at once.
+inline constexpr std::size_t block_sum_batch = 32;
+// Values of `shared` that block_sum_fixed needs (8 KiB in double).
+inline constexpr std::size_t block_sum_shared = block_sum_batch * fixed_order::lanes;
+
+// sum_fixed(x, n, f) computed by a whole block: thread i of a step computes
+// lane i % 32 of chunk i / 32 (lane_sum: 32 neighbouring threads read 32
+// neighbouring elements), then one thread per chunk combines its lanes
+// (combine_lanes), then thread 0 streams the chunk sums up the levels
+// (LevelStream). The very functions sum_fixed is made of, so the same bits;
+// only thread 0's return value is the sum.
+template <class S, class F, class Block>
+GRAD_HD S block_sum_fixed(const S* x, std::size_t n, F f, S* shared, Block& block) {
+  using namespace fixed_order;
+  const std::size_t chunks = (n + chunk - 1) / chunk;
+  LevelStream<S> stream(chunks > 1 ? n : 1);
+  S total = S(0);
+  for (std::size_t first = 0; first < chunks; first += block_sum_batch) {
+    const std::size_t count = chunks - first < block_sum_batch ? chunks - first : block_sum_batch;
+    block.step([&](std::size_t thread, std::size_t threads) {
+      for (std::size_t i = thread; i < count * lanes; i += threads) {
+        const std::size_t c = first + i / lanes;
+        shared[i] = lane_sum(x + c * chunk, chunk_length(n, c), i % lanes, f);
+      }
+    });
+    block.step([&](std::size_t thread, std::size_t threads) {
+      for (std::size_t k = thread; k < count; k += threads) combine_lanes(shared + k * lanes);
+    });
+    block.step_one([&] {
+      for (std::size_t k = 0; k < count; ++k)
+        if (chunks == 1)
+          total = shared[0];
+        else
+          stream.push(1, shared[k * lanes]);
+    });
+  }
+  return chunks > 1 ? stream.result() : total;
+}
+
+// Is this launch a full reduction's forward (sum, mean), which a block runs together?
 template <class S>
-GRAD_HD inline void serial_segment(const Launch<S>* launches, std::size_t count) {
-  for (std::size_t k = 0; k < count; ++k)
-    for (std::size_t w = 0; w < launches[k].items; ++w) run_item(launches[k], w);
+GRAD_HD inline bool block_reduction(const Launch<S>& l) {
+  return l.kind == LaunchKind::forward && (l.op == op_code<Sum> || l.op == op_code<Mean>);
+}
+
+// sum / mean forward by a block: y[0] on thread 0.
+template <class S, class Block>
+GRAD_HD inline void block_reduce_forward(const NodeArgs<S>& x, S* y, std::uint8_t op, S* shared, Block& block) {
+  const std::size_t n = x.a.dims.size();
+  const S total = block_sum_fixed(x.a.data, n, fixed_order::Identity{}, shared, block);
+  block.step_one([&] { y[0] = op == op_code<Mean> ? total / static_cast<S>(n) : total; });
+}
+
+// The scalar tail: thread 0 runs every launch's items in order, except a
+// sum or mean, which the whole block reduces (a barrier after each launch).
+template <class S, class Block>
+GRAD_HD inline void serial_segment(const Launch<S>* launches, std::size_t count, S* shared, Block& block) {
+  for (std::size_t k = 0; k < count; ++k) {
+    const Launch<S>& l = launches[k];
+    if (block_reduction(l))
+      block_reduce_forward(l.x, l.y, l.op, shared, block);
+    else
+      block.step_one([&] {
+        for (std::size_t w = 0; w < l.items; ++w) run_item(l, w);
+      });
+  }
 }
 
 // Independent launches sharing one grid (the reductions across rows): block
@@ -498,23 +597,25 @@ struct OptimizerState {
   AdamStepConstants<S> constants{};
 };
 
-// One work item: the clip factor (opt.hpp's order: parameters in add order,
-// elements ascending, from zero), then Adam's per-step constants.
-template <class S>
+// The clip factor (opt.hpp's order: each parameter's squares in the fixed
+// order, by the whole block; those shares in add order from zero), then
+// Adam's per-step constants, on thread 0.
+template <class S, class Block>
 GRAD_HD inline void optimizer_prepare(const ParamView<S>* params, std::size_t count, const OptimizerHyper<S>& h,
-                                      OptimizerState<S>* st) {
-  S scale = S(1);
-  if (h.clip != S(0)) {
-    S acc = S(0);
-    for (std::size_t k = 0; k < count; ++k)
-      for (std::size_t i = 0; i < params[k].size; ++i) acc = ClipRule::accumulate(acc, params[k].g[i]);
-    scale = ClipRule::scale(acc, h.clip);
-  }
-  st->scale = scale;
-  if (h.adam) {
-    AdamRule::advance(st->beta1_power, st->beta2_power, h.beta1, h.beta2);
-    st->constants = AdamRule::constants(h.lr, h.beta1, h.beta2, st->beta1_power, st->beta2_power);
-  }
+                                      OptimizerState<S>* st, S* shared, Block& block) {
+  S acc = S(0);
+  if (h.clip != S(0))
+    for (std::size_t k = 0; k < count; ++k) {
+      const S share = block_sum_fixed(params[k].g, params[k].size, fixed_order::Square{}, shared, block);
+      block.step_one([&] { acc = ClipRule::accumulate(acc, share); });
+    }
+  block.step_one([&] {
+    st->scale = h.clip != S(0) ? ClipRule::scale(acc, h.clip) : S(1);
+    if (h.adam) {
+      AdamRule::advance(st->beta1_power, st->beta2_power, h.beta1, h.beta2);
+      st->constants = AdamRule::constants(h.lr, h.beta1, h.beta2, st->beta1_power, st->beta2_power);
+    }
+  });
 }
 
 template <class S>

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -33,6 +34,12 @@ struct Options {
   Backend backend = Backend::cpu;
   Mode mode = Mode::per_node;
   bool f32 = false;  // hold and compute everything in float32 on the device
+  // CPU backend only: the order blocks and threads run in (engine.hpp). A
+  // result that differs from Schedule::in_order's is a race.
+  Schedule schedule = Schedule::in_order;
+  // For tests: edits the planner's cut before the engine is built (a
+  // deliberately broken plan must be caught by the race schedules).
+  std::function<void(FusionPlan&)> edit_plan = nullptr;
 };
 
 class CaptureError : public std::runtime_error {
@@ -119,6 +126,10 @@ class Program {
   std::size_t kernels_per_pass() const {
     return fused_ ? plan_.kernels(Phase::forward) + plan_.kernels(Phase::backward)
                   : forward_launches_ + backward_launches_;
+  }
+  // Kernels run so far; over one training step, the step's launch count.
+  std::uint64_t launches() {
+    return with_engine([](auto& e, auto) { return e.launches(); });
   }
   // Graph / fused modes: why the program fell back to per-node launches ("" if it did not).
   std::string fallback_reason() {
@@ -313,6 +324,7 @@ Program<T> capture(const Tape<T>& tape, Var<T> loss, Options options) {
   auto finish = [&](const auto& layout) {
     p.grad_elements_ = layout.grad_size;
     p.plan_ = plan_fusion(layout);
+    if (options.edit_plan) options.edit_plan(p.plan_);
     p.forward_launches_ = p.plan_.forward.size();
     p.backward_launches_ = p.plan_.backward.size();
     // Fused segments run for speed where they pay (CUDA), and always on the
@@ -323,11 +335,11 @@ Program<T> capture(const Tape<T>& tape, Var<T> loss, Options options) {
     if (options.f32 && std::is_same_v<T, double>) {
       const Layout<float> L = capture_detail::build_layout<float>(tape, p.loss_, p.value_offset_, p.grad_offset_);
       finish(L);
-      p.narrow_ = make_engine<float>(options.backend, L, options.mode, p.plan_, p.fused_);
+      p.narrow_ = make_engine<float>(options.backend, L, options.mode, p.plan_, p.fused_, options.schedule);
     } else {
       const Layout<T> L = capture_detail::build_layout<T>(tape, p.loss_, p.value_offset_, p.grad_offset_);
       finish(L);
-      p.same_ = make_engine<T>(options.backend, L, options.mode, p.plan_, p.fused_);
+      p.same_ = make_engine<T>(options.backend, L, options.mode, p.plan_, p.fused_, options.schedule);
     }
   } catch (const std::runtime_error& e) {
     throw CaptureError(who + "backend '" + std::string(backend_name(options.backend)) +

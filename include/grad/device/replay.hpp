@@ -14,7 +14,11 @@
 // Uploads never happen inside a capture: they flush the queue first, so a
 // replayed graph reads the fresh inputs from the buffers it captured. A
 // capture (or fused launch) that fails falls back to per-node launches with
-// a message on stderr and in fallback_reason(), never silently.
+// a message on stderr and in fallback_reason(), never silently; a device
+// fault (DeviceFault: an illegal address, a failed launch) is never a reason
+// to fall back and propagates as is. With GRAD_REQUIRE_CUDA=1 in the
+// environment a fallback throws instead (the device check wants no quiet
+// degradation).
 //
 // Launcher interface:
 //   U* allocate<U>(n)  (zeroed, freed by the launcher), upload/download(dst, src, bytes)
@@ -29,6 +33,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -43,7 +48,11 @@ namespace grad::device {
 template <class S, class Launcher>
 class ReplayEngine final : public Engine<S> {
  public:
-  ReplayEngine(const Layout<S>& L, Mode mode, const FusionPlan& plan, bool fuse) : mode_(mode) {
+  template <class... LauncherArgs>
+  ReplayEngine(const Layout<S>& L, Mode mode, const FusionPlan& plan, bool fuse, LauncherArgs&&... launcher_args)
+      : run_(std::forward<LauncherArgs>(launcher_args)...), mode_(mode) {
+    const char* strict = std::getenv("GRAD_REQUIRE_CUDA");
+    strict_ = strict && std::string(strict) == "1";
     values_ = run_.template allocate<S>(L.values.size());
     grads_ = run_.template allocate<S>(L.grad_size);
     scratch_ = run_.template allocate<S>(L.scratch_size);
@@ -133,6 +142,7 @@ class ReplayEngine final : public Engine<S> {
   }
 
   const std::string& fallback_reason() const override { return fallback_; }
+  std::uint64_t launches() const override { return launched_; }
   void flush() override {
     if (pending_.empty()) return;
     const std::string phases = std::move(pending_);
@@ -140,16 +150,27 @@ class ReplayEngine final : public Engine<S> {
     if (fallback_.empty()) {
       try {
         auto [it, fresh] = keys_.try_emplace(phases, keys_.size());
+        const std::uint64_t before = launched_;
         run_.graph(it->second, [&] {
           for (char p : phases) enqueue(p, fused_);
         });
+        // A replayed graph runs the kernels its capture counted.
+        if (graph_kernels_.size() <= it->second) graph_kernels_.resize(it->second + 1, 0);
+        if (launched_ != before)
+          graph_kernels_[it->second] = launched_ - before;
+        else
+          launched_ += graph_kernels_[it->second];
         return;
+      } catch (const DeviceFault&) {
+        throw;  // the context is broken: per-node launches would only fail again
       } catch (const std::runtime_error& e) {
         fallback_ = "grad::device: " + std::string(mode_ == Mode::fused ? "fused" : "graph") +
                     " mode could not run the step as a graph (" + e.what() + "); falling back to per-node launches";
         std::fprintf(stderr, "%s\n", fallback_.c_str());
+        if (strict_) throw std::runtime_error(fallback_ + " [refused: GRAD_REQUIRE_CUDA=1]");
         run_.drop_graphs();
         keys_.clear();
+        graph_kernels_.clear();
       }
     }
     for (char p : phases) enqueue(p, false);
@@ -173,10 +194,14 @@ class ReplayEngine final : public Engine<S> {
     if (phase == 'O') {
       if (!state_) return;
       run_.optimizer_prepare(views_, params_.size(), hyper_, state_);
-      if (fused && params_.size() > 1)
+      ++launched_;
+      if (fused && params_.size() > 1) {
         run_.optimizer_update_all(views_, params_.size(), params_.data(), hyper_, state_);
-      else
+        ++launched_;
+      } else {
         for (const ParamView<S>& p : params_) run_.optimizer_update(p, hyper_, state_);
+        launched_ += params_.size();
+      }
       return;
     }
     if (!fused) {
@@ -185,6 +210,7 @@ class ReplayEngine final : public Engine<S> {
     }
     for (const Unit& u : phase == 'F' ? forward_units_ : backward_units_) {
       const Launch<S>* d = device_launches_ + u.first;
+      ++launched_;
       switch (u.kind) {
         case SegmentKind::rows:
           run_.rows(d, u.count, u.rows, u.threads);
@@ -199,6 +225,7 @@ class ReplayEngine final : public Engine<S> {
           }
           [[fallthrough]];
         case SegmentKind::per_node:
+          --launched_;  // launch() counts it
           launch(host_launches_[u.first]);
           break;
       }
@@ -207,6 +234,7 @@ class ReplayEngine final : public Engine<S> {
 
   // One launch as its own kernel: the per-node path.
   void launch(const Launch<S>& l) {
+    ++launched_;
     if (l.kind == LaunchKind::accumulate) {
       run_.accumulate(l.grad, l.dx, l.items);
       return;
@@ -276,6 +304,7 @@ class ReplayEngine final : public Engine<S> {
 
   Launcher run_;  // first member destroyed last: owns every buffer below
   Mode mode_;
+  bool strict_ = false;
   S* values_ = nullptr;
   S* grads_ = nullptr;
   S* scratch_ = nullptr;
@@ -289,6 +318,8 @@ class ReplayEngine final : public Engine<S> {
   // Graph and fused modes: phases queued since the last flush ('F', 'B', 'O'), graph key per sequence.
   std::string pending_;
   std::map<std::string, std::size_t> keys_;
+  std::vector<std::uint64_t> graph_kernels_;  // kernels per graph key
+  std::uint64_t launched_ = 0;
   std::string fallback_;
   OptimizerHyper<S> hyper_{};
   std::vector<ParamView<S>> params_;

@@ -1,7 +1,8 @@
 // Sum over the last axis, keeping it as an axis of size 1: [..., n] -> [..., 1].
 // The per-row reduction that nn's norms and cross-entropy need. One order:
-// each row sums from zero in ascending index (acc = acc + x), the same order
-// as Sum, so a row_sum over a single row equals sum bitwise.
+// each row is summed in the documented order of every full reduction
+// (sum_fixed, grad/ops/reduce.hpp: 32 lanes and a fixed tree), so a row_sum
+// over a single row equals sum bitwise, and a long row vectorises.
 #pragma once
 
 #include <string_view>
@@ -22,7 +23,7 @@ struct RowSum {
   // One row of n contiguous elements.
   template <class T>
   GRAD_HD static T forward_row(const T* x, std::size_t n) {
-    return sum_ascending(x, n);
+    return sum_fixed(x, n);
   }
   // Every element of the row receives the row's upstream gradient.
   template <class T>
