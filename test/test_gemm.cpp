@@ -208,3 +208,82 @@ TEST_CASE_TEMPLATE("a training graph gives the same bits on one and three thread
   };
   CHECK(same_bits(run(1), run(3)));
 }
+
+// The optimizers' loops (update.hpp) run on packs of the best instruction
+// set, with the Adam step spelled out lane by lane: every element must get
+// the bits of the GRAD_HD rules (opt.hpp) that the device engine runs, at
+// every length (whole packs and ragged tails), special values included.
+TEST_CASE_TEMPLATE("the SGD and Adam update loops give the rules' bits at every length", T, double, float) {
+  Rng rng(41);
+  const T scale = T(0.75), l2 = T(1e-3), lr = T(0.01), beta1 = T(0.9), beta2 = T(0.999), eps = T(1e-8);
+  const AdamStepConstants<T> c = AdamRule::constants(lr, beta1, beta2, T(0.9 * 0.9), T(0.999 * 0.999));
+  for (std::size_t n : {1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 64, 100, 1000}) {
+    std::vector<T> w = operand<T>(n, rng), g = operand<T>(n, rng), m = operand<T>(n, rng), v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = std::abs(operand<T>(1, rng)[0]);
+    if (n > 4) {
+      g[1] = T(0);
+      v[2] = T(0);
+      g[3] = std::numeric_limits<T>::quiet_NaN();
+    }
+    std::vector<T> w_sgd = w, want_sgd = w;
+    kernels::sgd_update<ClipRule, SgdRule>(w_sgd.data(), g.data(), n, scale, l2, lr);
+    for (std::size_t i = 0; i < n; ++i)
+      want_sgd[i] = SgdRule::update(want_sgd[i], ClipRule::effective(g[i], want_sgd[i], scale, l2), lr);
+    std::vector<T> w_adam = w, m_adam = m, v_adam = v, want_w = w, want_m = m, want_v = v;
+    kernels::adam_update<ClipRule, AdamRule>(w_adam.data(), m_adam.data(), v_adam.data(), g.data(), n, scale, l2,
+                                             beta1, beta2, eps, c);
+    for (std::size_t i = 0; i < n; ++i)
+      AdamRule::update(want_w[i], want_m[i], want_v[i], ClipRule::effective(g[i], want_w[i], scale, l2), beta1, beta2,
+                       eps, c);
+    INFO("n = " << n);
+    CHECK(same_bits(w_sgd, want_sgd));
+    CHECK(same_bits(w_adam, want_w));
+    CHECK(same_bits(m_adam, want_m));
+    CHECK(same_bits(v_adam, want_v));
+  }
+}
+
+// The elementwise loops run whole packs, then the ragged tail through a
+// padded pack; bias-style broadcasts go row by row. Every length from 1 to
+// past two AVX-512 packs of floats, against the tags' scalar functors.
+TEST_CASE_TEMPLATE("elementwise and broadcast loops give the scalar functors' bits at every length", T, double,
+                   float) {
+  Rng rng(43);
+  for (std::size_t n = 1; n <= 40; ++n) {
+    std::vector<T> a = operand<T>(3 * n, rng), b = operand<T>(3 * n, rng), row = operand<T>(n, rng);
+    for (T& x : a) x = x + T(2);  // away from zero, for div and log
+    NodeArgs<T> x;
+    x.a.data = a.data();
+    x.b.data = b.data();
+    const std::size_t full[] = {3, n}, bias[] = {n};
+    x.a.dims = Dims::of(full);
+    x.b.dims = x.a.dims;
+    x.out = x.a.dims;
+    x.scalar = T(1.5);
+    std::vector<T> y(3 * n), want(3 * n);
+    Div::forward_tensor(x, y.data());
+    for (std::size_t i = 0; i < 3 * n; ++i) want[i] = Div::forward(a[i], b[i]);
+    CHECK(same_bits(y, want));
+    Tanh::forward_tensor(x, y.data());
+    for (std::size_t i = 0; i < 3 * n; ++i) want[i] = Tanh::forward(a[i], x.scalar);
+    CHECK(same_bits(y, want));
+    Log::forward_tensor(x, y.data());
+    for (std::size_t i = 0; i < 3 * n; ++i) want[i] = Log::forward(a[i], x.scalar);
+    CHECK(same_bits(y, want));
+    std::vector<T> dx(3 * n);
+    Sigmoid::backward_tensor<0>(x, b.data(), a.data(), dx.data());
+    for (std::size_t i = 0; i < 3 * n; ++i) want[i] = Sigmoid::backward(a[i], b[i], a[i], x.scalar);
+    CHECK(same_bits(dx, want));
+    // a [3, n] + bias [n]: forward, and the bias gradient summed over rows.
+    x.b.data = row.data();
+    x.b.dims = Dims::of(bias);
+    Add::forward_tensor(x, y.data());
+    for (std::size_t i = 0; i < 3 * n; ++i) want[i] = a[i] + row[i % n];
+    CHECK(same_bits(y, want));
+    std::vector<T> db(n), want_db(n, T(0));
+    Mul::backward_tensor<1>(x, y.data(), b.data(), db.data());
+    for (std::size_t i = 0; i < 3 * n; ++i) want_db[i % n] = want_db[i % n] + b[i] * a[i];
+    INFO("n = " << n);
+    CHECK(same_bits(db, want_db));
+  }
+}

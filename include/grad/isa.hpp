@@ -4,9 +4,11 @@
 // -ffp-contract=off and do the same IEEE operations in the same order.
 #pragma once
 
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <string_view>
+#include <type_traits>
 
 namespace grad {
 
@@ -58,15 +60,27 @@ inline Isa best_isa() {
 #define GRAD_TARGET_AVX512
 #endif
 
+// The vector width, in bytes, of the copy a with_best_isa body runs in.
+template <std::size_t Bytes>
+struct VectorWidth {
+  static constexpr std::size_t bytes = Bytes;
+};
+
 #if GRAD_HAS_ISA_TARGETS
 namespace isa_detail {
 template <class Body>
 GRAD_TARGET_AVX2 __attribute__((flatten)) void run_avx2(Body& body) {
-  body();
+  if constexpr (std::is_invocable_v<Body&, VectorWidth<32>>)
+    body(VectorWidth<32>{});
+  else
+    body();
 }
 template <class Body>
 GRAD_TARGET_AVX512 __attribute__((flatten)) void run_avx512(Body& body) {
-  body();
+  if constexpr (std::is_invocable_v<Body&, VectorWidth<64>>)
+    body(VectorWidth<64>{});
+  else
+    body();
 }
 }  // namespace isa_detail
 #endif
@@ -74,8 +88,11 @@ GRAD_TARGET_AVX512 __attribute__((flatten)) void run_avx512(Body& body) {
 // Runs body() compiled for the best instruction set this CPU has: body (a
 // lambda holding a loop) is inlined, with everything it calls, into a copy
 // of a small function built for AVX-512, AVX2 or the baseline, so the loop
-// vectorises as wide as the machine allows. Callers keep the loops short and
-// free of calls into the pool.
+// runs as wide as the machine allows. A body that takes an argument is
+// called with VectorWidth<64>, <32> or <16>: the width its simd::Pack loops
+// should use in that copy (simd.hpp), so that their speed does not depend on
+// the auto-vectoriser. Callers keep the loops short and free of calls into
+// the pool.
 template <class Body>
 inline void with_best_isa(Body&& body) {
 #if GRAD_HAS_ISA_TARGETS
@@ -88,7 +105,10 @@ inline void with_best_isa(Body&& body) {
       break;
   }
 #endif
-  body();
+  if constexpr (std::is_invocable_v<Body&, VectorWidth<16>>)
+    body(VectorWidth<16>{});
+  else
+    body();
 }
 
 }  // namespace grad

@@ -47,6 +47,7 @@
 
 #include "grad/backward.hpp"
 #include "grad/tape.hpp"
+#include "grad/update.hpp"
 
 namespace grad {
 
@@ -221,7 +222,7 @@ class SGD : public Optimizer<T> {
   bool step() {
     const bool ok = this->for_each_reached([&](const auto& e, std::span<T> w, std::span<const T> g, T scale) {
       parallel_ranges(e.size, elementwise_grain, [&](std::size_t lo, std::size_t hi) {  // elements are independent
-        with_best_isa([&] { sgd_loop(w.data() + lo, g.data() + lo, hi - lo, scale, e.l2, this->lr_); });
+        sgd_loop(w.data() + lo, g.data() + lo, hi - lo, scale, e.l2, this->lr_);
       });
     });
     if (ok) ++steps_;
@@ -230,10 +231,10 @@ class SGD : public Optimizer<T> {
   std::uint64_t steps() const { return steps_; }
 
  private:
-  // Parameters and gradients never overlap; saying so lets the loop
-  // vectorise without run-time overlap checks.
-  static void sgd_loop(T* __restrict w, const T* __restrict g, std::size_t n, T scale, T l2, T lr) {
-    for (std::size_t i = 0; i < n; ++i) w[i] = SgdRule::update(w[i], ClipRule::effective(g[i], w[i], scale, l2), lr);
+  // Explicit vector code for the best instruction set (update.hpp; in the
+  // compiled kernel library when the consumer links it).
+  static void sgd_loop(T* w, const T* g, std::size_t n, T scale, T l2, T lr) {
+    kernels::sgd_update<ClipRule, SgdRule>(w, g, n, scale, l2, lr);
   }
   const char* kind_name() const override { return "sgd"; }
   std::uint64_t steps_ = 0;
@@ -259,9 +260,7 @@ class Adam : public Optimizer<T> {
       T* m = m_.data() + e.offset;
       T* v = v_.data() + e.offset;
       parallel_ranges(e.size, elementwise_grain, [&](std::size_t lo, std::size_t hi) {  // elements are independent
-        with_best_isa([&] {
-          adam_loop(w.data() + lo, m + lo, v + lo, g.data() + lo, hi - lo, scale, e.l2, beta1_, beta2_, eps_, c);
-        });
+        adam_loop(w.data() + lo, m + lo, v + lo, g.data() + lo, hi - lo, scale, e.l2, beta1_, beta2_, eps_, c);
       });
     });
   }
@@ -277,11 +276,10 @@ class Adam : public Optimizer<T> {
   std::span<const T> second_moments() const { return v_; }
 
  private:
-  // Parameters, moments and gradients never overlap (see sgd_loop).
-  static void adam_loop(T* __restrict w, T* __restrict m, T* __restrict v, const T* __restrict g, std::size_t n,
-                        T scale, T l2, T beta1, T beta2, T eps, const AdamStepConstants<T>& c) {
-    for (std::size_t i = 0; i < n; ++i)
-      AdamRule::update(w[i], m[i], v[i], ClipRule::effective(g[i], w[i], scale, l2), beta1, beta2, eps, c);
+  // Explicit vector code, as sgd_loop.
+  static void adam_loop(T* w, T* m, T* v, const T* g, std::size_t n, T scale, T l2, T beta1, T beta2, T eps,
+                        const AdamStepConstants<T>& c) {
+    kernels::adam_update<ClipRule, AdamRule>(w, m, v, g, n, scale, l2, beta1, beta2, eps, c);
   }
   const char* kind_name() const override { return "adam"; }
   void on_add(std::size_t size) override {

@@ -1,5 +1,7 @@
 // Arithmetic: broadcasting binary ops, negation and the scalar forms.
 // All exact tier: IEEE + - * / are correctly rounded on every backend.
+// Every tag here takes simd packs as well as scalars (packs = true): the
+// host loops run them on whole vectors (family.hpp).
 #pragma once
 
 #include <string_view>
@@ -11,16 +13,17 @@ namespace grad {
 struct Add : Binary<Add> {
   static constexpr std::string_view name = "add";
   static constexpr Tier tier = Tier::exact;
+  static constexpr bool packs = true;
   template <class T>
-  GRAD_HD static T forward(T a, T b) {
+  GRAD_HD GRAD_INLINE static T forward(T a, T b) {
     return a + b;
   }
   template <class T>
-  GRAD_HD static T backward_a(T, T, T, T g) {
+  GRAD_HD GRAD_INLINE static T backward_a(T, T, T, T g) {
     return g;
   }
   template <class T>
-  GRAD_HD static T backward_b(T, T, T, T g) {
+  GRAD_HD GRAD_INLINE static T backward_b(T, T, T, T g) {
     return g;
   }
 };
@@ -28,16 +31,17 @@ struct Add : Binary<Add> {
 struct Sub : Binary<Sub> {
   static constexpr std::string_view name = "sub";
   static constexpr Tier tier = Tier::exact;
+  static constexpr bool packs = true;
   template <class T>
-  GRAD_HD static T forward(T a, T b) {
+  GRAD_HD GRAD_INLINE static T forward(T a, T b) {
     return a - b;
   }
   template <class T>
-  GRAD_HD static T backward_a(T, T, T, T g) {
+  GRAD_HD GRAD_INLINE static T backward_a(T, T, T, T g) {
     return g;
   }
   template <class T>
-  GRAD_HD static T backward_b(T, T, T, T g) {
+  GRAD_HD GRAD_INLINE static T backward_b(T, T, T, T g) {
     return -g;
   }
 };
@@ -45,16 +49,17 @@ struct Sub : Binary<Sub> {
 struct Mul : Binary<Mul> {
   static constexpr std::string_view name = "mul";
   static constexpr Tier tier = Tier::exact;
+  static constexpr bool packs = true;
   template <class T>
-  GRAD_HD static T forward(T a, T b) {
+  GRAD_HD GRAD_INLINE static T forward(T a, T b) {
     return a * b;
   }
   template <class T>
-  GRAD_HD static T backward_a(T, T b, T, T g) {
+  GRAD_HD GRAD_INLINE static T backward_a(T, T b, T, T g) {
     return g * b;
   }
   template <class T>
-  GRAD_HD static T backward_b(T a, T, T, T g) {
+  GRAD_HD GRAD_INLINE static T backward_b(T a, T, T, T g) {
     return g * a;
   }
 };
@@ -62,17 +67,18 @@ struct Mul : Binary<Mul> {
 struct Div : Binary<Div> {
   static constexpr std::string_view name = "div";
   static constexpr Tier tier = Tier::exact;
+  static constexpr bool packs = true;
   template <class T>
-  GRAD_HD static T forward(T a, T b) {
+  GRAD_HD GRAD_INLINE static T forward(T a, T b) {
     return a / b;
   }
   template <class T>
-  GRAD_HD static T backward_a(T, T b, T, T g) {
+  GRAD_HD GRAD_INLINE static T backward_a(T, T b, T, T g) {
     return g / b;
   }
   // d(a/b)/db = -a/b^2, written as -(y/b) so that it reuses the forward value.
   template <class T>
-  GRAD_HD static T backward_b(T, T b, T y, T g) {
+  GRAD_HD GRAD_INLINE static T backward_b(T, T b, T y, T g) {
     return -(g * (y / b));
   }
 };
@@ -80,12 +86,13 @@ struct Div : Binary<Div> {
 struct Neg : Unary<Neg> {
   static constexpr std::string_view name = "neg";
   static constexpr Tier tier = Tier::exact;
+  static constexpr bool packs = true;
   template <class T>
-  GRAD_HD static T forward(T x, T) {
+  GRAD_HD GRAD_INLINE static T forward(T x, T) {
     return -x;
   }
   template <class T>
-  GRAD_HD static T backward(T, T, T g, T) {
+  GRAD_HD GRAD_INLINE static T backward(T, T, T g, T) {
     return -g;
   }
 };
@@ -94,12 +101,13 @@ struct Neg : Unary<Neg> {
 struct AddScalar : Unary<AddScalar> {
   static constexpr std::string_view name = "add_scalar";
   static constexpr Tier tier = Tier::exact;
+  static constexpr bool packs = true;
   template <class T>
-  GRAD_HD static T forward(T x, T s) {
+  GRAD_HD GRAD_INLINE static T forward(T x, T s) {
     return x + s;
   }
   template <class T>
-  GRAD_HD static T backward(T, T, T g, T) {
+  GRAD_HD GRAD_INLINE static T backward(T, T, T g, T) {
     return g;
   }
 };
@@ -107,12 +115,13 @@ struct AddScalar : Unary<AddScalar> {
 struct MulScalar : Unary<MulScalar> {
   static constexpr std::string_view name = "mul_scalar";
   static constexpr Tier tier = Tier::exact;
+  static constexpr bool packs = true;
   template <class T>
-  GRAD_HD static T forward(T x, T s) {
+  GRAD_HD GRAD_INLINE static T forward(T x, T s) {
     return x * s;
   }
   template <class T>
-  GRAD_HD static T backward(T, T, T g, T s) {
+  GRAD_HD GRAD_INLINE static T backward(T, T, T g, T s) {
     return g * s;
   }
 };
@@ -120,12 +129,13 @@ struct MulScalar : Unary<MulScalar> {
 struct DivScalar : Unary<DivScalar> {
   static constexpr std::string_view name = "div_scalar";
   static constexpr Tier tier = Tier::exact;
+  static constexpr bool packs = true;
   template <class T>
-  GRAD_HD static T forward(T x, T s) {
+  GRAD_HD GRAD_INLINE static T forward(T x, T s) {
     return x / s;
   }
   template <class T>
-  GRAD_HD static T backward(T, T, T g, T s) {
+  GRAD_HD GRAD_INLINE static T backward(T, T, T g, T s) {
     return g / s;
   }
 };
@@ -134,12 +144,13 @@ struct DivScalar : Unary<DivScalar> {
 struct ScalarSub : Unary<ScalarSub> {
   static constexpr std::string_view name = "scalar_sub";
   static constexpr Tier tier = Tier::exact;
+  static constexpr bool packs = true;
   template <class T>
-  GRAD_HD static T forward(T x, T s) {
+  GRAD_HD GRAD_INLINE static T forward(T x, T s) {
     return s - x;
   }
   template <class T>
-  GRAD_HD static T backward(T, T, T g, T) {
+  GRAD_HD GRAD_INLINE static T backward(T, T, T g, T) {
     return -g;
   }
 };
@@ -148,12 +159,13 @@ struct ScalarSub : Unary<ScalarSub> {
 struct ScalarDiv : Unary<ScalarDiv> {
   static constexpr std::string_view name = "scalar_div";
   static constexpr Tier tier = Tier::exact;
+  static constexpr bool packs = true;
   template <class T>
-  GRAD_HD static T forward(T x, T s) {
+  GRAD_HD GRAD_INLINE static T forward(T x, T s) {
     return s / x;
   }
   template <class T>
-  GRAD_HD static T backward(T x, T y, T g, T) {
+  GRAD_HD GRAD_INLINE static T backward(T x, T y, T g, T) {
     return -(g * (y / x));
   }
 };

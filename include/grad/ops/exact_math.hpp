@@ -2,10 +2,14 @@
 // the same way on every backend: host code is built with -ffp-contract=off and
 // device code with --fmad=false, and IEEE + - * / are correctly rounded on
 // both. No libm call, no fma, no lookup table, no branch on data (bit-mask
-// blends), so a host loop over them auto-vectorises (GCC at -O3; -O2's very-cheap cost
-// model declines loops that need alias checks) and a GPU thread computes the
-// very same bits. This is what moves exp, tanh, sigmoid and log into the
-// exact tier.
+// blends), so a GPU thread and a vector lane compute the very same bits. This
+// is what moves exp, tanh, sigmoid and log into the exact tier.
+//
+// Every function is written once for T = float or double and for
+// simd::Pack<T, Bytes> (grad/simd.hpp): the host loops run them on whole
+// vectors explicitly, so their speed does not depend on whether the
+// consumer's -O level lets the auto-vectoriser in. A pack's lanes do the
+// scalar operations in the scalar order: the same bits.
 //
 // Accuracy, float and double, over the whole domain (test_transcendental.cpp
 // measures it against long double libm): under 0.8 ulp for exp, 0.9 for tanh
@@ -23,14 +27,22 @@
 #include <type_traits>
 
 #include "grad/config.hpp"
+#include "grad/isa.hpp"
+#include "grad/simd.hpp"
+
+GRAD_SIMD_DIAGNOSTICS_BEGIN
 
 namespace grad {
+
+// float, double, or a simd::Pack of either.
+template <class T>
+concept ScalarOrPack = Scalar<simd::element_t<T>>;
 
 namespace exact_math_detail {
 
 // x^M for M a power of two, by repeated squaring.
 template <std::size_t M, class T>
-GRAD_HD constexpr T power(T x) {
+GRAD_HD GRAD_INLINE constexpr T power(T x) {
   if constexpr (M == 1) {
     return x;
   } else {
@@ -43,10 +55,10 @@ GRAD_HD constexpr T power(T x) {
 // x^m times high half, recursively. The order is fixed here, so every
 // backend rounds alike; its dependency chain is O(log N) long instead of
 // Horner's N, which is what bounds a vectorised loop of these.
-template <std::size_t N, class T>
-GRAD_HD constexpr T estrin(T x, const T* c) {
+template <std::size_t N, class T, class C>
+GRAD_HD GRAD_INLINE constexpr T estrin(T x, const C* c) {
   if constexpr (N == 1) {
-    return c[0];
+    return T(c[0]);
   } else {
     constexpr std::size_t m = std::bit_floor(N - 1);
     return estrin<m>(x, c) + power<m>(x) * estrin<N - m>(x, c + m);
@@ -62,6 +74,7 @@ struct Format<double> {
   static constexpr int mantissa_bits = 52;
   static constexpr Bits exponent_bias = 1023;
   static constexpr Bits sign_mask = Bits{1} << 63;
+  static constexpr int sign_shift = 63;  // bits >> sign_shift is the sign bit
   // Adding 1.5 * 2^52 rounds any |v| < 2^51 to an integer (round to nearest
   // even), and that integer sits in the low mantissa bits of the sum.
   static constexpr double round_magic = 0x1.8p52;
@@ -89,6 +102,7 @@ struct Format<float> {
   static constexpr int mantissa_bits = 23;
   static constexpr Bits exponent_bias = 127;
   static constexpr Bits sign_mask = Bits{1} << 31;
+  static constexpr int sign_shift = 31;
   static constexpr float round_magic = 0x1.8p23f;
   // ln(FLT_MAX) ~ 88.72; half the smallest subnormal is e^-103.97.
   static constexpr float exp_limit = 104.0f;
@@ -102,12 +116,20 @@ struct Format<float> {
   static constexpr float sqrt2 = 0x1.6a09e6p+0f;
 };
 
+#if GRAD_SIMD
+// A pack's format: its lane type's constants, its bits a pack of unsigned lanes.
+template <class T, std::size_t B>
+struct Format<simd::Pack<T, B>> : Format<T> {
+  using Bits = simd::Pack<typename Format<T>::Bits, B>;
+};
+#endif
+
 template <class T>
-GRAD_HD constexpr typename Format<T>::Bits to_bits(T x) {
+GRAD_HD GRAD_INLINE constexpr typename Format<T>::Bits to_bits(T x) {
   return std::bit_cast<typename Format<T>::Bits>(x);
 }
 template <class T>
-GRAD_HD constexpr T from_bits(typename Format<T>::Bits b) {
+GRAD_HD GRAD_INLINE constexpr T from_bits(typename Format<T>::Bits b) {
   return std::bit_cast<T>(b);
 }
 
@@ -116,33 +138,34 @@ GRAD_HD constexpr T from_bits(typename Format<T>::Bits b) {
 // branch (then not vectorisable: division may trap) or thread branches through
 // the constant arm; and SSE2 has no 64-bit select to turn a bool into a mask.
 template <class T>
-GRAD_HD constexpr T blend(typename Format<T>::Bits mask, T if_set, T if_clear) {
+GRAD_HD GRAD_INLINE constexpr T blend(typename Format<T>::Bits mask, T if_set, T if_clear) {
   return from_bits<T>((to_bits<T>(if_set) & mask) | (to_bits<T>(if_clear) & ~mask));
 }
 
 // |x| (NaN stays NaN), and magnitude m with x's sign bit.
 template <class T>
-GRAD_HD constexpr T magnitude_of(T x) {
+GRAD_HD GRAD_INLINE constexpr T magnitude_of(T x) {
   return from_bits<T>(to_bits<T>(x) & ~Format<T>::sign_mask);
 }
 template <class T>
-GRAD_HD constexpr T with_sign_of(T m, T x) {
+GRAD_HD GRAD_INLINE constexpr T with_sign_of(T m, T x) {
   return from_bits<T>(to_bits<T>(m) | (to_bits<T>(x) & Format<T>::sign_mask));
 }
 
 // All ones where a < b, for a, b not NaN: the sign of a - b is exact.
 template <class T>
-GRAD_HD constexpr typename Format<T>::Bits less_mask(T a, T b) {
+GRAD_HD GRAD_INLINE constexpr typename Format<T>::Bits less_mask(T a, T b) {
   using Bits = typename Format<T>::Bits;
-  return Bits(0) - (to_bits<T>(a - b) >> (8 * sizeof(T) - 1));
+  return Bits(0) - (to_bits<T>(a - b) >> Format<T>::sign_shift);
 }
 
 // All ones where x is NaN: |x|'s bits exceed those of inf, so inf - |x| wraps.
 template <class T>
-GRAD_HD constexpr typename Format<T>::Bits nan_mask(T x) {
+GRAD_HD GRAD_INLINE constexpr typename Format<T>::Bits nan_mask(T x) {
   using Bits = typename Format<T>::Bits;
-  constexpr Bits inf = Bits(Bits(2) * Format<T>::exponent_bias + 1) << Format<T>::mantissa_bits;
-  return Bits(0) - (Bits(inf - (to_bits<T>(x) & ~Format<T>::sign_mask)) >> (8 * sizeof(T) - 1));
+  using LaneBits = typename Format<simd::element_t<T>>::Bits;
+  constexpr LaneBits inf = LaneBits(LaneBits(2) * Format<T>::exponent_bias + 1) << Format<T>::mantissa_bits;
+  return Bits(0) - (Bits(inf - (to_bits<T>(x) & ~Format<T>::sign_mask)) >> Format<T>::sign_shift);
 }
 
 // min(x, limit) that keeps NaN, as one minpd/minps. Only where the result
@@ -150,13 +173,16 @@ GRAD_HD constexpr typename Format<T>::Bits nan_mask(T x) {
 // GCC would fold everything downstream of a constant arm, sink the rest into
 // a branch and give up vectorising; elsewhere clamps are blends.
 template <class T>
-GRAD_HD constexpr T at_most(T x, T limit) {
-  return limit < x ? limit : x;
+GRAD_HD GRAD_INLINE constexpr T at_most(T x, T limit) {
+  if constexpr (simd::is_pack<T>)
+    return simd::at_most(x, limit);
+  else
+    return limit < x ? limit : x;
 }
 
 // Nearest integer to v (ties to even) for |v| < 2^(mantissa_bits - 1), as a T.
 template <class T>
-GRAD_HD constexpr T round_to_integer(T v) {
+GRAD_HD GRAD_INLINE constexpr T round_to_integer(T v) {
   return (v + Format<T>::round_magic) - Format<T>::round_magic;
 }
 
@@ -164,7 +190,7 @@ GRAD_HD constexpr T round_to_integer(T v) {
 // exponent field: (k + magic) carries k in its low bits, the shift drops the
 // rest, and adding the bias in the exponent field makes it a power of two.
 template <class T>
-GRAD_HD constexpr T pow2(T k) {
+GRAD_HD GRAD_INLINE constexpr T pow2(T k) {
   using F = Format<T>;
   const typename F::Bits low = to_bits<T>(k + F::round_magic);
   return from_bits<T>(
@@ -173,8 +199,8 @@ GRAD_HD constexpr T pow2(T k) {
 
 // (e^r - 1 - r) / r^2 on |r| <= ln2/2: relative error 2^-58 (double), 2^-28 (float).
 template <class T>
-GRAD_HD constexpr T exp_tail(T r) {
-  if constexpr (std::is_same_v<T, double>) {
+GRAD_HD GRAD_INLINE constexpr T exp_tail(T r) {
+  if constexpr (std::is_same_v<simd::element_t<T>, double>) {
     const double c[] = {0x1.0000000000000p-1,  0x1.5555555555557p-3,  0x1.555555555554ep-5,  0x1.11111111100ebp-7,
                         0x1.6c16c16c1a07fp-10, 0x1.a01a01abe0ceap-13, 0x1.a01a01905fb43p-16, 0x1.71de024587b95p-19,
                         0x1.27e510dcf7816p-22, 0x1.af4dc495d3ce5p-26, 0x1.1f19f611f2d8bp-29};
@@ -188,8 +214,8 @@ GRAD_HD constexpr T exp_tail(T r) {
 // (tanh(x)/x - 1) / x^2 as a function of z = x^2 on [0, 0.625^2]: relative
 // error 2^-56 (double), 2^-27 (float).
 template <class T>
-GRAD_HD constexpr T tanh_tail(T z) {
-  if constexpr (std::is_same_v<T, double>) {
+GRAD_HD GRAD_INLINE constexpr T tanh_tail(T z) {
+  if constexpr (std::is_same_v<simd::element_t<T>, double>) {
     const double c[] = {-0x1.5555555555555p-2,  0x1.11111111110a8p-3,  -0x1.ba1ba1ba0f149p-5,  0x1.664f487e0b227p-6,
                         -0x1.226e3473f8991p-7,  0x1.d6d39ae8b74e8p-9,  -0x1.7d9f6f7067b06p-10, 0x1.3526ecc6fea05p-11,
                         -0x1.f243a52cba6fdp-13, 0x1.84460c0e349b5p-14, -0x1.05bcf90ea952fp-15, 0x1.b33a6a4342501p-18};
@@ -212,7 +238,7 @@ struct ExpParts {
 };
 
 template <class T>
-GRAD_HD constexpr ExpParts<T> exp_parts(T x) {
+GRAD_HD GRAD_INLINE constexpr ExpParts<T> exp_parts(T x) {
   using F = Format<T>;
   const T n = round_to_integer<T>(x * F::log2e);
   const T r_hi = x - n * F::ln2_hi;  // exact
@@ -235,7 +261,7 @@ struct SplitExp {
 };
 
 template <class T>
-GRAD_HD constexpr SplitExp<T> split_exp(T x) {
+GRAD_HD GRAD_INLINE constexpr SplitExp<T> split_exp(T x) {
   const ExpParts<T> e = exp_parts<T>(x);
   const T n_half = round_to_integer<T>(e.n * T(0.5));
   const T scale_a = pow2<T>(n_half), scale_b = pow2<T>(e.n - n_half);
@@ -245,8 +271,8 @@ GRAD_HD constexpr SplitExp<T> split_exp(T x) {
 // (2 atanh(s) / s - 2) / s^2 as a function of z = s^2 on [0, 0.1716^2]:
 // relative error 2^-51 (double), 2^-21 (float); it enters log scaled by s^3.
 template <class T>
-GRAD_HD constexpr T log_tail(T z) {
-  if constexpr (std::is_same_v<T, double>) {
+GRAD_HD GRAD_INLINE constexpr T log_tail(T z) {
+  if constexpr (std::is_same_v<simd::element_t<T>, double>) {
     const double c[] = {0x1.5555555555558p-1, 0x1.9999999995290p-2, 0x1.2492492df97bap-2, 0x1.c71c62dbdc1d9p-3,
                         0x1.7462b739ffa32p-3, 0x1.39fe106dc50e4p-3, 0x1.2b5bf2ff5647ap-3};
     return estrin<7>(z, c);
@@ -260,8 +286,8 @@ GRAD_HD constexpr T log_tail(T z) {
 
 // e^x. |x| is clamped (sign kept) to where e^x has long overflowed or
 // underflowed; NaN passes the clamp and every operation after it.
-template <Scalar T>
-GRAD_HD constexpr T exact_exp(T x) {
+template <ScalarOrPack T>
+GRAD_HD GRAD_INLINE constexpr T exact_exp(T x) {
   using namespace exact_math_detail;
   return split_exp<T>(with_sign_of<T>(at_most<T>(magnitude_of<T>(x), Format<T>::exp_limit), x)).hi;
 }
@@ -271,7 +297,7 @@ namespace exact_math_detail {
 // tanh's two arms for a = |x|, and how their results are put together.
 // Small a: a + a * (a^2 * t(a^2)).
 template <class T>
-GRAD_HD constexpr T tanh_near(T a) {
+GRAD_HD GRAD_INLINE constexpr T tanh_near(T a) {
   const T z = a * a;
   return a + a * (z * tanh_tail<T>(z));
 }
@@ -282,7 +308,7 @@ GRAD_HD constexpr T tanh_near(T a) {
 // result remain. a is capped where 1 - d has long rounded to 1, so that E
 // stays finite.
 template <class T>
-GRAD_HD constexpr T tanh_far(T a) {
+GRAD_HD GRAD_INLINE constexpr T tanh_far(T a) {
   using F = Format<T>;
   const T a_far = blend<T>(less_mask<T>(F::tanh_saturated, a), F::tanh_saturated, a);
   const ExpParts<T> e = exp_parts<T>(a_far + a_far);  // n <= 58: one exact scaling
@@ -299,13 +325,13 @@ GRAD_HD constexpr T tanh_far(T a) {
 
 // All ones where a takes the near arm.
 template <class T>
-GRAD_HD constexpr typename Format<T>::Bits tanh_near_mask(T a) {
+GRAD_HD GRAD_INLINE constexpr typename Format<T>::Bits tanh_near_mask(T a) {
   return less_mask<T>(a, Format<T>::tanh_split);
 }
 
 // x's sign on the magnitude; NaN x gives NaN (whatever the magnitude was).
 template <class T>
-GRAD_HD constexpr T tanh_finish(T x, T magnitude) {
+GRAD_HD GRAD_INLINE constexpr T tanh_finish(T x, T magnitude) {
   return blend<T>(nan_mask<T>(x), x + x, with_sign_of<T>(magnitude, x));
 }
 
@@ -314,8 +340,8 @@ GRAD_HD constexpr T tanh_finish(T x, T magnitude) {
 // tanh(x), odd: the near arm below tanh_split, the far arm from there on,
 // both computed and one kept by a bit blend (a GPU thread and a vector lane
 // alike). For NaN x the mask is arbitrary: the result is replaced.
-template <Scalar T>
-GRAD_HD constexpr T exact_tanh(T x) {
+template <ScalarOrPack T>
+GRAD_HD GRAD_INLINE constexpr T exact_tanh(T x) {
   using namespace exact_math_detail;
   const T a = magnitude_of(x);
   return tanh_finish<T>(x, blend<T>(tanh_near_mask<T>(a), tanh_near<T>(a), tanh_far<T>(a)));
@@ -326,40 +352,85 @@ GRAD_HD constexpr T exact_tanh(T x) {
 // element still comes out of the very operations exact_tanh does, so the
 // bits are the same; only work whose result the blend would discard is
 // skipped (most activations of a trained network sit in one arm).
-template <Scalar T>
-inline void exact_tanh_array(const T* __restrict x, T* __restrict y, std::size_t n) {
+// P is the pack the loop runs on (a simd::Pack, or T itself: one lane).
+template <class P, Scalar T>
+[[gnu::always_inline]] inline void exact_tanh_packs(const T* __restrict x, T* __restrict y, std::size_t n) {
   using namespace exact_math_detail;
   constexpr std::size_t block = 16;
+  constexpr std::size_t lanes = sizeof(P) / sizeof(T), packs = block / lanes;
+  static_assert(block % lanes == 0, "a block is whole packs");
+  auto load = [](const T* p) {
+    if constexpr (simd::is_pack<P>)
+      return P::load(p);
+    else
+      return *p;
+  };
+  auto store = [](const P& v, T* p) {
+    if constexpr (simd::is_pack<P>)
+      v.store(p);
+    else
+      *p = v;
+  };
   std::size_t i = 0;
   for (; i + block <= n; i += block) {
-    // How many take the near arm: |x| < split, NaN counted too (its result
-    // is replaced whichever arm ran). A plain compare, so that the count
-    // vectorises; it agrees with tanh_near_mask on every non-NaN input.
-    unsigned near = 0;
-    for (std::size_t j = 0; j < block; ++j) near += !(std::fabs(x[i + j]) >= Format<T>::tanh_split);
-    if (near == block) {
-      for (std::size_t j = 0; j < block; ++j) y[i + j] = tanh_finish<T>(x[i + j], tanh_near<T>(magnitude_of(x[i + j])));
-    } else if (near == 0) {
-      for (std::size_t j = 0; j < block; ++j) y[i + j] = tanh_finish<T>(x[i + j], tanh_far<T>(magnitude_of(x[i + j])));
+    // Which arm each element takes: |x| >= split is far; NaN counts as near
+    // (its result is replaced whichever arm ran). Agrees with tanh_near_mask
+    // on every non-NaN input.
+    bool any_far = false, all_far = true;
+    GRAD_UNROLL_ALL
+    for (std::size_t k = 0; k < packs; ++k) {
+      const P a = magnitude_of<P>(load(x + i + k * lanes));
+      if constexpr (simd::is_pack<P>) {
+        any_far |= simd::any_at_least(a, T(Format<T>::tanh_split));
+        all_far &= simd::all_at_least(a, T(Format<T>::tanh_split));
+      } else {
+        const bool far = a >= Format<T>::tanh_split;
+        any_far |= far;
+        all_far &= far;
+      }
+    }
+    if (!any_far) {
+      GRAD_UNROLL_ALL
+      for (std::size_t k = 0; k < packs; ++k) {
+        const P v = load(x + i + k * lanes);
+        store(tanh_finish<P>(v, tanh_near<P>(magnitude_of<P>(v))), y + i + k * lanes);
+      }
+    } else if (all_far) {
+      GRAD_UNROLL_ALL
+      for (std::size_t k = 0; k < packs; ++k) {
+        const P v = load(x + i + k * lanes);
+        store(tanh_finish<P>(v, tanh_far<P>(magnitude_of<P>(v))), y + i + k * lanes);
+      }
     } else {
-      for (std::size_t j = 0; j < block; ++j) y[i + j] = exact_tanh(x[i + j]);
+      GRAD_UNROLL_ALL
+      for (std::size_t k = 0; k < packs; ++k) store(exact_tanh<P>(load(x + i + k * lanes)), y + i + k * lanes);
     }
   }
   for (; i < n; ++i) y[i] = exact_tanh(x[i]);
+}
+
+// The same for any caller: runs on the widest packs this CPU has.
+template <Scalar T>
+inline void exact_tanh_array(const T* __restrict x, T* __restrict y, std::size_t n) {
+#if GRAD_SIMD
+  with_best_isa([&](auto width) { exact_tanh_packs<simd::Pack<T, decltype(width)::bytes>>(x, y, n); });
+#else
+  exact_tanh_packs<T>(x, y, n);
+#endif
 }
 
 // 1 / (1 + e^-x), written with e = e^-|x| in (0, 1] as 1 / (1 + e) for x >= 0
 // and e / (1 + e) for x < 0, so that the left tail follows e^x down into the
 // subnormals instead of hitting 0 where e^-x overflows. 1 + e keeps its
 // rounding error and e its low part; the quotient is corrected to first order.
-template <Scalar T>
-GRAD_HD constexpr T exact_sigmoid(T x) {
+template <ScalarOrPack T>
+GRAD_HD GRAD_INLINE constexpr T exact_sigmoid(T x) {
   using namespace exact_math_detail;
   using Bits = typename Format<T>::Bits;
   const T magnitude = magnitude_of<T>(x);
   const SplitExp<T> e =
       split_exp<T>(-blend<T>(less_mask<T>(Format<T>::exp_limit, magnitude), Format<T>::exp_limit, magnitude));
-  const Bits negative = Bits(0) - (to_bits<T>(x) >> (8 * sizeof(T) - 1));
+  const Bits negative = Bits(0) - (to_bits<T>(x) >> Format<T>::sign_shift);
   const T num = blend<T>(negative, e.hi, T(1));
   const T num_low = blend<T>(negative, e.lo, T(0));
   const T den = T(1) + e.hi;
@@ -376,21 +447,23 @@ GRAD_HD constexpr T exact_sigmoid(T x) {
 // ln(1 + f) = 2 atanh(s) = f - (f^2/2 - s (f^2/2 + R(s^2))), where the large
 // terms are formed from f directly and only R is approximated. k ln2 is
 // added in two parts, the high one exactly.
-template <Scalar T>
-GRAD_HD constexpr T exact_log(T x) {
+template <ScalarOrPack T>
+GRAD_HD GRAD_INLINE constexpr T exact_log(T x) {
   using namespace exact_math_detail;
   using F = Format<T>;
   using Bits = typename F::Bits;
-  constexpr Bits one_bits = F::exponent_bias << F::mantissa_bits;
-  constexpr Bits mantissa_mask = (Bits(1) << F::mantissa_bits) - 1;
-  constexpr Bits inf_bits = (2 * F::exponent_bias + 1) << F::mantissa_bits;
-  constexpr T smallest_normal = from_bits<T>(Bits(1) << F::mantissa_bits);
+  using E = simd::element_t<T>;
+  using LaneBits = typename Format<E>::Bits;  // constants are lane values; packs broadcast them
+  constexpr LaneBits one_bits = F::exponent_bias << F::mantissa_bits;
+  constexpr LaneBits mantissa_mask = (LaneBits(1) << F::mantissa_bits) - 1;
+  constexpr LaneBits inf_bits = (2 * F::exponent_bias + 1) << F::mantissa_bits;
+  constexpr E smallest_normal = from_bits<E>(LaneBits(1) << F::mantissa_bits);
 
   const Bits tiny = less_mask<T>(x, smallest_normal);
   const T scaled = blend<T>(tiny, x * F::subnormal_scale, x);
   const Bits bits = to_bits<T>(scaled);
   // The biased exponent as a T, through the same magic as round_to_integer.
-  const T biased = from_bits<T>(to_bits<T>(F::round_magic) + (bits >> F::mantissa_bits)) - F::round_magic;
+  const T biased = from_bits<T>(to_bits<T>(T(F::round_magic)) + (bits >> F::mantissa_bits)) - F::round_magic;
   const T m1 = from_bits<T>((bits & mantissa_mask) | one_bits);  // in [1, 2)
   const Bits halve = less_mask<T>(F::sqrt2, m1);
   const T m = blend<T>(halve, m1 * T(0.5), m1);
@@ -406,12 +479,14 @@ GRAD_HD constexpr T exact_log(T x) {
 
   // ln(+inf) = inf and NaN stays NaN (x + x); negative x gives NaN; ln(+-0) = -inf.
   const Bits magnitude = to_bits<T>(x) & ~F::sign_mask;
-  const Bits inf_or_nan = Bits(0) - (Bits(inf_bits - 1 - magnitude) >> (8 * sizeof(T) - 1));
-  const Bits zero = Bits(0) - (Bits(magnitude - 1) >> (8 * sizeof(T) - 1));
-  const Bits negative = (Bits(0) - (to_bits<T>(x) >> (8 * sizeof(T) - 1))) & ~zero;
+  const Bits inf_or_nan = Bits(0) - (Bits(inf_bits - 1 - magnitude) >> F::sign_shift);
+  const Bits zero = Bits(0) - (Bits(magnitude - 1) >> F::sign_shift);
+  const Bits negative = (Bits(0) - (to_bits<T>(x) >> F::sign_shift)) & ~zero;
   T out = blend<T>(inf_or_nan, x + x, y);
-  out = blend<T>(negative, from_bits<T>(inf_bits | (Bits(1) << (F::mantissa_bits - 1))), out);
-  return blend<T>(zero, from_bits<T>(inf_bits | F::sign_mask), out);
+  out = blend<T>(negative, from_bits<E>(inf_bits | (LaneBits(1) << (F::mantissa_bits - 1))), out);
+  return blend<T>(zero, from_bits<E>(inf_bits | F::sign_mask), out);
 }
 
 }  // namespace grad
+
+GRAD_SIMD_DIAGNOSTICS_END

@@ -9,10 +9,12 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "grad/config.hpp"
 #include "grad/isa.hpp"
 #include "grad/parallel.hpp"
+#include "grad/simd.hpp"
 #include "grad/tensor.hpp"
 
 namespace grad {
@@ -33,14 +35,6 @@ struct NodeArgs {
   const std::size_t* extra = nullptr;  // slice starts, one per axis
 };
 
-// One run of the last axis, columns [c0, c1) ascending. The steps are
-// template arguments for the common cases (a bias row, a per-row scalar) so
-// that the loop vectorises across c; the visiting order is the same either way.
-template <std::size_t StepA, std::size_t StepB, class F>
-inline void broadcast_row(std::size_t c0, std::size_t c1, std::size_t j, std::size_t ia, std::size_t ib, F& f) {
-  for (std::size_t c = c0; c < c1; ++c) f(j + c, ia + c * StepA, ib + c * StepB);
-}
-
 // Elementwise loops at least twice this long are split over the pool (when
 // set_num_threads > 1); each element is still computed by one thread.
 inline constexpr std::size_t elementwise_grain = std::size_t{1} << 15;
@@ -54,18 +48,18 @@ inline std::size_t row_grain(std::size_t length) {
 inline std::size_t row_count(const Dims& out) { return out.rank == 0 ? 1 : out.size() / out.back(); }
 inline std::size_t row_length(const Dims& out) { return out.rank == 0 ? 1 : out.back(); }
 
-// Visits the flat output indices j of `out` in rows [r0, r1), columns
-// [c0, c1) of each, with the flat indices of the two broadcast inputs
-// (strides from broadcast_strides): rows ascending, columns ascending within
-// a row. Disjoint row or column ranges can run on different threads.
-template <class F>
-inline void broadcast_loop(const Dims& out, const Dims& sa, const Dims& sb, F&& f, std::size_t r0, std::size_t r1,
-                           std::size_t c0, std::size_t c1) {
+// Visits the rows [r0, r1) of `out` in ascending order, calling
+// row(j, ia, ib) with the flat index j of the row's first element and where
+// that row starts in the two broadcast inputs (strides from
+// broadcast_strides). The row's columns are the caller's: it walks them with
+// the inputs' last-axis strides, ascending.
+template <class Row>
+inline void broadcast_rows(const Dims& out, const Dims& sa, const Dims& sb, std::size_t r0, std::size_t r1, Row&& row) {
   if (out.rank == 0) {
-    if (r0 < r1 && c0 < c1) f(std::size_t{0}, std::size_t{0}, std::size_t{0});
+    if (r0 < r1) row(std::size_t{0}, std::size_t{0}, std::size_t{0});
     return;
   }
-  const std::size_t inner = out.back(), ia_step = sa.back(), ib_step = sb.back();
+  const std::size_t inner = out.back();
   if (inner == 0 || r0 >= r1) return;
   // The multi-index of row r0 over the leading axes, and where it starts in a and b.
   std::array<std::size_t, max_rank> idx{};
@@ -77,15 +71,7 @@ inline void broadcast_loop(const Dims& out, const Dims& sa, const Dims& sb, F&& 
     ib += idx[ax] * sb.d[ax];
   }
   for (std::size_t r = r0; r < r1; ++r) {
-    const std::size_t j = r * inner;
-    if (ia_step == 1 && ib_step == 1)
-      broadcast_row<1, 1>(c0, c1, j, ia, ib, f);
-    else if (ia_step == 1 && ib_step == 0)
-      broadcast_row<1, 0>(c0, c1, j, ia, ib, f);
-    else if (ia_step == 0 && ib_step == 1)
-      broadcast_row<0, 1>(c0, c1, j, ia, ib, f);
-    else
-      for (std::size_t c = c0; c < c1; ++c) f(j + c, ia + c * ia_step, ib + c * ib_step);
+    row(r * inner, ia, ib);
     for (std::size_t ax = out.rank - 1; ax-- > 0;) {
       ++idx[ax];
       ia += sa.d[ax];
@@ -98,15 +84,104 @@ inline void broadcast_loop(const Dims& out, const Dims& sa, const Dims& sb, F&& 
   }
 }
 
-// Every element of `out`, each written by one call f(j, ia, ib): rows are
-// split over the pool, each range compiled for the best instruction set.
-template <class F>
-inline void broadcast_loop_by_rows(const Dims& out, const Dims& sa, const Dims& sb, F&& f) {
-  const std::size_t inner = row_length(out);
-  parallel_ranges(row_count(out), row_grain(inner), [&](std::size_t r0, std::size_t r1) {
-    with_best_isa([&] { broadcast_loop(out, sa, sb, f, r0, r1, 0, inner); });
-  });
+// A tag opts in to the pack loops with `static constexpr bool packs = true;`
+// when its element functors are plain arithmetic and exact_math (which take
+// a simd::Pack as well as a T). Other tags (a ?: or a libm call in a
+// functor) run per element, in fixed-length blocks.
+template <class Op>
+concept PackFunctors = requires {
+  requires Op::packs;
+};
+
+// The pack a with_best_isa copy of width W runs on (T itself where there
+// is no vector code: nvcc, other compilers).
+template <class T, class W>
+using pack_for = std::conditional_t<GRAD_SIMD != 0, simd::Pack<T, W::bytes>, T>;
+
+namespace kernels_detail {
+
+// Same-length runs: y[i] = f(ins[i]...) for i < n, as packs when the tag
+// takes them, else element by element in blocks of a pack's length (a loop
+// with a constant trip count, which even -O2 vectorises where it can).
+template <class P, bool Packs, class T, class F, class... In>
+[[gnu::always_inline]] inline void run_map(std::size_t n, T* __restrict y, F&& f, const In* __restrict... in) {
+#if GRAD_SIMD
+  if constexpr (Packs && simd::is_pack<P>) {
+    simd::map_streams<P>(n, y, f, simd::Stream<P, true>{in}...);
+    return;
+  }
+#endif
+  constexpr std::size_t L = sizeof(P) / sizeof(T);
+  std::size_t i = 0;
+  for (; i + L <= n; i += L)
+    for (std::size_t j = 0; j < L; ++j) y[i + j] = f(in[i + j]...);
+  for (; i < n; ++i) y[i] = f(in[i]...);
 }
+
+#if GRAD_SIMD
+// f's result added to what the output holds: acc + f(inputs...).
+template <class F>
+struct AddTo {
+  F& f;
+  template <class P, class... V>
+  [[gnu::always_inline]] P operator()(P acc, V... v) const {
+    return acc + f(v...);
+  }
+};
+
+template <class P, bool Accumulate, bool AOne, bool BOne, class T, class F, class... Rest>
+[[gnu::always_inline]] inline void row_packs(std::size_t len, T* __restrict out, F& f, const T* a, const T* b,
+                                             const Rest*... rest) {
+  if constexpr (Accumulate)
+    simd::map_streams<P, true>(len, out, AddTo<F>{f}, simd::Stream<P, AOne>{a}, simd::Stream<P, BOne>{b},
+                               simd::Stream<P, true>{rest}...);
+  else
+    simd::map_streams<P>(len, out, f, simd::Stream<P, AOne>{a}, simd::Stream<P, BOne>{b},
+                         simd::Stream<P, true>{rest}...);
+}
+#endif
+
+// One row of a broadcast op: out[c] = f(a[c * sa], b[c * sb], rest[c]...)
+// for c < len (or out[c] = out[c] + f(...) with Accumulate), as packs where
+// sa and sb are 0 or 1; other steps go element by element.
+template <class P, bool Packs, bool Accumulate, class T, class F, class... Rest>
+[[gnu::always_inline]] inline void run_row(std::size_t len, T* __restrict out, F& f, const T* a, std::size_t sa,
+                                           const T* b, std::size_t sb, const Rest*... rest) {
+#if GRAD_SIMD
+  if constexpr (Packs && simd::is_pack<P>) {
+    if (sa == 1 && sb == 1) return row_packs<P, Accumulate, true, true>(len, out, f, a, b, rest...);
+    if (sa == 1 && sb == 0) return row_packs<P, Accumulate, true, false>(len, out, f, a, b, rest...);
+    if (sa == 0 && sb == 1) return row_packs<P, Accumulate, false, true>(len, out, f, a, b, rest...);
+  }
+#endif
+  for (std::size_t c = 0; c < len; ++c) {
+    const T v = f(a[c * sa], b[c * sb], rest[c]...);
+    if constexpr (Accumulate)
+      out[c] = out[c] + v;
+    else
+      out[c] = v;
+  }
+}
+
+}  // namespace kernels_detail
+
+// The host loops of the elementwise families, one function template per
+// (tag, type[, operand]) at namespace scope, not inline: the compiled kernel
+// library (grad_kernels) instantiates them for float and double with the
+// project's flags, and a consumer built with GRAD_COMPILED_KERNELS declares
+// those instantiations extern (kernels_extern.hpp) and compiles none of them.
+namespace kernels {
+
+template <class Op, class T>
+void unary_forward(const NodeArgs<T>& x, T* y);
+template <class Op, class T>
+void unary_backward(const NodeArgs<T>& x, const T* y, const T* g, T* dx);
+template <class Op, class T>
+void binary_forward(const NodeArgs<T>& x, T* y);
+template <class Op, int In, class T>
+void binary_backward(const NodeArgs<T>& x, const T* y, const T* g, T* dx);
+
+}  // namespace kernels
 
 // y = f(x, scalar) elementwise; the tag supplies forward(x, s) and
 // backward(x, y, g, s) = dL/dx for one element.
@@ -115,40 +190,13 @@ struct Unary {
   static constexpr int arity = 1;
   static constexpr bool row_local = true;
 
-  // Every loop below runs compiled for the best instruction set
-  // (with_best_isa): the exact_math functors (tanh, exp, ...) are branchless,
-  // so they vectorise 8 or 16 wide under AVX-512 instead of 2 wide at the
-  // x86-64 baseline. Same operations in the same order: same bits.
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
-    const T* a = x.a.data;
-    parallel_ranges(x.out.size(), elementwise_grain, [&](std::size_t lo, std::size_t hi) {
-      with_best_isa([&] { map_forward(a + lo, y + lo, hi - lo, x.scalar); });
-    });
+    kernels::unary_forward<Derived>(x, y);
   }
   template <int In, class T>
   static void backward_tensor(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
-    const T* a = x.a.data;
-    parallel_ranges(x.out.size(), elementwise_grain, [&](std::size_t lo, std::size_t hi) {
-      with_best_isa([&] { map_backward(a + lo, y + lo, g + lo, dx + lo, hi - lo, x.scalar); });
-    });
-  }
-
- private:
-  // A node's output and gradient buffers never overlap its inputs. A tag may
-  // bring a host loop of its own for a whole run (forward_array), which must
-  // give every element the bits forward() gives it.
-  template <class T>
-  static void map_forward(const T* __restrict a, T* __restrict y, std::size_t n, T s) {
-    if constexpr (requires { Derived::forward_array(a, y, n, s); })
-      Derived::forward_array(a, y, n, s);
-    else
-      for (std::size_t i = 0; i < n; ++i) y[i] = Derived::forward(a[i], s);
-  }
-  template <class T>
-  static void map_backward(const T* __restrict a, const T* __restrict y, const T* __restrict g, T* __restrict dx,
-                           std::size_t n, T s) {
-    for (std::size_t i = 0; i < n; ++i) dx[i] = Derived::backward(a[i], y[i], g[i], s);
+    kernels::unary_backward<Derived>(x, y, g, dx);
   }
 };
 
@@ -162,78 +210,15 @@ struct Binary {
 
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
-    const T* a = x.a.data;
-    const T* b = x.b.data;
-    if (x.a.dims == x.out && x.b.dims == x.out) {
-      parallel_ranges(x.out.size(), elementwise_grain, [&](std::size_t lo, std::size_t hi) {
-        with_best_isa([&] { map_forward(a + lo, b + lo, y + lo, hi - lo); });
-      });
-      return;
-    }
-    broadcast_loop_by_rows(
-        x.out, broadcast_strides(x.a.dims, x.out), broadcast_strides(x.b.dims, x.out),
-        [&](std::size_t j, std::size_t ia, std::size_t ib) { y[j] = Derived::forward(a[ia], b[ib]); });
+    kernels::binary_forward<Derived>(x, y);
   }
-
   template <int In, class T>
   static void backward_tensor(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
-    const T* a = x.a.data;
-    const T* b = x.b.data;
-    const Dims& mine = In == 0 ? x.a.dims : x.b.dims;
-    auto contribution = [&](std::size_t j, std::size_t ia, std::size_t ib) {
-      return gradient<In>(a[ia], b[ib], y[j], g[j]);
-    };
-    if (x.a.dims == x.out && x.b.dims == x.out) {
-      parallel_ranges(x.out.size(), elementwise_grain, [&](std::size_t lo, std::size_t hi) {
-        with_best_isa([&] { map_backward<In>(a + lo, b + lo, y + lo, g + lo, dx + lo, hi - lo); });
-      });
-      return;
-    }
-    const Dims sa = broadcast_strides(x.a.dims, x.out), sb = broadcast_strides(x.b.dims, x.out);
-    if (mine == x.out) {
-      broadcast_loop_by_rows(x.out, sa, sb,
-                             [&](std::size_t j, std::size_t ia, std::size_t ib) { dx[j] = contribution(j, ia, ib); });
-      return;
-    }
-    // A broadcast input: each of its elements sums its contributions over the
-    // rows, ascending. When it is not broadcast along the last axis, distinct
-    // columns feed distinct elements, so column ranges may run on different
-    // threads; otherwise one thread walks everything.
-    const bool split_columns = (In == 0 ? sa : sb).back() == 1;
-    const std::size_t rows = row_count(x.out), inner = row_length(x.out);
-    const std::size_t m = mine.size();
-    for (std::size_t i = 0; i < m; ++i) dx[i] = T(0);
-    auto reduce = [&](std::size_t c0, std::size_t c1) {
-      with_best_isa([&] {
-        broadcast_loop(
-            x.out, sa, sb,
-            [&](std::size_t j, std::size_t ia, std::size_t ib) {
-              T& d = dx[In == 0 ? ia : ib];
-              d = d + contribution(j, ia, ib);
-            },
-            0, rows, c0, c1);
-      });
-    };
-    if (split_columns)
-      parallel_ranges(inner, row_grain(rows), reduce);
-    else
-      reduce(0, inner);
+    kernels::binary_backward<Derived, In>(x, y, g, dx);
   }
-
- private:
-  // Same-shape operands; outputs and gradients never overlap the inputs.
-  template <class T>
-  static void map_forward(const T* __restrict a, const T* __restrict b, T* __restrict y, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) y[i] = Derived::forward(a[i], b[i]);
-  }
+  // The tag's gradient for operand In from one output element (T or a pack).
   template <int In, class T>
-  static void map_backward(const T* __restrict a, const T* __restrict b, const T* __restrict y, const T* __restrict g,
-                           T* __restrict dx, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) dx[i] = gradient<In>(a[i], b[i], y[i], g[i]);
-  }
-  // The tag's gradient for operand In from one output element.
-  template <int In, class T>
-  static T gradient(T a, T b, T y, T g) {
+  GRAD_INLINE static T gradient(T a, T b, T y, T g) {
     if constexpr (In == 0)
       return Derived::backward_a(a, b, y, g);
     else
@@ -241,4 +226,140 @@ struct Binary {
   }
 };
 
+namespace kernels {
+
+// Every loop below runs compiled for the best instruction set
+// (with_best_isa) on packs of that set's width: the exact_math functors
+// (tanh, exp, ...) are branchless, so they run 8 or 16 wide under AVX-512
+// instead of 2 wide at the x86-64 baseline. Same operations in the same
+// order: same bits. A node's output and gradient buffers never overlap its
+// inputs.
+template <class Op, class T>
+void unary_forward(const NodeArgs<T>& x, T* y) {
+  const T* a = x.a.data;
+  const T s = x.scalar;
+  parallel_ranges(x.out.size(), elementwise_grain, [&](std::size_t lo, std::size_t hi) {
+    with_best_isa([&](auto width) {
+      using P = pack_for<T, decltype(width)>;
+      // A tag may bring a host loop of its own for a whole run
+      // (forward_array), which must give every element forward()'s bits.
+      if constexpr (requires { Op::template forward_array<P>(a, y, hi, s); })
+        Op::template forward_array<P>(a + lo, y + lo, hi - lo, s);
+      else
+        kernels_detail::run_map<P, PackFunctors<Op>>(
+            hi - lo, y + lo, [s](auto v) GRAD_INLINE { return Op::forward(v, decltype(v)(s)); }, a + lo);
+    });
+  });
+}
+
+template <class Op, class T>
+void unary_backward(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
+  const T* a = x.a.data;
+  const T s = x.scalar;
+  parallel_ranges(x.out.size(), elementwise_grain, [&](std::size_t lo, std::size_t hi) {
+    with_best_isa([&](auto width) {
+      using P = pack_for<T, decltype(width)>;
+      kernels_detail::run_map<P, PackFunctors<Op>>(
+          hi - lo, dx + lo,
+          [s](auto av, auto yv, auto gv) GRAD_INLINE { return Op::backward(av, yv, gv, decltype(av)(s)); }, a + lo,
+          y + lo, g + lo);
+    });
+  });
+}
+
+template <class Op, class T>
+void binary_forward(const NodeArgs<T>& x, T* y) {
+  const T* a = x.a.data;
+  const T* b = x.b.data;
+  auto f = [&](auto av, auto bv) GRAD_INLINE { return Op::forward(av, bv); };
+  if (x.a.dims == x.out && x.b.dims == x.out) {
+    parallel_ranges(x.out.size(), elementwise_grain, [&](std::size_t lo, std::size_t hi) {
+      with_best_isa([&](auto width) {
+        kernels_detail::run_map<pack_for<T, decltype(width)>, PackFunctors<Op>>(hi - lo, y + lo, f, a + lo, b + lo);
+      });
+    });
+    return;
+  }
+  const Dims sa = broadcast_strides(x.a.dims, x.out), sb = broadcast_strides(x.b.dims, x.out);
+  const std::size_t inner = row_length(x.out), a_step = x.out.rank ? sa.back() : 0, b_step = x.out.rank ? sb.back() : 0;
+  parallel_ranges(row_count(x.out), row_grain(inner), [&](std::size_t r0, std::size_t r1) {
+    with_best_isa([&](auto width) {
+      using P = pack_for<T, decltype(width)>;
+      broadcast_rows(x.out, sa, sb, r0, r1, [&](std::size_t j, std::size_t ia, std::size_t ib) {
+        kernels_detail::run_row<P, PackFunctors<Op>, false>(inner, y + j, f, a + ia, a_step, b + ib, b_step);
+      });
+    });
+  });
+}
+
+template <class Op, int In, class T>
+void binary_backward(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
+  const T* a = x.a.data;
+  const T* b = x.b.data;
+  const Dims& mine = In == 0 ? x.a.dims : x.b.dims;
+  // Operands in the order the tag's gradient takes them: a, b, y, g.
+  auto contribution = [&](auto av, auto bv, auto yv, auto gv)
+                          GRAD_INLINE { return Binary<Op>::template gradient<In>(av, bv, yv, gv); };
+  if (x.a.dims == x.out && x.b.dims == x.out) {
+    parallel_ranges(x.out.size(), elementwise_grain, [&](std::size_t lo, std::size_t hi) {
+      with_best_isa([&](auto width) {
+        kernels_detail::run_map<pack_for<T, decltype(width)>, PackFunctors<Op>>(hi - lo, dx + lo, contribution, a + lo,
+                                                                                b + lo, y + lo, g + lo);
+      });
+    });
+    return;
+  }
+  const Dims sa = broadcast_strides(x.a.dims, x.out), sb = broadcast_strides(x.b.dims, x.out);
+  const std::size_t rows = row_count(x.out), inner = row_length(x.out);
+  const std::size_t a_step = x.out.rank ? sa.back() : 0, b_step = x.out.rank ? sb.back() : 0;
+  if (mine == x.out) {
+    parallel_ranges(rows, row_grain(inner), [&](std::size_t r0, std::size_t r1) {
+      with_best_isa([&](auto width) {
+        using P = pack_for<T, decltype(width)>;
+        broadcast_rows(x.out, sa, sb, r0, r1, [&](std::size_t j, std::size_t ia, std::size_t ib) {
+          kernels_detail::run_row<P, PackFunctors<Op>, false>(inner, dx + j, contribution, a + ia, a_step, b + ib,
+                                                              b_step, y + j, g + j);
+        });
+      });
+    });
+    return;
+  }
+  // A broadcast input: each of its elements sums its contributions over the
+  // rows, ascending (rows are the outer loop; a row adds one contribution to
+  // each of its columns' elements). When it is not broadcast along the last
+  // axis, distinct columns feed distinct elements, so column ranges may run
+  // on different threads, and a row's columns are a vector of independent
+  // sums; otherwise (a per-row scalar) one thread walks everything in order.
+  const std::size_t my_step = In == 0 ? a_step : b_step;
+  const std::size_t m = mine.size();
+  for (std::size_t i = 0; i < m; ++i) dx[i] = T(0);
+  if (my_step == 1) {
+    parallel_ranges(inner, row_grain(rows), [&](std::size_t c0, std::size_t c1) {
+      with_best_isa([&](auto width) {
+        using P = pack_for<T, decltype(width)>;
+        broadcast_rows(x.out, sa, sb, 0, rows, [&](std::size_t j, std::size_t ia, std::size_t ib) {
+          T* d = dx + (In == 0 ? ia : ib) + c0;
+          kernels_detail::run_row<P, PackFunctors<Op>, true>(c1 - c0, d, contribution, a + ia + c0 * a_step, a_step,
+                                                             b + ib + c0 * b_step, b_step, y + j + c0, g + j + c0);
+        });
+      });
+    });
+    return;
+  }
+  with_best_isa([&] {
+    broadcast_rows(x.out, sa, sb, 0, rows, [&](std::size_t j, std::size_t ia, std::size_t ib) {
+      for (std::size_t c = 0; c < inner; ++c) {
+        T& d = dx[In == 0 ? ia + c * a_step : ib + c * b_step];
+        d = d + contribution(a[ia + c * a_step], b[ib + c * b_step], y[j + c], g[j + c]);
+      }
+    });
+  });
+}
+
+}  // namespace kernels
+
 }  // namespace grad
+
+// With GRAD_COMPILED_KERNELS: the loops above for float and double are the
+// compiled library's (declared extern there).
+#include "grad/kernels_extern.hpp"

@@ -227,8 +227,16 @@ template <class T, std::size_t Lanes, std::size_t NV>
       for (std::size_t p = 0; p < kc; ++p) {
         const T* row = src + p * b.rs;
         T* dst = out + p * width;
-        for (std::size_t j = 0; j < cols; ++j) dst[j] = row[j];
-        for (std::size_t j = cols; j < width; ++j) dst[j] = T(0);
+        // Whole strips as fixed-size copies (vector moves at any -O level,
+        // not left to the auto-vectoriser); a ragged last strip by element.
+        if (cols == nr) {
+          __builtin_memcpy(dst, row, nr * sizeof(T));
+        } else if (cols == Lanes) {
+          __builtin_memcpy(dst, row, Lanes * sizeof(T));
+        } else {
+          for (std::size_t j = 0; j < cols; ++j) dst[j] = row[j];
+          for (std::size_t j = cols; j < width; ++j) dst[j] = T(0);
+        }
       }
     } else {  // columns of b contiguous (b.rs == 1) or general strides
       // A transpose, in runs of 16 terms so that the written lines stay in L1.

@@ -10,6 +10,15 @@
 
 namespace grad {
 
+// IEEE square root (correctly rounded) of a scalar or, on the host, of every lane of a pack.
+template <class T>
+GRAD_HD GRAD_INLINE inline T sqrt_of(T x) {
+#if GRAD_SIMD
+  if constexpr (simd::is_pack<T>) return simd::sqrt(x);
+#endif
+  if constexpr (!simd::is_pack<T>) return std::sqrt(x);
+}
+
 struct Relu : Unary<Relu> {
   static constexpr std::string_view name = "relu";
   static constexpr Tier tier = Tier::exact;
@@ -26,12 +35,13 @@ struct Relu : Unary<Relu> {
 struct Sqrt : Unary<Sqrt> {
   static constexpr std::string_view name = "sqrt";
   static constexpr Tier tier = Tier::exact;  // IEEE sqrt is correctly rounded
+  static constexpr bool packs = true;
   template <class T>
-  GRAD_HD static T forward(T x, T) {
-    return std::sqrt(x);
+  GRAD_HD GRAD_INLINE static T forward(T x, T) {
+    return sqrt_of(x);
   }
   template <class T>
-  GRAD_HD static T backward(T, T y, T g, T) {
+  GRAD_HD GRAD_INLINE static T backward(T, T y, T g, T) {
     return g / (y + y);
   }
 };
@@ -41,12 +51,13 @@ struct Sqrt : Unary<Sqrt> {
 struct Sigmoid : Unary<Sigmoid> {
   static constexpr std::string_view name = "sigmoid";
   static constexpr Tier tier = Tier::exact;
+  static constexpr bool packs = true;
   template <class T>
-  GRAD_HD static T forward(T x, T) {
+  GRAD_HD GRAD_INLINE static T forward(T x, T) {
     return exact_sigmoid(x);
   }
   template <class T>
-  GRAD_HD static T backward(T, T y, T g, T) {
+  GRAD_HD GRAD_INLINE static T backward(T, T y, T g, T) {
     return g * (y * (T(1) - y));
   }
 };
@@ -54,17 +65,18 @@ struct Sigmoid : Unary<Sigmoid> {
 struct Tanh : Unary<Tanh> {
   static constexpr std::string_view name = "tanh";
   static constexpr Tier tier = Tier::exact;
+  static constexpr bool packs = true;
   template <class T>
-  GRAD_HD static T forward(T x, T) {
+  GRAD_HD GRAD_INLINE static T forward(T x, T) {
     return exact_tanh(x);
   }
-  // The host's loop: skips the arm a block of elements does not need.
-  template <class T>
+  // The host's loop on packs P: skips the arm a block of elements does not need.
+  template <class P, class T>
   static void forward_array(const T* x, T* y, std::size_t n, T) {
-    exact_tanh_array(x, y, n);
+    exact_tanh_packs<P>(x, y, n);
   }
   template <class T>
-  GRAD_HD static T backward(T, T y, T g, T) {
+  GRAD_HD GRAD_INLINE static T backward(T, T y, T g, T) {
     return g * (T(1) - y * y);
   }
 };
@@ -72,12 +84,13 @@ struct Tanh : Unary<Tanh> {
 struct Exp : Unary<Exp> {
   static constexpr std::string_view name = "exp";
   static constexpr Tier tier = Tier::exact;
+  static constexpr bool packs = true;
   template <class T>
-  GRAD_HD static T forward(T x, T) {
+  GRAD_HD GRAD_INLINE static T forward(T x, T) {
     return exact_exp(x);
   }
   template <class T>
-  GRAD_HD static T backward(T, T y, T g, T) {
+  GRAD_HD GRAD_INLINE static T backward(T, T y, T g, T) {
     return g * y;
   }
 };
@@ -85,12 +98,13 @@ struct Exp : Unary<Exp> {
 struct Log : Unary<Log> {
   static constexpr std::string_view name = "log";
   static constexpr Tier tier = Tier::exact;
+  static constexpr bool packs = true;
   template <class T>
-  GRAD_HD static T forward(T x, T) {
+  GRAD_HD GRAD_INLINE static T forward(T x, T) {
     return exact_log(x);
   }
   template <class T>
-  GRAD_HD static T backward(T x, T, T g, T) {
+  GRAD_HD GRAD_INLINE static T backward(T x, T, T g, T) {
     return g / x;
   }
 };
