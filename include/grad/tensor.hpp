@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <limits>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -17,6 +19,27 @@ namespace grad {
 
 using Shape = std::vector<std::size_t>;
 
+// The largest element count any shape may have: its bytes (at 8 per element,
+// rounded up to a cache line by the arena) must fit a signed size, which is
+// what std::vector and every allocator can address.
+inline constexpr std::size_t max_elements =
+    static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max()) / sizeof(double) - 64;
+
+// The element count of a shape, or nullopt when it exceeds max_elements (every
+// multiplication is checked, so a count that would wrap around is caught).
+inline std::optional<std::size_t> checked_element_count(std::span<const std::size_t> shape) {
+  std::size_t n = 1;
+  bool overflow = false, empty = false;
+  for (std::size_t d : shape) {
+    overflow |= __builtin_mul_overflow(n, d, &n);
+    empty |= d == 0;
+  }
+  if (empty) return 0;  // whatever the other axes: a wrapped product could also read 0
+  if (overflow || n > max_elements) return std::nullopt;
+  return n;
+}
+
+// The element count of a shape that is known to be valid (a Tensor's, a node's).
 inline std::size_t element_count(std::span<const std::size_t> shape) {
   std::size_t n = 1;
   for (std::size_t d : shape) n *= d;
@@ -103,9 +126,11 @@ template <class T>
 class Tensor {
  public:
   Tensor() = default;
-  explicit Tensor(Shape shape) : shape_(std::move(shape)), data_(element_count(shape_), T(0)) {}
+  // Both constructors throw std::invalid_argument for a shape whose element
+  // count overflows (more than max_elements), before allocating anything.
+  explicit Tensor(Shape shape) : shape_(std::move(shape)), data_(checked_size(shape_), T(0)) {}
   Tensor(Shape shape, std::vector<T> data) : shape_(std::move(shape)), data_(std::move(data)) {
-    if (data_.size() != element_count(shape_))
+    if (data_.size() != checked_size(shape_))
       throw std::invalid_argument("Tensor: shape " + shape_string(shape_) + " holds " +
                                   std::to_string(element_count(shape_)) + " elements but " +
                                   std::to_string(data_.size()) + " values were given");
@@ -127,6 +152,15 @@ class Tensor {
   const T& operator[](std::size_t i) const { return data_[i]; }
 
  private:
+  static std::size_t checked_size(const Shape& shape) {
+    const std::optional<std::size_t> n = checked_element_count(shape);
+    if (!n)
+      throw std::invalid_argument("Tensor: shape " + shape_string(shape) +
+                                  " has more elements than can be stored (at most " + std::to_string(max_elements) +
+                                  ")");
+    return *n;
+  }
+
   Shape shape_;
   std::vector<T> data_;
 };
