@@ -81,9 +81,13 @@ class Tape {
   static_assert(Scalar<T>, "Tape<T> is for T = float or double");
 
  public:
+  // A tape state: its node count and the serial of its last node, which
+  // together identify it (serials are never reused), plus the arena positions
+  // to rewind to.
   struct Mark {
     const Tape* tape = nullptr;
     std::size_t nodes = 0, extras = 0;
+    std::uint64_t last_serial = 0;  // 0 for a mark on an empty tape
     typename Arena<T>::Position values, grads;
   };
 
@@ -145,15 +149,25 @@ class Tape {
     return n;
   }
 
-  Mark mark() const { return {this, nodes_.size(), extras_.size(), values_.position(), grads_.position()}; }
+  Mark mark() const {
+    return {this,
+            nodes_.size(),
+            extras_.size(),
+            nodes_.empty() ? 0 : nodes_.back().serial,
+            values_.position(),
+            grads_.position()};
+  }
 
   // Drops every node recorded after m; the survivors' gradients read zero again;
-  // all capacity is kept for the next episode.
+  // all capacity is kept for the next episode. A stale mark (the tape was reset
+  // below it since, so the state it names is gone) poisons the tape: rewinding
+  // to it would hand live nodes' memory out again.
   void reset_to(const Mark& m) {
     if (m.tape != this) return poison("reset_to: the mark was taken on a different tape");
-    if (m.nodes > nodes_.size())
-      return poison("reset_to: the mark holds " + std::to_string(m.nodes) + " nodes but the tape has only " +
-                    std::to_string(nodes_.size()) + " (was it taken before an earlier reset?)");
+    if (m.nodes > nodes_.size() || (m.nodes > 0 && nodes_[m.nodes - 1].serial != m.last_serial))
+      return poison("reset_to: stale mark: it was taken at " + std::to_string(m.nodes) +
+                    " nodes, but the tape has since been reset below that point (it now has " +
+                    std::to_string(nodes_.size()) + " nodes, recorded after the reset); take a new mark");
     nodes_.resize(m.nodes);
     extras_.resize(m.extras);
     values_.rewind(m.values);
@@ -175,6 +189,7 @@ class Tape {
     for (const Var<T>& v : operands) {
       ++k;
       auto which = [&] { return std::string(op) + ": operand " + std::to_string(k); };  // built only on failure
+      if (!v.tape_) return fail(which() + " is a default-constructed Var (it belongs to no tape)");
       if (v.tape_ != this) return fail(which() + " belongs to a different tape");
       if (v.index_ >= nodes_.size() || nodes_[v.index_].serial != v.serial_)
         return fail(which() + " (node " + std::to_string(v.index_) + ") was dropped by reset_to");
@@ -189,7 +204,10 @@ class Tape {
   template <class Op>
   Var<T> record(Var<T> a, Var<T> b, const Dims& out, T scalar = T(0), std::uint32_t axis = 0,
                 std::span<const std::size_t> extra = {}) {
-    if (nodes_.size() >= no_node) return invalid("tape is full (2^32 - 1 nodes)");
+    if (nodes_.size() >= no_node) return invalid(std::string(Op::name) + ": tape is full (2^32 - 1 nodes)");
+    if (!checked_element_count(out.span()))
+      return invalid(std::string(Op::name) + ": output shape " + shape_string(out) +
+                     " has more elements than can be stored (at most " + std::to_string(max_elements) + ")");
     Node<T> n;
     n.op = op_code<Op>;
     n.a = a.index_;
@@ -202,7 +220,10 @@ class Tape {
       extras_.insert(extras_.end(), extra.begin(), extra.end());
     }
     n.requires_grad = (a.valid() && nodes_[n.a].requires_grad) || (b.valid() && nodes_[n.b].requires_grad);
-    allocate(n);
+    if (!allocate(n, Op::name)) {
+      extras_.resize(n.extra == no_node ? extras_.size() : n.extra);
+      return rejected();
+    }
     Op::forward_tensor(args(n), n.value);
     return push(n);
   }
@@ -238,16 +259,29 @@ class Tape {
     n.op = op_code<Op>;
     n.dims = t.rank() == 0 ? Dims::of(std::array<std::size_t, 1>{1}) : Dims::of(t.shape());
     n.requires_grad = std::is_same_v<Op, Param>;
-    allocate(n);
+    if (!allocate(n, Op::name)) return rejected();
     std::copy(t.data().begin(), t.data().end(), n.value);
     return push(n);
   }
 
-  void allocate(Node<T>& n) {
+  // Value (and gradient) buffers for a new node. An allocation failure poisons
+  // the tape with the size that was asked for and leaves both arenas as they
+  // were: std::bad_alloc never escapes an op.
+  bool allocate(Node<T>& n, std::string_view op) {
     const std::size_t size = n.dims.size();
-    n.value = values_.allocate(size);
-    if (n.requires_grad) {
-      n.grad = grads_.allocate(size);  // written whole by its first contribution: never zero-filled
+    const auto values_at = values_.position(), grads_at = grads_.position();
+    try {
+      n.value = values_.allocate(size);
+      if (n.requires_grad)
+        n.grad = grads_.allocate(size);  // written whole by its first contribution: never zero-filled
+      return true;
+    } catch (const std::bad_alloc&) {
+      values_.rewind(values_at);
+      grads_.rewind(grads_at);
+      const std::size_t buffers = n.requires_grad ? 2 : 1;
+      poison(std::string(op) + ": out of memory allocating " + std::to_string(buffers) + " x " +
+             std::to_string(size * sizeof(T)) + " bytes for output shape " + shape_string(n.dims));
+      return false;
     }
   }
 
