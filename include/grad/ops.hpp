@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <initializer_list>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -50,13 +51,16 @@ Var<T> reduce_all(Var<T> a) {
   return tp.template record<Op>(a, Var<T>{}, Dims::of(std::array<std::size_t, 1>{1}));
 }
 
-// Negative axes count from the end, as in numpy. Returns false if out of range.
-template <class T>
-bool resolve_axis(Tape<T>& tp, std::string_view op, const Dims& d, std::ptrdiff_t axis, std::uint32_t& out) {
+// Negative axes count from the end, as in numpy. Returns false if out of
+// range; shapes() names the operands in the message ("shape [2, 3]"), built
+// only on failure.
+template <class T, class Shapes>
+bool resolve_axis(Tape<T>& tp, std::string_view op, const Dims& d, std::ptrdiff_t axis, std::uint32_t& out,
+                  Shapes shapes) {
   const auto rank = static_cast<std::ptrdiff_t>(d.rank);
   const std::ptrdiff_t a = axis < 0 ? axis + rank : axis;
   if (a < 0 || a >= rank) {
-    tp.poison(str(op) + ": axis " + std::to_string(axis) + " is out of range for shape " + shape_string(d) + " (rank " +
+    tp.poison(str(op) + ": axis " + std::to_string(axis) + " is out of range for " + shapes() + " (rank " +
               std::to_string(rank) + ")");
     return false;
   }
@@ -219,12 +223,15 @@ Var<T> reshape(Var<T> a, std::span<const std::size_t> shape) {
   if (!tp.accept("reshape", {a})) return tp.rejected();
   const Dims& in = tp.dims(a);
   if (shape.size() > max_rank || shape.empty())
-    return tp.invalid("reshape: target shape " + shape_string(shape) + " must have rank 1 to " +
-                      std::to_string(max_rank));
-  if (element_count(shape) != in.size())
+    return tp.invalid("reshape: cannot reshape " + shape_string(in) + " to " + shape_string(shape) +
+                      ": the target shape must have rank 1 to " + std::to_string(max_rank));
+  const std::optional<std::size_t> count = checked_element_count(shape);
+  if (!count)
     return tp.invalid("reshape: cannot reshape " + shape_string(in) + " (" + std::to_string(in.size()) +
-                      " elements) to " + shape_string(shape) + " (" + std::to_string(element_count(shape)) +
-                      " elements)");
+                      " elements) to " + shape_string(shape) + ": its element count overflows");
+  if (*count != in.size())
+    return tp.invalid("reshape: cannot reshape " + shape_string(in) + " (" + std::to_string(in.size()) +
+                      " elements) to " + shape_string(shape) + " (" + std::to_string(*count) + " elements)");
   return tp.template record<Reshape>(a, Var<T>{}, Dims::of(shape));
 }
 template <class T>
@@ -264,7 +271,8 @@ Var<T> concat(Var<T> a, Var<T> b, std::ptrdiff_t axis) {
   if (!tp.accept("concat", {a, b})) return tp.rejected();
   const Dims &x = tp.dims(a), &y = tp.dims(b);
   std::uint32_t ax = 0;
-  if (!detail::resolve_axis(tp, "concat", x, axis, ax)) return tp.rejected();
+  auto shapes = [&] { return "shapes " + shape_string(x) + " and " + shape_string(y); };
+  if (!detail::resolve_axis(tp, "concat", x, axis, ax, shapes)) return tp.rejected();
   bool fits = x.rank == y.rank;
   for (std::size_t i = 0; fits && i < x.rank; ++i) fits = i == ax || x[i] == y[i];
   if (!fits)
@@ -280,7 +288,8 @@ Var<T> softmax(Var<T> a, std::ptrdiff_t axis) {
   Tape<T>& tp = detail::tape_of("softmax", a);
   if (!tp.accept("softmax", {a})) return tp.rejected();
   std::uint32_t ax = 0;
-  if (!detail::resolve_axis(tp, "softmax", tp.dims(a), axis, ax)) return tp.rejected();
+  auto shapes = [&] { return "shape " + shape_string(tp.dims(a)); };
+  if (!detail::resolve_axis(tp, "softmax", tp.dims(a), axis, ax, shapes)) return tp.rejected();
   return tp.template record<Softmax>(a, Var<T>{}, tp.dims(a), T(0), ax);
 }
 
