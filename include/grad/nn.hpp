@@ -217,14 +217,19 @@ Var<T> gqa_attention(Var<T> q, Var<T> k, Var<T> v, Var<T> cos, Var<T> sin, Var<T
   if (head_dim == 0 || head_dim % 2 != 0)
     return tp.invalid(std::string(layer) + "head_dim " + detail::num(head_dim) +
                       ": expected an even head_dim (RoPE rotates pairs)");
+  // The widths q and k must have; a product that wraps around would let a
+  // huge head count pass the shape check below.
+  std::size_t q_width = 0, kv_width = 0;
+  if (__builtin_mul_overflow(n_heads, head_dim, &q_width) || __builtin_mul_overflow(n_kv_heads, head_dim, &kv_width))
+    return tp.invalid(std::string(layer) + detail::num(n_heads) + " heads (" + detail::num(n_kv_heads) +
+                      " kv heads) of width " + detail::num(head_dim) + ": the total width overflows");
   const Dims &qd = tp.dims(q), &kd = tp.dims(k), &vd = tp.dims(v);
   const std::size_t t = qd.rank == 2 ? qd[0] : 0;
-  if (!detail::is_matrix(qd, t, n_heads * head_dim) || !detail::is_matrix(kd, t, n_kv_heads * head_dim) ||
-      !(vd == kd) || t == 0)
+  if (!detail::is_matrix(qd, t, q_width) || !detail::is_matrix(kd, t, kv_width) || !(vd == kd) || t == 0)
     return tp.invalid(std::string(layer) + "q " + shape_string(qd) + ", k " + shape_string(kd) + ", v " +
                       shape_string(vd) + " with " + detail::num(n_heads) + " heads, " + detail::num(n_kv_heads) +
-                      " kv heads of width " + detail::num(head_dim) + ": expected q [t, " +
-                      detail::num(n_heads * head_dim) + "], k and v [t, " + detail::num(n_kv_heads * head_dim) + "]");
+                      " kv heads of width " + detail::num(head_dim) + ": expected q [t, " + detail::num(q_width) +
+                      "], k and v [t, " + detail::num(kv_width) + "]");
   const Dims &cd = tp.dims(cos), &sd = tp.dims(sin), &md = tp.dims(mask);
   if (!detail::is_matrix(cd, t, head_dim) || !(sd == cd) || !detail::is_matrix(md, t, t))
     return tp.invalid(std::string(layer) + "cos " + shape_string(cd) + ", sin " + shape_string(sd) + ", mask " +
@@ -235,8 +240,10 @@ Var<T> gqa_attention(Var<T> q, Var<T> k, Var<T> v, Var<T> cos, Var<T> sin, Var<T
   const T scale = T(1) / std::sqrt(static_cast<T>(head_dim));
   // Query heads of one group are consecutive, so each key/value head is
   // rotated and transposed once, when its group starts.
+  // The loop stops as soon as the tape is poisoned: what it would record
+  // after that is nothing, n_heads times over.
   Var<T> keys_t, values, context;
-  for (std::size_t i = 0; i < n_heads; ++i) {
+  for (std::size_t i = 0; i < n_heads && tp.ok(); ++i) {
     if (i % group == 0) {
       keys_t = transpose(rope(head(k, i / group, head_dim), cos, sin));
       values = head(v, i / group, head_dim);
@@ -245,7 +252,7 @@ Var<T> gqa_attention(Var<T> q, Var<T> k, Var<T> v, Var<T> cos, Var<T> sin, Var<T
     Var<T> out = matmul(softmax(scores, -1), values);
     context = i == 0 ? out : concat(context, out, 1);
   }
-  return context;
+  return tp.ok() ? context : tp.rejected();
 }
 
 // Mean over rows of -log(softmax(logits)[target]) with one-hot targets, both
