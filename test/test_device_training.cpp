@@ -372,7 +372,7 @@ TEST_CASE("set_input, value and the optimizers refuse what they cannot do, with 
   prog.backward();
   opt.step();
   dev::SGD<double> sgd(prog, 0.1);
-  CHECK_THROWS_WITH_AS(sgd.add(w, -1.0), "grad::device::sgd.add: L2 coefficient -1.000000 must be >= 0",
+  CHECK_THROWS_WITH_AS(sgd.add(w, -1.0), "grad::device::sgd.add: l2 -1 is out of range: expected a finite value >= 0",
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(opt.add(w), "grad::device::adam.add: add every parameter before the first step",
                        std::logic_error);

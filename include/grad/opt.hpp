@@ -41,8 +41,11 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <span>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "grad/backward.hpp"
@@ -113,6 +116,41 @@ struct AdamRule {
 
 enum class OptimizerKind : std::uint32_t { sgd = 1, adam = 2 };
 
+// The ranges an optimizer's settings must lie in (what torch.optim refuses,
+// plus NaN and infinities, which would only turn every weight into NaN).
+// Constructors and setters throw std::invalid_argument with this message;
+// load_checkpoint refuses a file whose settings fall outside them.
+//   lr, eps, l2      finite and >= 0
+//   beta1, beta2     0 <= beta < 1 (beta = 1 divides by 1 - beta^t = 0)
+//   clip             >= 0; 0 turns clipping off, +inf never clips
+//   beta1^t, beta2^t 0 <= power <= 1 (a checkpoint's running powers)
+// Returns "" when `value` is fine for `setting`.
+inline std::string invalid_setting(std::string_view setting, double value) {
+  struct Rule {
+    std::string_view name;
+    bool (*ok)(double);
+    std::string_view expected;
+  };
+  static constexpr Rule rules[] = {
+      {"lr", [](double x) { return std::isfinite(x) && x >= 0; }, "a finite value >= 0"},
+      {"eps", [](double x) { return std::isfinite(x) && x >= 0; }, "a finite value >= 0"},
+      {"l2", [](double x) { return std::isfinite(x) && x >= 0; }, "a finite value >= 0"},
+      {"beta1", [](double x) { return x >= 0 && x < 1; }, "0 <= beta1 < 1"},
+      {"beta2", [](double x) { return x >= 0 && x < 1; }, "0 <= beta2 < 1"},
+      {"clip", [](double x) { return x >= 0; }, "max_norm >= 0 (0 turns clipping off)"},
+      {"beta1^t", [](double x) { return x >= 0 && x <= 1; }, "0 <= beta1^t <= 1"},
+      {"beta2^t", [](double x) { return x >= 0 && x <= 1; }, "0 <= beta2^t <= 1"},
+  };
+  for (const Rule& r : rules) {
+    if (r.name != setting) continue;
+    if (r.ok(value)) return {};
+    char number[32];
+    std::snprintf(number, sizeof number, "%.17g", value);
+    return std::string(setting) + " " + number + " is out of range: expected " + std::string(r.expected);
+  }
+  return "unknown setting '" + std::string(setting) + "'";
+}
+
 // What SGD and Adam share: the parameter list, L2 coefficients, clipping.
 template <class T>
 class Optimizer {
@@ -144,7 +182,7 @@ class Optimizer {
     for (const Entry& e : entries_)
       if (e.var.index() == param.index())
         return fail(tp, who + " (node " + std::to_string(param.index()) + ") was already added");
-    if (!(l2 >= T(0))) return fail(tp, who + ": L2 coefficient " + std::to_string(l2) + " must be >= 0");
+    if (const std::string why = invalid_setting("l2", l2); !why.empty()) return fail(tp, who + ": " + why);
     tape_ = &tp;
     const std::size_t size = tp.value(param).size();
     entries_.push_back({param, l2, elements_, size});
@@ -153,11 +191,13 @@ class Optimizer {
     return true;
   }
 
-  // Global-norm clipping threshold; 0 turns clipping off.
-  void set_clip(T max_norm) { clip_ = max_norm > T(0) ? max_norm : T(0); }
+  // Global-norm clipping threshold; 0 turns clipping off. Throws
+  // std::invalid_argument for a negative or NaN threshold.
+  void set_clip(T max_norm) { clip_ = checked("clip", max_norm); }
   T clip() const { return clip_; }
   T lr() const { return lr_; }
-  void set_lr(T lr) { lr_ = lr; }
+  // Throws std::invalid_argument for a negative, infinite or NaN rate.
+  void set_lr(T lr) { lr_ = checked("lr", lr); }
 
   std::span<const Entry> params() const { return entries_; }
   std::size_t elements() const { return elements_; }
@@ -177,8 +217,29 @@ class Optimizer {
   }
 
  protected:
-  explicit Optimizer(T lr) : lr_(lr) {}
+  Optimizer(std::string_view kind, T lr) : kind_(kind), lr_(checked("lr", lr)) {}
   virtual ~Optimizer() = default;
+
+  // `value`, or std::invalid_argument naming the optimizer and the range.
+  T checked(std::string_view setting, T value) const {
+    if (std::string why = invalid_setting(setting, value); !why.empty())
+      throw std::invalid_argument(std::string(kind_) + ": " + why);
+    return value;
+  }
+
+  // Before a step changes anything: the tape is healthy and every added
+  // parameter is still a live node of it. A parameter dropped by reset_to
+  // poisons the tape (skipping it silently would train a different model).
+  bool ready() {
+    if (!tape_) return true;
+    if (!tape_->ok()) return false;
+    for (std::size_t i = 0; i < entries_.size(); ++i)
+      if (tape_->value(entries_[i].var).empty())
+        return fail(*tape_, std::string(kind_) + ".step: parameter " + std::to_string(i + 1) + " (node " +
+                                std::to_string(entries_[i].var.index()) +
+                                ") was dropped by reset_to after it was added; take the mark after the parameters");
+    return true;
+  }
   virtual const char* kind_name() const = 0;
   virtual void on_add(std::size_t) {}
 
@@ -188,22 +249,21 @@ class Optimizer {
   }
 
   // Calls f(entry, value span, grad span, clip scale) for every parameter
-  // the latest backward reached. False (and no call) on a poisoned tape.
+  // the latest backward reached. Call ready() first.
   template <class F>
-  bool for_each_reached(F&& f) {
-    if (!tape_) return true;
-    if (!tape_->ok()) return false;
+  void for_each_reached(F&& f) {
+    if (!tape_) return;
     const T scale = clip_scale();
     for (const Entry& e : entries_) {
       if (!tape_->has_grad(e.var)) continue;
       f(e, tape_->leaf_value(e.var), tape_->grad(e.var).data, scale);
     }
-    return true;
   }
 
   std::vector<Entry> entries_;
   std::size_t elements_ = 0;
   Tape<T>* tape_ = nullptr;
+  std::string_view kind_;
   T lr_;
   T clip_ = T(0);
 
@@ -215,18 +275,20 @@ template <class T>
 class SGD : public Optimizer<T> {
  public:
   static constexpr OptimizerKind kind = OptimizerKind::sgd;
-  explicit SGD(T lr) : Optimizer<T>(lr) {}
+  // Throws std::invalid_argument for a rate outside invalid_setting's range.
+  explicit SGD(T lr) : Optimizer<T>("sgd", lr) {}
 
   // w -= lr * (grad * clip_scale + l2 * w) for every reached parameter.
-  // False on a poisoned tape (nothing changes).
+  // False on a poisoned tape, or one that dropped a parameter (nothing changes).
   bool step() {
-    const bool ok = this->for_each_reached([&](const auto& e, std::span<T> w, std::span<const T> g, T scale) {
+    if (!this->ready()) return false;
+    this->for_each_reached([&](const auto& e, std::span<T> w, std::span<const T> g, T scale) {
       parallel_ranges(e.size, elementwise_grain, [&](std::size_t lo, std::size_t hi) {  // elements are independent
         sgd_loop(w.data() + lo, g.data() + lo, hi - lo, scale, e.l2, this->lr_);
       });
     });
-    if (ok) ++steps_;
-    return ok;
+    ++steps_;
+    return true;
   }
   std::uint64_t steps() const { return steps_; }
 
@@ -246,23 +308,29 @@ template <class T>
 class Adam : public Optimizer<T> {
  public:
   static constexpr OptimizerKind kind = OptimizerKind::adam;
+  // Throws std::invalid_argument for a setting outside invalid_setting's range.
   explicit Adam(T lr, T beta1 = T(0.9), T beta2 = T(0.999), T eps = T(1e-8))
-      : Optimizer<T>(lr), beta1_(beta1), beta2_(beta2), eps_(eps) {}
+      : Optimizer<T>("adam", lr),
+        beta1_(this->checked("beta1", beta1)),
+        beta2_(this->checked("beta2", beta2)),
+        eps_(this->checked("eps", eps)) {}
 
   // Advances the step count and the running powers, then updates every
-  // reached parameter. False on a poisoned tape (nothing changes).
+  // reached parameter. False on a poisoned tape, or one that dropped a
+  // parameter (nothing changes).
   bool step() {
-    if (this->tape_ && !this->tape_->ok()) return false;
+    if (!this->ready()) return false;
     AdamRule::advance(beta1_power_, beta2_power_, beta1_, beta2_);
     ++steps_;
     const AdamStepConstants<T> c = AdamRule::constants(this->lr_, beta1_, beta2_, beta1_power_, beta2_power_);
-    return this->for_each_reached([&](const auto& e, std::span<T> w, std::span<const T> g, T scale) {
+    this->for_each_reached([&](const auto& e, std::span<T> w, std::span<const T> g, T scale) {
       T* m = m_.data() + e.offset;
       T* v = v_.data() + e.offset;
       parallel_ranges(e.size, elementwise_grain, [&](std::size_t lo, std::size_t hi) {  // elements are independent
         adam_loop(w.data() + lo, m + lo, v + lo, g.data() + lo, hi - lo, scale, e.l2, beta1_, beta2_, eps_, c);
       });
     });
+    return true;
   }
 
   std::uint64_t steps() const { return steps_; }

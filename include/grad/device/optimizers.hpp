@@ -11,9 +11,11 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "grad/device/program.hpp"
+#include "grad/opt.hpp"  // invalid_setting: the host optimizers' ranges
 
 namespace grad::device {
 
@@ -31,16 +33,16 @@ class Optimizer {
       if (i == param.index())
         throw std::invalid_argument("grad::device::" + who + ": parameter (node " + std::to_string(i) +
                                     ") was already added");
-    if (!(l2 >= T(0)))
-      throw std::invalid_argument("grad::device::" + who + ": L2 coefficient " + std::to_string(l2) + " must be >= 0");
+    checked(who, "l2", l2);
     added_.push_back(param.index());
     slot.l2 = static_cast<double>(l2);
     if (slot.grad != none) slots_.push_back(slot);
     dirty_ = true;
   }
-  // Global-norm clipping threshold; 0 turns clipping off (grad::Optimizer::set_clip).
-  void set_clip(T max_norm) { settings_.clip = max_norm > T(0) ? static_cast<double>(max_norm) : 0.0; }
-  void set_lr(T lr) { settings_.lr = static_cast<double>(lr); }
+  // Global-norm clipping threshold; 0 turns clipping off. Both setters throw
+  // std::invalid_argument outside grad::invalid_setting's ranges, as grad::Optimizer's do.
+  void set_clip(T max_norm) { settings_.clip = checked(std::string(name_) + ".set_clip", "clip", max_norm); }
+  void set_lr(T lr) { settings_.lr = checked(std::string(name_) + ".set_lr", "lr", lr); }
 
   void step() {
     program_->with_engine([&](auto& e, auto) {
@@ -55,7 +57,13 @@ class Optimizer {
  protected:
   Optimizer(Program<T>& program, const char* name, bool adam, T lr) : program_(&program), name_(name) {
     settings_.adam = adam;
-    settings_.lr = static_cast<double>(lr);
+    settings_.lr = checked(name_, "lr", lr);
+  }
+  // `value` as the engine holds it, or std::invalid_argument naming who was called with what.
+  static double checked(std::string_view who, std::string_view setting, T value) {
+    if (std::string why = invalid_setting(setting, static_cast<double>(value)); !why.empty())
+      throw std::invalid_argument("grad::device::" + std::string(who) + ": " + why);
+    return static_cast<double>(value);
   }
   Program<T>* program_;
   const char* name_;
@@ -77,9 +85,9 @@ class Adam : public Optimizer<T> {
  public:
   Adam(Program<T>& program, T lr, T beta1 = T(0.9), T beta2 = T(0.999), T eps = T(1e-8))
       : Optimizer<T>(program, "adam", true, lr) {
-    this->settings_.beta1 = static_cast<double>(beta1);
-    this->settings_.beta2 = static_cast<double>(beta2);
-    this->settings_.eps = static_cast<double>(eps);
+    this->settings_.beta1 = this->checked("adam", "beta1", beta1);
+    this->settings_.beta2 = this->checked("adam", "beta2", beta2);
+    this->settings_.eps = this->checked("adam", "eps", eps);
   }
 };
 
