@@ -132,7 +132,7 @@ TEST_CASE("saving into a directory that does not exist fails with a message") {
   const std::string path = scratch.file("no/such/dir/x.ckpt");
   const auto r = grad::save_checkpoint(path, a.tp, a.opt);
   CHECK_FALSE(r.ok());
-  CHECK(r.error.find("cannot create '" + path + ".tmp'") != std::string::npos);
+  CHECK(r.error.find("cannot create a temporary file '" + path + ".tmp.") != std::string::npos);
 }
 
 // ---- bad files: a clear message, and nothing changes ----

@@ -14,12 +14,17 @@
 // that a resumed run continues bit for bit; call set_lr() afterwards to
 // change the rate.
 //
-// Saving writes "<path>.tmp" and renames it over `path` after fsync, so a
-// crash leaves either the old checkpoint or the new one, never half of one.
-// Loading reads and checks the whole file first (size, magic, version,
-// checksum, dtype, optimizer kind, parameter count and every shape) and only
-// then writes anything: on failure the tape and optimizer are unchanged and
-// the message says which check failed.
+// Saving writes a temporary file of its own ("<path>.tmp.XXXXXX", unique, in
+// the same directory), fsyncs it, renames it over `path` and fsyncs the
+// directory, so a crash leaves either the old checkpoint or the new one,
+// never half of one, and two processes saving to one path never write into
+// each other's temporary file: the last rename wins, whole.
+// Loading accepts regular files only (a directory, FIFO or device is refused
+// by name, before any read), reads the header first and then exactly the
+// size it promises, and checks the whole file (size, magic, version,
+// checksum, dtype, optimizer kind, settings in range, parameter count and
+// every shape) before writing anything: on failure the tape and optimizer
+// are unchanged and the message says which check failed.
 //
 // Format, version 1 (native byte order, recorded as a marker and checked):
 //   header   "GRADCKPT" u32 version  u32 byte-order marker 0x01020304
@@ -32,6 +37,7 @@
 //   trailer  u64 FNV-1a hash of every byte before it
 #pragma once
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -40,9 +46,11 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "grad/opt.hpp"
@@ -115,6 +123,49 @@ struct ByteReader {
     return s;
   }
 };
+
+// Reads a checkpoint file of file_size bytes: the header, then as many bytes
+// as it promises (capped by the file's size, so a lying header cannot make
+// this allocate more than the file holds). "" or what went wrong.
+inline std::string read_checkpoint_bytes(int fd, std::uint64_t file_size, std::vector<unsigned char>& bytes) {
+  auto read_to = [&](std::uint64_t want) -> std::string {
+    const std::size_t start = bytes.size();
+    bytes.resize(static_cast<std::size_t>(want));
+    std::size_t at = start;
+    while (at < bytes.size()) {
+      const ssize_t n = ::read(fd, bytes.data() + at, bytes.size() - at);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return std::string("read error: ") + std::strerror(errno);
+      if (n == 0) break;
+      at += static_cast<std::size_t>(n);
+    }
+    bytes.resize(at);
+    return {};
+  };
+  const std::uint64_t header = std::min<std::uint64_t>(file_size, checkpoint_header_bytes);
+  if (std::string e = read_to(header); !e.empty()) return e;
+  if (bytes.size() < checkpoint_header_bytes) return {};  // reported as truncated by the caller
+  std::uint64_t payload = 0;
+  std::memcpy(&payload, bytes.data() + checkpoint_header_bytes - sizeof payload, sizeof payload);
+  const std::uint64_t frame = checkpoint_header_bytes + sizeof(std::uint64_t);
+  if (file_size < frame || payload > file_size - frame) return {};  // the caller says what the header promised
+  return read_to(frame + payload);
+}
+
+// What is wrong with a checkpoint's optimizer settings ("" if nothing), by
+// the same ranges the optimizers' constructors enforce (invalid_setting).
+template <class Access, class Settings>
+std::string settings_error(const Settings& s) {
+  std::string why = invalid_setting("lr", s.lr);
+  if (why.empty()) why = invalid_setting("clip", s.clip);
+  if constexpr (Access::is_adam) {
+    const std::pair<const char*, double> adam[] = {
+        {"beta1", s.beta1}, {"beta2", s.beta2}, {"eps", s.eps}, {"beta1^t", s.beta1_power}, {"beta2^t", s.beta2_power}};
+    for (const auto& [name, value] : adam)
+      if (why.empty()) why = invalid_setting(name, value);
+  }
+  return why;
+}
 
 }  // namespace detail
 
@@ -195,9 +246,10 @@ CheckpointResult save_checkpoint(const std::string& path, const Tape<T>& tp, con
   file.bytes.insert(file.bytes.end(), payload.bytes.begin(), payload.bytes.end());
   file.put(detail::fnv1a(file.bytes));
 
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return failed("cannot create '" + tmp + "': " + std::strerror(errno));
+  std::string tmp = path + ".tmp.XXXXXX";
+  const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);  // a name no other writer has
+  if (fd < 0) return failed("cannot create a temporary file '" + tmp + "': " + std::strerror(errno));
+  ::fchmod(fd, 0644);  // mkostemp creates 0600; a checkpoint is as readable as any output file
   std::size_t written = 0;
   while (written < file.bytes.size()) {
     const ssize_t n = ::write(fd, file.bytes.data() + written, file.bytes.size() - written);
@@ -221,6 +273,15 @@ CheckpointResult save_checkpoint(const std::string& path, const Tape<T>& tp, con
     ::unlink(tmp.c_str());
     return failed("renaming '" + tmp + "' into place failed: " + why);
   }
+  // The rename itself is durable only once the directory entry is on disk.
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0 || ::fsync(dfd) != 0) {
+    const std::string why = std::strerror(errno);
+    if (dfd >= 0) ::close(dfd);
+    return failed("the checkpoint was written, but flushing its directory failed: " + why);
+  }
+  ::close(dfd);
   return {};
 }
 
@@ -231,15 +292,27 @@ CheckpointResult load_checkpoint(const std::string& path, Tape<T>& tp, OptT<T>& 
   if (!tp.ok()) return failed("the tape is poisoned (" + tp.error() + "); refusing to load");
 
   std::vector<unsigned char> bytes;
+  std::uint64_t file_size = 0;
   {
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) return failed(std::string("cannot open: ") + std::strerror(errno));
-    unsigned char buf[1 << 16];
-    std::size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) bytes.insert(bytes.end(), buf, buf + n);
-    const bool read_error = std::ferror(f);
-    std::fclose(f);
-    if (read_error) return failed("read error");
+    // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return failed(std::string("cannot open: ") + std::strerror(errno));
+    struct stat st {};
+    const bool stat_ok = ::fstat(fd, &st) == 0;
+    if (!stat_ok || !S_ISREG(st.st_mode)) {
+      const std::string why = !stat_ok              ? std::string("cannot stat: ") + std::strerror(errno)
+                              : S_ISDIR(st.st_mode) ? "is a directory, not a checkpoint file"
+                              : S_ISFIFO(st.st_mode)
+                                  ? "is a FIFO, not a checkpoint file (regular files only)"
+                                  : "is a device or socket, not a checkpoint file (regular files only)";
+      ::close(fd);
+      return failed(why);
+    }
+    file_size = static_cast<std::uint64_t>(st.st_size);
+    // The header first; then exactly what it promises, never more than the file holds.
+    const std::string error = detail::read_checkpoint_bytes(fd, file_size, bytes);
+    ::close(fd);
+    if (!error.empty()) return failed(error);
   }
 
   // ---- the frame: magic, version, size, checksum ----
@@ -259,12 +332,19 @@ CheckpointResult load_checkpoint(const std::string& path, Tape<T>& tp, OptT<T>& 
     return failed("unsupported format version " + std::to_string(version) + "; this build reads version " +
                   std::to_string(checkpoint_version));
   if (order != detail::byte_order_marker) return failed("written on a machine with a different byte order");
-  const std::uint64_t expected = detail::checkpoint_header_bytes + payload_bytes + sizeof(std::uint64_t);
-  if (payload_bytes > bytes.size() || bytes.size() < expected)
-    return failed("truncated: " + std::to_string(bytes.size()) + " bytes, the header promises " +
-                  std::to_string(expected));
-  if (bytes.size() > expected)
-    return failed("corrupted: " + std::to_string(bytes.size() - expected) + " unexpected bytes after the checksum");
+  // Compared without adding to payload_bytes, which may be anything up to 2^64 - 1.
+  constexpr std::uint64_t frame = detail::checkpoint_header_bytes + sizeof(std::uint64_t);
+  if (file_size < frame || payload_bytes > file_size - frame)
+    return failed("truncated: " + std::to_string(file_size) + " bytes, the header promises " +
+                  (payload_bytes <= UINT64_MAX - frame
+                       ? std::to_string(frame + payload_bytes)
+                       : "more than 2^64 (a payload of " + std::to_string(payload_bytes) + " bytes)"));
+  const std::uint64_t expected = frame + payload_bytes;
+  if (file_size > expected)
+    return failed("corrupted: " + std::to_string(file_size - expected) + " unexpected bytes after the checksum");
+  if (bytes.size() != expected)
+    return failed("read " + std::to_string(bytes.size()) + " of " + std::to_string(expected) +
+                  " bytes: the file changed while it was read");
   std::uint64_t stored_hash;
   std::memcpy(&stored_hash, bytes.data() + expected - sizeof(std::uint64_t), sizeof stored_hash);
   if (detail::fnv1a(std::span(bytes).first(expected - sizeof(std::uint64_t))) != stored_hash)
@@ -282,6 +362,8 @@ CheckpointResult load_checkpoint(const std::string& path, Tape<T>& tp, OptT<T>& 
   typename Access::Settings s;
   s.steps = r.get<std::uint64_t>();
   for (T* x : {&s.lr, &s.clip, &s.beta1, &s.beta2, &s.eps, &s.beta1_power, &s.beta2_power}) *x = r.get<T>();
+  if (const std::string why = detail::settings_error<Access>(s); !why.empty())
+    return failed("invalid setting in the file: " + why);
   const auto& entries = opt.params();
   if (count != entries.size())
     return failed("parameter count mismatch: the file holds " + std::to_string(count) +
@@ -294,6 +376,8 @@ CheckpointResult load_checkpoint(const std::string& path, Tape<T>& tp, OptT<T>& 
     Shape shape(rank);
     for (std::size_t& d : shape) d = static_cast<std::size_t>(r.get<std::uint64_t>());
     l2[i] = r.get<T>();
+    if (const std::string why = invalid_setting("l2", l2[i]); !r.short_read && !why.empty())
+      return failed("invalid setting in the file: parameter " + std::to_string(i + 1) + ": " + why);
     const View<T> have = tp.value(entries[i].var);
     if (have.empty())
       return failed("optimizer parameter " + std::to_string(i + 1) + " is not a live node of this tape");
