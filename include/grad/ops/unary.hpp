@@ -19,16 +19,19 @@ GRAD_HD GRAD_INLINE inline T sqrt_of(T x) {
   if constexpr (!simd::is_pack<T>) return std::sqrt(x);
 }
 
+// NaN propagates, as in PyTorch's forward: relu(NaN) = NaN, and its gradient
+// is NaN too (PyTorch gives 0 there), so a NaN input never turns into a
+// finite gradient that hides it. relu(-0) = +0; the gradient at 0 is 0.
 struct Relu : Unary<Relu> {
   static constexpr std::string_view name = "relu";
   static constexpr Tier tier = Tier::exact;
   template <class T>
   GRAD_HD static T forward(T x, T) {
-    return x > T(0) ? x : T(0);
+    return x <= T(0) ? T(0) : x;
   }
   template <class T>
   GRAD_HD static T backward(T x, T, T g, T) {
-    return x > T(0) ? g : T(0);
+    return x > T(0) ? g : x <= T(0) ? T(0) : x;
   }
 };
 
