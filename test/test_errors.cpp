@@ -196,7 +196,7 @@ TEST_CASE("reset_to a mark from another tape, or one ahead of the tape") {
   auto late = (filled(tp2, {2}), tp2.mark());
   tp2.reset_to(early);
   tp2.reset_to(late);
-  expect_poisoned(tp2, {"reset_to", "holds 2 nodes", "only 1"});
+  expect_poisoned(tp2, {"reset_to", "stale mark", "taken at 2 nodes", "now has 1"});
 }
 
 TEST_CASE("ops on a poisoned tape return at once without recording or touching memory") {
