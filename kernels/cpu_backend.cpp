@@ -76,7 +76,7 @@ struct CpuBlock {
 
 class CpuLauncher {
  public:
-  explicit CpuLauncher(Schedule s) : order_(s) {
+  explicit CpuLauncher(const BackendOptions& o) : order_(o.schedule), host_only_(o.host_only) {
     const char* fail = std::getenv("GRAD_DEVICE_FAIL_CAPTURE");
     fail_capture_ = fail && std::string(fail) == "1";
   }
@@ -99,6 +99,7 @@ class CpuLauncher {
 
   template <class Op, class S>
   void forward(const NodeArgs<S>& x, S* y, std::size_t items) {
+    if (host_only_) return;
     if constexpr (std::same_as<Op, Sum> || std::same_as<Op, Mean>) {
       // The CUDA backend's one-block reduction, threads as loops.
       CpuBlock block{order_, threads_per_block};
@@ -109,16 +110,19 @@ class CpuLauncher {
   }
   template <class Op, int In, class S>
   void backward(const NodeArgs<S>& x, const S* y, const S* g, S* dx, std::size_t items) {
+    if (host_only_) return;
     for_each_item(items, [&](std::size_t w) { DeviceKernel<Op>::template backward<In>(x, y, g, dx, w); });
   }
   template <class S>
   void accumulate(S* grad, const S* contribution, std::size_t n) {
+    if (host_only_) return;
     for_each_item(n, [&](std::size_t w) { accumulate_element(grad, contribution, w); });
   }
   // Fused kernels: the CUDA kernels' bodies, blocks and threads as loops; a
   // barrier is the end of a thread loop.
   template <class S>
   void rows(const Launch<S>* launches, std::size_t count, std::size_t rows, std::size_t threads) {
+    if (host_only_) return;
     order_.blocks(rows, [&](std::size_t row) {
       for (std::size_t k = 0; k < count; ++k)
         order_.threads(threads, [&](std::size_t t) { row_segment_step(launches[k], rows, row, t, threads); });
@@ -126,11 +130,13 @@ class CpuLauncher {
   }
   template <class S>
   void serial(const Launch<S>* launches, std::size_t count) {
+    if (host_only_) return;
     CpuBlock block{order_, threads_per_block};
     serial_segment(launches, count, shared<S>(), block);
   }
   template <class S>
   void batch(const Launch<S>* launches, std::size_t count, const Launch<S>*) {
+    if (host_only_) return;
     order_.blocks(batch_blocks(launches, count), [&](std::size_t block) {
       order_.threads(threads_per_block,
                      [&](std::size_t t) { batch_block(launches, count, block, t, threads_per_block); });
@@ -156,12 +162,14 @@ class CpuLauncher {
   template <class S>
   void optimizer_prepare(const ParamView<S>* params, std::size_t count, const OptimizerHyper<S>& h,
                          OptimizerState<S>* st) {
+    if (host_only_) return;
     CpuBlock block{order_, threads_per_block};
     device::optimizer_prepare(params, count, h, st, shared<S>(), block);
   }
   template <class S>
   void optimizer_update_all(const ParamView<S>* params, std::size_t count, const ParamView<S>*,
                             const OptimizerHyper<S>& h, const OptimizerState<S>* st) {
+    if (host_only_) return;
     order_.blocks(update_blocks(params, count), [&](std::size_t block) {
       order_.threads(threads_per_block, [&](std::size_t t) {
         optimizer_update_block(params, count, h, *st, block, t, threads_per_block);
@@ -170,6 +178,7 @@ class CpuLauncher {
   }
   template <class S>
   void optimizer_update(const ParamView<S>& p, const OptimizerHyper<S>& h, const OptimizerState<S>* st) {
+    if (host_only_) return;
     for_each_item(p.size, [&](std::size_t w) { device::optimizer_update(p, h, *st, w); });
   }
 
@@ -200,7 +209,7 @@ class CpuLauncher {
   CpuOrder order_;
   std::vector<std::unique_ptr<unsigned char[], Free>> blocks_;
   alignas(64) double shared_[block_sum_shared];
-  bool recording_ = false, fail_capture_ = false;
+  bool host_only_ = false, recording_ = false, fail_capture_ = false;
 };
 
 }  // namespace
@@ -212,14 +221,14 @@ std::unique_ptr<Engine<S>> make_cuda_engine(const Layout<S>& layout, Mode mode, 
 
 template <class S>
 std::unique_ptr<Engine<S>> make_engine(Backend backend, const Layout<S>& layout, Mode mode, const FusionPlan& plan,
-                                       bool fuse, Schedule schedule) {
+                                       bool fuse, const BackendOptions& options) {
   if (backend == Backend::cuda) return make_cuda_engine<S>(layout, mode, plan, fuse);
-  return std::make_unique<ReplayEngine<S, CpuLauncher>>(layout, mode, plan, fuse, schedule);
+  return std::make_unique<ReplayEngine<S, CpuLauncher>>(layout, mode, plan, fuse, options);
 }
 
 template std::unique_ptr<Engine<float>> make_engine<float>(Backend, const Layout<float>&, Mode, const FusionPlan&, bool,
-                                                           Schedule);
+                                                           const BackendOptions&);
 template std::unique_ptr<Engine<double>> make_engine<double>(Backend, const Layout<double>&, Mode, const FusionPlan&,
-                                                             bool, Schedule);
+                                                             bool, const BackendOptions&);
 
 }  // namespace grad::device

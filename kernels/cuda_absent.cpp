@@ -8,6 +8,7 @@ namespace grad::device {
 
 bool cuda_available() { return false; }
 std::string cuda_unavailable_reason() { return "this build of grad has no CUDA backend (configured without nvcc)"; }
+CudaDeviceInfo cuda_device_info() { return {}; }
 
 template <class S>
 std::unique_ptr<Engine<S>> make_cuda_engine(const Layout<S>&, Mode, const FusionPlan&, bool) {

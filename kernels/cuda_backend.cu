@@ -413,6 +413,21 @@ std::string cuda_unavailable_reason() {
   return "";
 }
 
+CudaDeviceInfo cuda_device_info() {
+  CudaDeviceInfo info;
+  if (!cuda_available()) return info;
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) return info;
+  info.name = p.name;
+  info.major = p.major;
+  info.minor = p.minor;
+  info.memory_bytes = p.totalGlobalMem;
+  info.multiprocessors = p.multiProcessorCount;
+  cudaDriverGetVersion(&info.driver);
+  cudaRuntimeGetVersion(&info.runtime);
+  return info;
+}
+
 template <class S>
 std::unique_ptr<Engine<S>> make_cuda_engine(const Layout<S>& layout, Mode mode, const FusionPlan& plan, bool fuse) {
   if (!cuda_available()) throw std::runtime_error(cuda_unavailable_reason());

@@ -1,127 +1,250 @@
 #!/usr/bin/env bash
-# Builds grad's device engine for one GPU architecture in a fresh build dir,
-# runs the device parity, training and fusion suites (their CUDA cases run
-# when a GPU answers, and skip cleanly when none does), bench_device (every
-# mode: CPU tape, per-node, graph, fused) and the PyTorch peer
-# (bench/peer_torch_ae.py: eager and CUDA graphs), then prints a short
-# summary table last. Sized for < 8 minutes on a 16-core GPU box.
+# The GPU check, in two halves, so that the GPU machine (offline, bare, lent
+# for minutes) only runs binaries:
 #
-#   scripts/device-check.sh [BUILD_DIR]     default: build-device-check
-#   env: GPU_ARCH (default sm_90), JOBS (default: all cores), REPS (bench repetitions, default 5)
+#   scripts/device-check.sh [--dry-run | --build-only]        here (nvcc, meson, ninja)
+#   scripts/device-check.sh --run build-device/carry          on the GPU machine
+#
+# Here: configures build-device/ (CUDA for sm_90, release, no downloads),
+# builds the device suites and bench_device, and assembles one folder,
+# build-device/carry/ (at most 64 MiB: stripped binaries with static
+# cudart, the shared libraries they need beyond glibc, a manifest), then
+# prints its size and the exact device command. --dry-run stops there;
+# --build-only too, silently; with neither it goes on to run the device half
+# on this machine, which stops at the preflight when no GPU answers.
+#
+# On the GPU machine (--run DIR; no meson, no compiler, no network needed):
+#   1. preflight: driver, cuda_available(), compute capability (9.0), name
+#   2. every device suite with GRAD_REQUIRE_CUDA=1: a CUDA case that would
+#      skip, or a graph fallback, fails; a failing suite is rerun with
+#      GRAD_DEVICE_SYNC=1 so that the faulting kernel is named
+#   3. bench_device in all four modes (CPU tape, per-node, graph, fused)
+#   4. compute-sanitizer memcheck / racecheck / synccheck on a short fused
+#      run, when the tool is there
+#   5. two identical fingerprint runs (bits of loss traces and weights in
+#      every mode and precision), compared with each other
+#   6. a short table, last
+# Sized for < 5 minutes; every step has its own timeout.
+#
+#   env: GPU_ARCH (sm_90), EXPECT_CC (9.0), JOBS (nproc), REPS (bench repetitions, 3)
 set -u -o pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=${1:-$root/build-device-check}
 arch=${GPU_ARCH:-sm_90}
-jobs=${JOBS:-$(nproc)}
-reps=${REPS:-5}
-case ":$PATH:" in *:/usr/local/cuda/bin:*) ;; *) export PATH="$PATH:/usr/local/cuda/bin" ;; esac
+expect_cc=${EXPECT_CC:-9.0}
+reps=${REPS:-3}
+limit_mib=64
+suites=(test_device_parity test_device_training test_fusion test_device_reduction)
 
-rows=()      # summary lines, printed last
-failed=0
-row() { rows+=("$(printf '%-28s %-36s %s' "$1" "$2" "$3")"); }
 now() { date +%s; }
+rows=()
+row() { rows+=("$(printf '%-30s %-44s %s' "$1" "$2" "$3")"); }
+table() {
+  echo
+  echo "== grad device-check: $(date -u '+%Y-%m-%d %H:%M UTC'), $1 =="
+  printf '%-30s %-44s %s\n' "step" "result" "time"
+  for r in "${rows[@]}"; do echo "$r"; done
+}
 
-for tool in meson ninja nvcc; do
-  if ! command -v "$tool" > /dev/null; then
-    echo "device-check: '$tool' is not on PATH; install it (see TOOLCHAIN.md)" >&2
+# ---------------------------------------------------------------- device half
+run_device() {
+  local carry=$1 t0 t status failed=0
+  carry=$(cd "$carry" 2>/dev/null && pwd) || {
+    echo "device-check: no carried folder at '$1' (build it first: scripts/device-check.sh --build-only)" >&2
+    exit 2
+  }
+  local bin=$carry/bin logs=${LOGS:-$carry/../logs}
+  mkdir -p "$logs" && logs=$(cd "$logs" && pwd)
+  export LD_LIBRARY_PATH="$carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  t0=$(now)
+  [ -f "$carry/BUILD_INFO" ] && sed 's/^/build: /' "$carry/BUILD_INFO"
+  if ! (cd "$carry" && sha256sum --quiet -c MANIFEST) > "$logs/manifest.log" 2>&1; then
+    row "manifest" "FAILED: carried files differ from the build" "-"
+    cat "$logs/manifest.log"
+    table "no GPU run"
     exit 2
   fi
-done
-
-gpu="none"
-if command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1; then
-  gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)
-fi
-
-rm -rf "$build"
-logs="$build-logs"
-rm -rf "$logs" && mkdir -p "$logs"
-t0=$(now)
-if meson setup "$build" "$root" -Dcuda=enabled -Dgpu_arch="$arch" --buildtype=release -Dexamples=false \
-     -Dbenchmarks=enabled -Dtests=true > "$logs/setup.log" 2>&1 &&
-   timeout 420 ninja -C "$build" -j "$jobs" test/test_device_parity test/test_device_training test/test_fusion bench/bench_device \
-     > "$logs/build.log" 2>&1; then
-  row "build ($arch, release)" "ok" "$(( $(now) - t0 )) s"
-else
-  row "build ($arch, release)" "FAILED (see $logs)" "$(( $(now) - t0 )) s"
-  tail -30 "$logs/setup.log" "$logs/build.log"
-  failed=1
-fi
-
-# doctest's last lines: "test cases: N | P passed | F failed | S skipped".
-run_suite() {
-  local name=$1 exe="$build/test/$1" t=$(now)
-  if [ ! -x "$exe" ]; then row "$name" "NOT BUILT" "-"; failed=1; return; fi
-  if timeout 180 "$exe" > "$logs/$name.log" 2>&1; then status="ok"; else status="FAILED"; failed=1; tail -40 "$logs/$name.log"; fi
-  local counts
-  counts=$(grep -E '^\[doctest\] test cases:' "$logs/$name.log" | sed -E 's/.*test cases: *//; s/ +/ /g')
-  row "$name" "$status ($counts)" "$(( $(now) - t )) s"
-}
-run_suite test_device_parity
-run_suite test_device_training
-run_suite test_fusion
-
-bench_rows=()
-speedups=()
-if [ -x "$build/bench/bench_device" ]; then
-  t=$(now)
-  if timeout 240 "$build/bench/bench_device" --benchmark_repetitions="$reps" --benchmark_report_aggregates_only=true \
-       > "$logs/bench_device.log" 2>&1; then
-    row "bench_device" "ok (median of $reps)" "$(( $(now) - t )) s"
-    # "<name>_median  <time> us  <cpu> us  <iterations> ..."
-    while read -r name time unit _; do
-      bench_rows+=("$(printf '  %-40s %10s %s' "${name%_median}" "$time" "$unit")")
-    done < <(grep -E '_median ' "$logs/bench_device.log")
-    median() { grep -E "^$1_median" "$logs/bench_device.log" | awk '{print $2}'; }
-    tape=$(median 'BM_tape_step/200')
-    for mode in per_node graph fused; do
-      cuda=$(median "BM_ae_cuda_$mode")
-      if [ -n "$tape" ] && [ -n "$cuda" ]; then
-        speedups+=("$(awk -v a="$tape" -v b="$cuda" -v m="$mode" 'BEGIN { printf "  %-40s %10.2fx", "CUDA " m " vs CPU tape", a / b }')")
-      fi
-    done
-  else
-    row "bench_device" "FAILED" "$(( $(now) - t )) s"
-    tail -20 "$logs/bench_device.log"
-    failed=1
+  # Every binary's shared libraries must resolve here (nothing to install).
+  local missing
+  missing=$(for f in "$bin"/*; do ldd "$f" 2>&1 | grep -E 'not found|version .* not found'; done | sort -u)
+  if [ -n "$missing" ]; then
+    row "libraries" "FAILED: $missing" "-"
+    table "no GPU run"
+    exit 2
   fi
-else
-  row "bench_device" "NOT BUILT" "-"
-  failed=1
-fi
 
-# The PyTorch peer: the same autoencoder step, eager and as a CUDA graph.
-peer=${PYTHON:-python3}
-command -v "$peer" > /dev/null || peer=/usr/bin/python3
-t=$(now)
-if timeout 150 "$peer" "$root/bench/peer_torch_ae.py" --reps "$reps" > "$logs/peer_torch_ae.log" 2>&1; then
-  if grep -q skipped "$logs/peer_torch_ae.log"; then status="skipped $(grep -o '(.*)' "$logs/peer_torch_ae.log")"; else status="ok (median of $reps)"; fi
-  row "peer_torch_ae" "$status" "$(( $(now) - t )) s"
-  while read -r name time; do
-    bench_rows+=("$(printf '  %-40s %10s us' "$name" "$time")")
-    fused=$(grep -E '^BM_ae_cuda_fused_median' "$logs/bench_device.log" 2>/dev/null | awk '{print $2}')
-    if [ -n "$fused" ]; then
-      speedups+=("$(awk -v a="$time" -v b="$fused" -v m="$name" 'BEGIN { printf "  %-40s %10.2fx", "CUDA fused vs " m, a / b }')")
+  # 1. preflight
+  local driver="no nvidia-smi"
+  if command -v nvidia-smi > /dev/null; then
+    driver=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1)
+  fi
+  t=$(now)
+  if timeout 60 "$bin/bench_device" --preflight --expect-cc "$expect_cc" > "$logs/preflight.log" 2>&1; then
+    row "preflight" "ok: $(sed -n 's/^preflight: //p' "$logs/preflight.log" | cut -c1-60)" "$(($(now) - t)) s"
+  else
+    row "preflight" "STOPPED (nvidia-smi: $driver)" "$(($(now) - t)) s"
+    cat "$logs/preflight.log"
+    echo "device-check: stopped at the preflight: no usable CUDA device (see above); nothing else was run." >&2
+    table "GPU: none usable, total $(($(now) - t0)) s"
+    exit 3
+  fi
+  local gpu
+  gpu=$(sed -n 's/^preflight: \([^,]*\),.*/\1/p' "$logs/preflight.log")
+
+  # 2. suites, CUDA required
+  for s in "${suites[@]}"; do
+    t=$(now)
+    if GRAD_REQUIRE_CUDA=1 timeout 120 "$bin/$s" > "$logs/$s.log" 2>&1; then
+      status=ok
+    else
+      status=FAILED
+      failed=1
+      tail -40 "$logs/$s.log"
+      # Name the faulting kernel: synchronise after every launch.
+      GRAD_REQUIRE_CUDA=1 GRAD_DEVICE_SYNC=1 timeout 120 "$bin/$s" > "$logs/$s.sync.log" 2>&1
+      grep -m3 -E 'grad::device \(cuda\)' "$logs/$s.sync.log"
     fi
-  done < <(grep -E '^torch_' "$logs/peer_torch_ae.log")
-else
-  row "peer_torch_ae" "FAILED" "$(( $(now) - t )) s"
-  tail -20 "$logs/peer_torch_ae.log"
-  failed=1
-fi
+    row "$s" "$status ($(grep -E '^\[doctest\] test cases:' "$logs/$s.log" | sed -E 's/.*cases: *//; s/ +/ /g'))" \
+      "$(($(now) - t)) s"
+  done
 
-echo
-echo "== grad device-check: $(date -u '+%Y-%m-%d %H:%M UTC'), GPU: $gpu, arch $arch, total $(( $(now) - t0 )) s =="
-printf '%-28s %-36s %s\n' "step" "result" "time"
-for r in "${rows[@]}"; do echo "$r"; done
-if [ ${#bench_rows[@]} -gt 0 ]; then
-  echo "one training step (ae: autoencoder batch 200; mlp: 32-256-256-32 batch 256; Adam), median wall time:"
-  for r in "${bench_rows[@]}"; do echo "$r"; done
-fi
-if [ ${#speedups[@]} -gt 0 ]; then
-  echo "speed-ups (autoencoder step; targets: fused >= 18x, graph >= 5x the CPU tape, fused ahead of torch eager):"
-  for r in "${speedups[@]}"; do echo "$r"; done
-fi
-[ "$gpu" = "none" ] && echo "note: no GPU answered; CUDA cases were skipped, the CUDA code was only compiled"
-exit $failed
+  # 3. bench_device: tape, per-node, graph, fused (exit status non-zero on a fallback)
+  t=$(now)
+  if timeout 150 "$bin/bench_device" --benchmark_repetitions="$reps" --benchmark_report_aggregates_only=true \
+    --benchmark_min_time=0.2 > "$logs/bench_device.log" 2>&1; then
+    row "bench_device" "ok (median of $reps)" "$(($(now) - t)) s"
+  else
+    row "bench_device" "FAILED (a mode fell back or threw)" "$(($(now) - t)) s"
+    failed=1
+    tail -20 "$logs/bench_device.log"
+  fi
+
+  # 4. compute-sanitizer, when the GPU machine has it
+  local san
+  san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2> /dev/null | head -1)
+  for tool in memcheck racecheck synccheck; do
+    t=$(now)
+    if [ -z "$san" ]; then
+      row "sanitizer $tool" "not on this machine" "-"
+      continue
+    fi
+    if timeout 90 "$san" --tool "$tool" --error-exitcode 1 "$bin/bench_device" --short-fused-run \
+      > "$logs/sanitizer-$tool.log" 2>&1; then
+      row "sanitizer $tool" "ok ($(grep -m1 -o 'ERROR SUMMARY: [0-9]* errors\|RACECHECK SUMMARY.*' "$logs/sanitizer-$tool.log" || echo clean))" "$(($(now) - t)) s"
+    else
+      row "sanitizer $tool" "FAILED (see $logs/sanitizer-$tool.log)" "$(($(now) - t)) s"
+      failed=1
+      tail -20 "$logs/sanitizer-$tool.log"
+    fi
+  done
+
+  # 5. determinism: two identical runs, bit for bit
+  t=$(now)
+  timeout 90 "$bin/bench_device" --fingerprint --steps 20 > "$logs/fingerprint-1.log" 2>&1
+  local rc1=$?
+  timeout 90 "$bin/bench_device" --fingerprint --steps 20 > "$logs/fingerprint-2.log" 2>&1
+  local rc2=$?
+  if [ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && cmp -s "$logs/fingerprint-1.log" "$logs/fingerprint-2.log"; then
+    row "second run, bitwise" "ok (12 runs, same bits; CUDA = CPU backend)" "$(($(now) - t)) s"
+  else
+    row "second run, bitwise" "FAILED (rc $rc1/$rc2; diff below)" "$(($(now) - t)) s"
+    failed=1
+    diff "$logs/fingerprint-1.log" "$logs/fingerprint-2.log"
+    grep -E 'FAILED|MISMATCH' "$logs/fingerprint-1.log"
+  fi
+
+  table "GPU: $gpu ($driver), arch $arch, total $(($(now) - t0)) s"
+  if grep -q '_median' "$logs/bench_device.log"; then
+    echo "one training step, median (autoencoder batch 200 / MLP 32-256-256-32 batch 256, Adam, clip):"
+    grep -E '_median' "$logs/bench_device.log" | awk '{ printf "  %-40s %10s %s %s\n", $1, $2, $3, $NF }'
+    local tape fused
+    tape=$(awk '/^BM_tape_step\/200_median/ { print $2 }' "$logs/bench_device.log")
+    for mode in per_node graph fused; do
+      fused=$(awk -v n="BM_ae_cuda_${mode}_median" '$1 == n { print $2 }' "$logs/bench_device.log")
+      [ -n "$tape" ] && [ -n "$fused" ] &&
+        awk -v a="$tape" -v b="$fused" -v m="$mode" 'BEGIN { printf "  CUDA %-8s vs CPU tape: %.2fx (targets: graph >= 5x, fused >= 18x)\n", m, a / b }'
+    done
+  fi
+  echo "logs: $logs"
+  exit $failed
+}
+
+# ---------------------------------------------------------------- build half
+build_carry() {
+  local build=$root/build-device carry=$root/build-device/carry t
+  for tool in meson ninja nvcc strip sha256sum; do
+    if ! command -v "$tool" > /dev/null; then
+      echo "device-check: '$tool' is not on PATH (nvcc: /usr/local/cuda/bin); the build half needs it" >&2
+      exit 2
+    fi
+  done
+  t=$(now)
+  if [ ! -f "$build/build.ninja" ]; then
+    meson setup "$build" "$root" --wrap-mode=nodownload -Dcuda=enabled -Dgpu_arch="$arch" --buildtype=release \
+      -Dexamples=false -Dbenchmarks=enabled -Dtests=true > "$build.setup.log" 2>&1 || {
+      tail -30 "$build.setup.log"
+      echo "device-check: meson setup failed (log: $build.setup.log)" >&2
+      exit 2
+    }
+  fi
+  local targets=(bench/bench_device)
+  for s in "${suites[@]}"; do targets+=("test/$s"); done
+  if ! ninja -C "$build" -j "${JOBS:-$(nproc)}" "${targets[@]}" > "$build.build.log" 2>&1; then
+    grep -E 'error|FAILED' -A5 "$build.build.log" | head -40
+    echo "device-check: the build failed (log: $build.build.log)" >&2
+    exit 2
+  fi
+  rm -rf "$carry" && mkdir -p "$carry/bin" "$carry/lib"
+  for t2 in "${targets[@]}"; do
+    cp "$build/$t2" "$carry/bin/"
+    strip --strip-unneeded "$carry/bin/$(basename "$t2")"
+  done
+  # Shared libraries beyond glibc (cudart is linked statically): carried,
+  # found through LD_LIBRARY_PATH on the GPU machine.
+  for f in "$carry"/bin/*; do ldd "$f"; done | awk '$3 ~ /^\// { print $3 }' | sort -u | while read -r lib; do
+    case $(basename "$lib") in
+      libc.so* | libm.so* | libdl.so* | librt.so* | libpthread.so* | ld-linux*) ;;
+      *) cp -L "$lib" "$carry/lib/" ;;
+    esac
+  done
+  {
+    echo "commit $(git -C "$root" rev-parse --short HEAD 2> /dev/null || echo unknown)$(git -C "$root" diff --quiet 2> /dev/null || echo ' (with uncommitted changes)')"
+    echo "built $(date -u '+%Y-%m-%d %H:%M UTC') on $(uname -n), arch $arch, $(nvcc --version | tail -2 | head -1)"
+  } > "$carry/BUILD_INFO"
+  (cd "$carry" && find bin lib -type f | sort | xargs sha256sum > MANIFEST)
+  local kib
+  kib=$(du -sk "$carry" | cut -f1)
+  echo "device-check: built in $(($(now) - t)) s; carried folder build-device/carry: $((kib / 1024)) MiB ($kib KiB) of ${limit_mib} MiB"
+  (cd "$carry" && ls -l bin lib | awk 'NF > 5 { printf "  %10d  %s\n", $5, $NF }')
+  if [ "$kib" -gt $((limit_mib * 1024)) ]; then
+    echo "device-check: the carried folder is over ${limit_mib} MiB" >&2
+    exit 2
+  fi
+  echo "device command (device tool's run): carry [\"build-device/carry\"], timeout_s 420, command:"
+  echo "  scripts/device-check.sh --run build-device/carry"
+}
+
+case "${1:-}" in
+  --run)
+    [ $# -ge 2 ] || {
+      echo "usage: $0 --run CARRIED_FOLDER" >&2
+      exit 2
+    }
+    run_device "$2"
+    ;;
+  --dry-run | --build-only)
+    case ":$PATH:" in *:/usr/local/cuda/bin:*) ;; *) export PATH="$PATH:/usr/local/cuda/bin" ;; esac
+    if [ "$1" = --build-only ]; then build_carry > /dev/null; else build_carry; fi
+    ;;
+  "")
+    case ":$PATH:" in *:/usr/local/cuda/bin:*) ;; *) export PATH="$PATH:/usr/local/cuda/bin" ;; esac
+    build_carry
+    echo
+    echo "device-check: running the device half here"
+    run_device "$root/build-device/carry"
+    ;;
+  *)
+    echo "usage: $0 [--dry-run | --build-only | --run CARRIED_FOLDER]" >&2
+    exit 2
+    ;;
+esac

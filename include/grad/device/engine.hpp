@@ -27,6 +27,15 @@ enum class Mode { per_node, graph, fused };
 // blocks in a fixed pseudo-random order, threads in reverse. CUDA ignores it.
 enum class Schedule { in_order, reverse, shuffled };
 
+// How a backend runs, beyond the layout and mode.
+struct BackendOptions {
+  Schedule schedule = Schedule::in_order;  // CPU backend: block and thread order
+  // CPU backend: skip every kernel body (values are then meaningless). What
+  // remains of a step is the engine's host-side cost (queueing, graph keys,
+  // copies, launch dispatch), which CUDA pays on top of its kernels.
+  bool host_only = false;
+};
+
 inline constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
 
 // One captured node. Offsets are in elements of the program's flat value and
@@ -116,11 +125,21 @@ struct FusionPlan;  // plan.hpp
 // `plan` is plan_fusion(layout); its segments are used when `fuse` is set.
 template <class S>
 std::unique_ptr<Engine<S>> make_engine(Backend backend, const Layout<S>& layout, Mode mode, const FusionPlan& plan,
-                                       bool fuse, Schedule schedule = Schedule::in_order);
+                                       bool fuse, const BackendOptions& options = {});
 
 // True when the CUDA backend was built and a device answers.
 bool cuda_available();
 // Why cuda_available() is false, in one line ("" when it is true).
 std::string cuda_unavailable_reason();
+
+// The first CUDA device, for a preflight check (zeros and "" without one).
+struct CudaDeviceInfo {
+  std::string name;
+  int major = 0, minor = 0;     // compute capability
+  int driver = 0, runtime = 0;  // CUDA versions, 1000 * major + 10 * minor
+  std::size_t memory_bytes = 0;
+  int multiprocessors = 0;
+};
+CudaDeviceInfo cuda_device_info();
 
 }  // namespace grad::device

@@ -494,8 +494,17 @@ template <class S, class F, class Block>
 GRAD_HD S block_sum_fixed(const S* x, std::size_t n, F f, S* shared, Block& block) {
   using namespace fixed_order;
   const std::size_t chunks = (n + chunk - 1) / chunk;
-  LevelStream<S> stream(chunks > 1 ? n : 1);
   S total = S(0);
+  if (chunks <= 1) {  // the common case (a loss over a minibatch): one warp's lanes, one tree, no levels
+    block.step([&](std::size_t thread, std::size_t threads) {
+      for (std::size_t i = thread; i < chunks * lanes; i += threads) shared[i] = lane_sum(x, n, i, f);
+    });
+    block.step_one([&] {
+      if (chunks) total = combine_lanes(shared);
+    });
+    return total;
+  }
+  LevelStream<S> stream(n);
   for (std::size_t first = 0; first < chunks; first += block_sum_batch) {
     const std::size_t count = chunks - first < block_sum_batch ? chunks - first : block_sum_batch;
     block.step([&](std::size_t thread, std::size_t threads) {
@@ -508,14 +517,11 @@ GRAD_HD S block_sum_fixed(const S* x, std::size_t n, F f, S* shared, Block& bloc
       for (std::size_t k = thread; k < count; k += threads) combine_lanes(shared + k * lanes);
     });
     block.step_one([&] {
-      for (std::size_t k = 0; k < count; ++k)
-        if (chunks == 1)
-          total = shared[0];
-        else
-          stream.push(1, shared[k * lanes]);
+      for (std::size_t k = 0; k < count; ++k) stream.push(1, shared[k * lanes]);
     });
   }
-  return chunks > 1 ? stream.result() : total;
+  block.step_one([&] { total = stream.result(); });
+  return total;
 }
 
 // Is this launch a full reduction's forward (sum, mean), which a block runs together?

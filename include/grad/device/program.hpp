@@ -37,6 +37,9 @@ struct Options {
   // CPU backend only: the order blocks and threads run in (engine.hpp). A
   // result that differs from Schedule::in_order's is a race.
   Schedule schedule = Schedule::in_order;
+  // CPU backend only: skip the kernel bodies to time the engine's host-side
+  // cost per step (bench_device); the values are then meaningless.
+  bool host_only = false;
   // For tests: edits the planner's cut before the engine is built (a
   // deliberately broken plan must be caught by the race schedules).
   std::function<void(FusionPlan&)> edit_plan = nullptr;
@@ -335,11 +338,13 @@ Program<T> capture(const Tape<T>& tape, Var<T> loss, Options options) {
     if (options.f32 && std::is_same_v<T, double>) {
       const Layout<float> L = capture_detail::build_layout<float>(tape, p.loss_, p.value_offset_, p.grad_offset_);
       finish(L);
-      p.narrow_ = make_engine<float>(options.backend, L, options.mode, p.plan_, p.fused_, options.schedule);
+      p.narrow_ = make_engine<float>(options.backend, L, options.mode, p.plan_, p.fused_,
+                                     {options.schedule, options.host_only});
     } else {
       const Layout<T> L = capture_detail::build_layout<T>(tape, p.loss_, p.value_offset_, p.grad_offset_);
       finish(L);
-      p.same_ = make_engine<T>(options.backend, L, options.mode, p.plan_, p.fused_, options.schedule);
+      p.same_ =
+          make_engine<T>(options.backend, L, options.mode, p.plan_, p.fused_, {options.schedule, options.host_only});
     }
   } catch (const std::runtime_error& e) {
     throw CaptureError(who + "backend '" + std::string(backend_name(options.backend)) +
