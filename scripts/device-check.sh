@@ -2,11 +2,13 @@
 # The GPU check, in two halves, so that the GPU machine (offline, bare, lent
 # for minutes) only runs binaries:
 #
-#   scripts/device-check.sh [--dry-run | --build-only]        here (nvcc, meson, ninja)
-#   scripts/device-check.sh --run build-device/carry          on the GPU machine
+#   scripts/device-check.sh [--dry-run | --build-only] [--worktree]   here (nvcc, meson, ninja)
+#   scripts/device-check.sh --run build-device/carry                   on the GPU machine
 #
-# Here: configures build-device/ (CUDA for sm_90, release, no downloads),
-# builds the device suites and bench_device, and assembles one folder,
+# Here: takes the committed tree (HEAD, copied into build-device/src, so the
+# binaries are one commit's, whatever else is being edited; --worktree builds
+# the working tree instead), configures it (CUDA for sm_90, release, no
+# downloads), builds the device suites and bench_device, and assembles one folder,
 # build-device/carry/ (at most 64 MiB: stripped binaries with static
 # cudart, the shared libraries they need beyond glibc, a manifest), then
 # prints its size and the exact device command. --dry-run stops there;
@@ -170,8 +172,29 @@ run_device() {
 }
 
 # ---------------------------------------------------------------- build half
+# The committed tree in build-device/src; only files whose content changed
+# are rewritten, so that an unchanged file keeps its time and is not rebuilt.
+sync_head() {
+  local src=$1 fresh
+  fresh=$(mktemp -d)
+  git -C "$root" archive HEAD | tar -x -C "$fresh" || {
+    rm -rf "$fresh"
+    echo "device-check: cannot read HEAD of $root (use --worktree outside git)" >&2
+    exit 2
+  }
+  mkdir -p "$src"
+  (cd "$fresh" && find . -type f) | while read -r f; do
+    if ! cmp -s "$fresh/$f" "$src/$f"; then
+      mkdir -p "$(dirname "$src/$f")"
+      cp "$fresh/$f" "$src/$f"
+    fi
+  done
+  (cd "$src" && find . -type f) | while read -r f; do [ -e "$fresh/$f" ] || rm -f "$src/$f"; done
+  rm -rf "$fresh"
+}
+
 build_carry() {
-  local build=$root/build-device carry=$root/build-device/carry t
+  local build=$root/build-device/build carry=$root/build-device/carry src=$root t
   for tool in meson ninja nvcc strip sha256sum; do
     if ! command -v "$tool" > /dev/null; then
       echo "device-check: '$tool' is not on PATH (nvcc: /usr/local/cuda/bin); the build half needs it" >&2
@@ -179,19 +202,25 @@ build_carry() {
     fi
   done
   t=$(now)
-  if [ ! -f "$build/build.ninja" ]; then
-    meson setup "$build" "$root" --wrap-mode=nodownload -Dcuda=enabled -Dgpu_arch="$arch" --buildtype=release \
-      -Dexamples=false -Dbenchmarks=enabled -Dtests=true > "$build.setup.log" 2>&1 || {
-      tail -30 "$build.setup.log"
-      echo "device-check: meson setup failed (log: $build.setup.log)" >&2
+  if [ "$worktree" = 0 ]; then
+    src=$root/build-device/src
+    sync_head "$src"
+  fi
+  if [ ! -f "$build/build.ninja" ] || [ "$(cat "$build/.source" 2> /dev/null)" != "$src" ]; then
+    rm -rf "$build"
+    meson setup "$build" "$src" --wrap-mode=nodownload -Dcuda=enabled -Dgpu_arch="$arch" --buildtype=release \
+      -Dexamples=false -Dbenchmarks=enabled -Dtests=true > "$build-setup.log" 2>&1 || {
+      tail -30 "$build-setup.log"
+      echo "device-check: meson setup failed (log: $build-setup.log)" >&2
       exit 2
     }
+    echo "$src" > "$build/.source"
   fi
   local targets=(bench/bench_device)
   for s in "${suites[@]}"; do targets+=("test/$s"); done
-  if ! ninja -C "$build" -j "${JOBS:-$(nproc)}" "${targets[@]}" > "$build.build.log" 2>&1; then
-    grep -E 'error|FAILED' -A5 "$build.build.log" | head -40
-    echo "device-check: the build failed (log: $build.build.log)" >&2
+  if ! ninja -C "$build" -j "${JOBS:-$(nproc)}" "${targets[@]}" > "$build.log" 2>&1; then
+    grep -E 'error|FAILED' -A5 "$build.log" | head -40
+    echo "device-check: the build failed (log: $build.log)" >&2
     exit 2
   fi
   rm -rf "$carry" && mkdir -p "$carry/bin" "$carry/lib"
@@ -208,7 +237,11 @@ build_carry() {
     esac
   done
   {
-    echo "commit $(git -C "$root" rev-parse --short HEAD 2> /dev/null || echo unknown)$(git -C "$root" diff --quiet 2> /dev/null || echo ' (with uncommitted changes)')"
+    if [ "$worktree" = 0 ]; then
+      echo "commit $(git -C "$root" rev-parse --short HEAD 2> /dev/null) (the committed tree)"
+    else
+      echo "commit $(git -C "$root" rev-parse --short HEAD 2> /dev/null || echo unknown), working tree$(git -C "$root" diff --quiet 2> /dev/null || echo ' with uncommitted changes')"
+    fi
     echo "built $(date -u '+%Y-%m-%d %H:%M UTC') on $(uname -n), arch $arch, $(nvcc --version | tail -2 | head -1)"
   } > "$carry/BUILD_INFO"
   (cd "$carry" && find bin lib -type f | sort | xargs sha256sum > MANIFEST)
@@ -223,6 +256,13 @@ build_carry() {
   echo "device command (device tool's run): carry [\"build-device/carry\"], timeout_s 420, command:"
   echo "  scripts/device-check.sh --run build-device/carry"
 }
+
+worktree=0
+args=()
+for a in "$@"; do
+  if [ "$a" = --worktree ]; then worktree=1; else args+=("$a"); fi
+done
+set -- "${args[@]}"
 
 case "${1:-}" in
   --run)
@@ -244,7 +284,7 @@ case "${1:-}" in
     run_device "$root/build-device/carry"
     ;;
   *)
-    echo "usage: $0 [--dry-run | --build-only | --run CARRIED_FOLDER]" >&2
+    echo "usage: $0 [--dry-run | --build-only] [--worktree] | $0 --run CARRIED_FOLDER" >&2
     exit 2
     ;;
 esac

@@ -30,6 +30,7 @@ inline bool cuda_required() {
 inline bool cuda_case(std::string_view what) {
   if (device::cuda_available()) return true;
   const std::string why = std::string(what) + ": " + device::cuda_unavailable_reason();
+  CHECK_FALSE(device::cuda_unavailable_reason().empty());  // a skip always says why
   if (cuda_required())
     FAIL_CHECK("GRAD_REQUIRE_CUDA=1 but the CUDA case cannot run: " << why);
   else
