@@ -5,27 +5,33 @@
 //   tensor.hpp       Tensor<T>, Shape, Dims, broadcasting
 //   ops/             one tag per op: GRAD_HD forward/backward functors and host loops;
 //                    op_list.hpp lists them all (OpList, op_code, with_op)
+//   simd.hpp         the vector packs the host loops are written in
 //   isa.hpp          run-time instruction-set choice for host loops (with_best_isa, GRAD_ISA)
 //   parallel.hpp     the thread pool (set_num_threads, parallel_ranges)
 //   arena.hpp        the chunked allocator behind the tape
 //   tape.hpp         Tape<T>, Var<T>: nodes, poisoning, requires-grad, mark/reset
 //   ops.hpp          a + b, matmul(a, b), softmax(a, axis), ...: checks shapes, records a node
 //   backward.hpp     the one reverse walk
-//   opt.hpp          SGD, Adam: per-parameter L2, global-norm clipping
+//   opt.hpp          SGD, Adam: per-parameter L2, global-norm clipping (loops in update.hpp)
+//   random.hpp       a portable deterministic generator
+//   core.hpp         all of the above: what a training program needs
 //   checkpoint.hpp   save/load parameters and optimizer state
 //   nn.hpp           layers as tape builders, up to a Qwen2-style block with LoRA
-//   random.hpp       a portable deterministic generator
+//
+// This header is core.hpp plus checkpoint.hpp and nn.hpp. A unit that needs
+// neither can include <grad/core.hpp> (a little less to parse).
+//
+// Two modes, same results bit for bit: header-only (the default: every loop
+// compiles in the consumer's units, on explicit vector code, so -O1/-O2 run
+// as fast as -O3), or linked against the compiled kernel library
+// (grad_kernels_dep / grad-kernels.pc define GRAD_COMPILED_KERNELS): the hot
+// loops and the reverse walk come precompiled at -O3 (kernels_extern.hpp,
+// core.hpp) and the consumer's units compile much faster.
 //
 // The device engine (capture, CPU and CUDA backends) links a library:
 // #include <grad/device/device.hpp> and depend on grad_device_dep.
 #pragma once
 
-#include "grad/backward.hpp"
 #include "grad/checkpoint.hpp"
-#include "grad/config.hpp"
+#include "grad/core.hpp"
 #include "grad/nn.hpp"
-#include "grad/ops.hpp"
-#include "grad/opt.hpp"
-#include "grad/random.hpp"
-#include "grad/tape.hpp"
-#include "grad/tensor.hpp"

@@ -1,0 +1,26 @@
+// grad's CPU core without the extras: tensors, the tape, every op, the
+// reverse walk, the optimizers and the portable random generator. What a
+// training program needs; grad/grad.hpp adds checkpoints and nn layers.
+//
+// With GRAD_COMPILED_KERNELS (grad_kernels_dep, grad-kernels.pc) the hot
+// loops (kernels_extern.hpp) and the reverse walk, Tape<T>::backward, which
+// dispatches to every op's gradient, are declared extern: the compiled
+// kernel library holds them for float and double, so a consumer's unit
+// compiles only the recording layer it uses.
+#pragma once
+
+#include "grad/backward.hpp"
+#include "grad/config.hpp"
+#include "grad/ops.hpp"
+#include "grad/opt.hpp"
+#include "grad/random.hpp"
+#include "grad/tape.hpp"
+#include "grad/tensor.hpp"
+
+// The reverse walk for element type T, prefixed by E (`extern` or nothing).
+#define GRAD_WALK_INSTANCES(E, T) E template bool grad::Tape<T>::backward(grad::Var<T>);
+
+#if defined(GRAD_COMPILED_KERNELS) && GRAD_SIMD
+GRAD_WALK_INSTANCES(extern, float)
+GRAD_WALK_INSTANCES(extern, double)
+#endif
