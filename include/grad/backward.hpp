@@ -32,6 +32,7 @@ void add_into(T* sum, const T* part, std::size_t n) {
 template <class T>
 bool Tape<T>::backward(Var<T> loss) {
   if (!accept("backward", {loss})) return false;
+  if (std::string why = inference_refusal(loss); !why.empty()) return fail(std::move(why));
   const Node<T>& root = nodes_[loss.index_];
   if (root.dims.size() != 1)
     return fail("backward: the loss has shape " + shape_string(root.dims) +

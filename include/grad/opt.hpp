@@ -230,9 +230,22 @@ class Optimizer {
   // Before a step changes anything: the tape is healthy and every added
   // parameter is still a live node of it. A parameter dropped by reset_to
   // poisons the tape (skipping it silently would train a different model).
+  //
+  // A step on a poisoned tape changes nothing and returns false; it also says
+  // so on stderr, once per optimizer ("grad: adam.step: the tape is
+  // poisoned, no parameter was updated: <the tape's error>"), because a
+  // training loop that ignores the result would otherwise keep printing NaN
+  // losses with no hint of why. In exception mode (Tape::throw_on_error) the
+  // op that poisoned the tape has already thrown.
   bool ready() {
     if (!tape_) return true;
-    if (!tape_->ok()) return false;
+    if (!tape_->ok()) {
+      if (!warned_poisoned_)
+        std::fprintf(stderr, "grad: %s.step: the tape is poisoned, no parameter was updated: %s\n",
+                     std::string(kind_).c_str(), tape_->error().c_str());
+      warned_poisoned_ = true;
+      return false;
+    }
     for (std::size_t i = 0; i < entries_.size(); ++i)
       if (tape_->value(entries_[i].var).empty())
         return fail(*tape_, std::string(kind_) + ".step: parameter " + std::to_string(i + 1) + " (node " +
@@ -266,6 +279,7 @@ class Optimizer {
   std::string_view kind_;
   T lr_;
   T clip_ = T(0);
+  bool warned_poisoned_ = false;  // the poisoned-step message is printed once
 
   template <class U, class Opt>
   friend struct CheckpointAccess;

@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,6 +26,12 @@ template <class T>
 class Tape;
 
 inline constexpr std::uint32_t no_node = std::numeric_limits<std::uint32_t>::max();
+
+// What a tape in exception mode (Tape::throw_on_error(true)) throws when it is
+// poisoned: the same message error() keeps.
+struct TapeError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 // A copyable handle: which tape, which node, and the node's serial number so
 // that a handle outliving its node (dropped by reset_to) is detected.
@@ -66,6 +73,7 @@ struct Node {
   std::uint8_t op = 0;
   bool requires_grad = false;  // some parameter is upstream: has a gradient buffer
   bool touched = false;        // the latest backward wrote into grad
+  bool inference = false;      // recorded under an InferenceGuard: no gradient buffer, even below a parameter
   std::uint32_t a = no_node, b = no_node;
   std::uint32_t axis = 0;
   std::uint32_t extra = no_node;  // offset of per-axis parameters in the tape's index pool
@@ -136,6 +144,17 @@ class Tape {
     return {n->value, n->dims.size()};
   }
 
+  // Exception mode (off by default): when on, the first error also throws
+  // grad::TapeError with the message error() keeps, from the op (or
+  // backward, or optimizer call) that found it. The tape is poisoned either
+  // way; the exception only changes how the caller hears about it.
+  void throw_on_error(bool on) { throw_ = on; }
+  bool throws_on_error() const { return throw_; }
+
+  // Inference mode (see InferenceGuard below): while on, ops record values
+  // but no gradient buffers and no backward work; backward is refused.
+  bool inference_mode() const { return inference_depth_ > 0; }
+
   bool ok() const { return error_.empty(); }
   const std::string& error() const { return error_; }
   std::size_t size() const { return nodes_.size(); }
@@ -179,7 +198,24 @@ class Tape {
 
   // The first error wins; later ones would only describe its consequences.
   void poison(std::string message) {
-    if (error_.empty()) error_ = "grad: " + std::move(message);
+    if (!error_.empty()) return;
+    error_ = "grad: " + std::move(message);
+    if (throw_) throw TapeError(error_);
+  }
+
+  // backward's refusal of inference-mode work ("" when allowed): a guard still
+  // open, or a loss recorded under one (it has no gradient path: backward
+  // would silently leave every gradient zero).
+  std::string inference_refusal(Var<T> loss) const {
+    if (inference_depth_ > 0)
+      return "backward: the tape is in inference mode (an InferenceGuard is open); close the guard and record the "
+             "loss again to train";
+    const Node<T>* n = find(loss);
+    if (n && n->inference)
+      return "backward: the loss (node " + std::to_string(loss.index_) +
+             ") was recorded in inference mode (under an InferenceGuard): it has no gradient path; record it again "
+             "outside the guard";
+    return {};
   }
 
   // Checks that every operand is a live node of this tape; poisons otherwise.
@@ -220,6 +256,10 @@ class Tape {
       extras_.insert(extras_.end(), extra.begin(), extra.end());
     }
     n.requires_grad = (a.valid() && nodes_[n.a].requires_grad) || (b.valid() && nodes_[n.b].requires_grad);
+    if (inference_depth_ > 0) {
+      n.inference = true;
+      n.requires_grad = false;  // no gradient buffer, so backward does no work below it
+    }
     if (!allocate(n, Op::name)) {
       extras_.resize(n.extra == no_node ? extras_.size() : n.extra);
       return rejected();
@@ -329,6 +369,33 @@ class Tape {
   mutable std::size_t zero_size_ = 0;
   std::string error_;
   std::uint64_t serial_ = 0;
+  bool throw_ = false;
+  std::uint32_t inference_depth_ = 0;
+  template <class U>
+  friend class InferenceGuard;
+};
+
+// Inference mode for one scope, like torch::NoGradGuard: ops recorded while a
+// guard is alive compute their values as usual but get no gradient buffer,
+// so they cost no gradient memory and the reverse walk does nothing below
+// them; backward() while a guard is open, or on a loss recorded under one,
+// poisons the tape with a message saying so. Parameters made under a guard
+// are still parameters. Guards nest.
+//
+//   {
+//     grad::InferenceGuard guard(tp);
+//     auto logits = model(x);        // values only
+//   }
+template <class T>
+class InferenceGuard {
+ public:
+  explicit InferenceGuard(Tape<T>& tp) : tp_(&tp) { ++tp_->inference_depth_; }
+  ~InferenceGuard() { --tp_->inference_depth_; }
+  InferenceGuard(const InferenceGuard&) = delete;
+  InferenceGuard& operator=(const InferenceGuard&) = delete;
+
+ private:
+  Tape<T>* tp_;
 };
 
 }  // namespace grad
