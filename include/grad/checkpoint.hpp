@@ -35,6 +35,10 @@
 //            per parameter: u32 rank, u64 dims[rank], T l2
 //            per parameter: values; then (Adam) all first moments, all second moments
 //   trailer  u64 FNV-1a hash of every byte before it
+//
+// The frame (header, checksum trailer), the atomic write and the bounded
+// read are shared with named model files (grad/model_file.hpp: detail::frame,
+// write_atomically, read_framed).
 #pragma once
 
 #include <algorithm>
@@ -152,6 +156,140 @@ inline std::string read_checkpoint_bytes(int fd, std::uint64_t file_size, std::v
   return read_to(frame + payload);
 }
 
+// ---- the file frame shared by checkpoints and model files (model_file.hpp) ----
+//   header   magic[8] u32 version  u32 byte-order marker  u32 dtype  u32 kind  u64 payload bytes
+//   payload  (the caller's)
+//   trailer  u64 FNV-1a hash of every byte before it
+
+inline std::vector<unsigned char> frame(const char (&magic)[8], std::uint32_t version, std::uint32_t dtype,
+                                        std::uint32_t kind, const std::vector<unsigned char>& payload) {
+  ByteWriter file;
+  for (char c : magic) file.put(c);
+  file.put(version);
+  file.put(byte_order_marker);
+  file.put(dtype);
+  file.put(kind);
+  file.put(static_cast<std::uint64_t>(payload.size()));
+  file.bytes.insert(file.bytes.end(), payload.begin(), payload.end());
+  file.put(fnv1a(file.bytes));
+  return std::move(file.bytes);
+}
+
+// Writes `bytes` to `path` atomically: a temporary file of its own
+// ("<path>.tmp.XXXXXX", unique, same directory), fsync, rename over path,
+// fsync of the directory. "" or what failed.
+inline std::string write_atomically(const std::string& path, const std::vector<unsigned char>& bytes,
+                                    const char* noun) {
+  std::string tmp = path + ".tmp.XXXXXX";
+  const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);  // a name no other writer has
+  if (fd < 0) return "cannot create a temporary file '" + tmp + "': " + std::strerror(errno);
+  ::fchmod(fd, 0644);  // mkostemp creates 0600; a checkpoint is as readable as any output file
+  std::size_t written = 0;
+  while (written < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return "writing '" + tmp + "' failed: " + why;
+    }
+    written += static_cast<std::size_t>(n);
+  }
+  // The data must be on disk before the rename makes it the file.
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    return "flushing '" + tmp + "' failed: " + why;
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    return "renaming '" + tmp + "' into place failed: " + why;
+  }
+  // The rename itself is durable only once the directory entry is on disk.
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0 || ::fsync(dfd) != 0) {
+    const std::string why = std::strerror(errno);
+    if (dfd >= 0) ::close(dfd);
+    return "the " + std::string(noun) + " was written, but flushing its directory failed: " + why;
+  }
+  ::close(dfd);
+  return {};
+}
+
+struct Frame {
+  std::uint32_t version = 0, dtype = 0, kind = 0;
+  std::uint64_t payload_bytes = 0;
+};
+
+// Reads and checks a framed file: regular files only (a directory, FIFO or
+// device is refused by name, before any read), no more bytes than the header
+// promises and the file holds, then magic, version, byte order, size and
+// checksum. On success `bytes` holds the whole file and `f` its header
+// (the payload starts at checkpoint_header_bytes). "" or what failed;
+// `noun` names the kind of file in messages ("checkpoint", "model file").
+inline std::string read_framed(const std::string& path, const char (&magic)[8], std::uint32_t version_expected,
+                               const char* noun, std::vector<unsigned char>& bytes, Frame& f) {
+  const std::string a_noun = std::string(noun);
+  std::uint64_t file_size = 0;
+  {
+    // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return std::string("cannot open: ") + std::strerror(errno);
+    struct stat st {};
+    const bool stat_ok = ::fstat(fd, &st) == 0;
+    if (!stat_ok || !S_ISREG(st.st_mode)) {
+      const std::string why = !stat_ok              ? std::string("cannot stat: ") + std::strerror(errno)
+                              : S_ISDIR(st.st_mode) ? "is a directory, not a " + a_noun + " file"
+                              : S_ISFIFO(st.st_mode)
+                                  ? "is a FIFO, not a " + a_noun + " file (regular files only)"
+                                  : "is a device or socket, not a " + a_noun + " file (regular files only)";
+      ::close(fd);
+      return why;
+    }
+    file_size = static_cast<std::uint64_t>(st.st_size);
+    // The header first; then exactly what it promises, never more than the file holds.
+    const std::string error = read_checkpoint_bytes(fd, file_size, bytes);
+    ::close(fd);
+    if (!error.empty()) return error;
+  }
+  if (bytes.size() < checkpoint_header_bytes)
+    return "truncated: " + std::to_string(bytes.size()) + " bytes, shorter than the " +
+           std::to_string(checkpoint_header_bytes) + "-byte header";
+  if (std::memcmp(bytes.data(), magic, 8) != 0) return "not a grad " + a_noun + " (bad magic bytes)";
+  ByteReader header{bytes};
+  header.at = 8;
+  f.version = header.get<std::uint32_t>();
+  const auto order = header.get<std::uint32_t>();
+  f.dtype = header.get<std::uint32_t>();
+  f.kind = header.get<std::uint32_t>();
+  f.payload_bytes = header.get<std::uint64_t>();
+  if (f.version != version_expected)
+    return "unsupported format version " + std::to_string(f.version) + "; this build reads version " +
+           std::to_string(version_expected);
+  if (order != byte_order_marker) return "written on a machine with a different byte order";
+  // Compared without adding to payload_bytes, which may be anything up to 2^64 - 1.
+  constexpr std::uint64_t frame_bytes = checkpoint_header_bytes + sizeof(std::uint64_t);
+  if (file_size < frame_bytes || f.payload_bytes > file_size - frame_bytes)
+    return "truncated: " + std::to_string(file_size) + " bytes, the header promises " +
+           (f.payload_bytes <= UINT64_MAX - frame_bytes
+                ? std::to_string(frame_bytes + f.payload_bytes)
+                : "more than 2^64 (a payload of " + std::to_string(f.payload_bytes) + " bytes)");
+  const std::uint64_t expected = frame_bytes + f.payload_bytes;
+  if (file_size > expected)
+    return "corrupted: " + std::to_string(file_size - expected) + " unexpected bytes after the checksum";
+  if (bytes.size() != expected)
+    return "read " + std::to_string(bytes.size()) + " of " + std::to_string(expected) +
+           " bytes: the file changed while it was read";
+  std::uint64_t stored_hash;
+  std::memcpy(&stored_hash, bytes.data() + expected - sizeof(std::uint64_t), sizeof stored_hash);
+  if (fnv1a(std::span(bytes).first(expected - sizeof(std::uint64_t))) != stored_hash)
+    return "checksum mismatch: the file is corrupted";
+  return {};
+}
+
 // What is wrong with a checkpoint's optimizer settings ("" if nothing), by
 // the same ranges the optimizers' constructors enforce (invalid_setting).
 template <class Access, class Settings>
@@ -236,52 +374,10 @@ CheckpointResult save_checkpoint(const std::string& path, const Tape<T>& tp, con
     payload.put_all(opt.second_moments());
   }
 
-  detail::ByteWriter file;
-  for (char c : detail::checkpoint_magic) file.put(c);
-  file.put(checkpoint_version);
-  file.put(detail::byte_order_marker);
-  file.put(detail::dtype_code<T>);
-  file.put(static_cast<std::uint32_t>(OptT<T>::kind));
-  file.put(static_cast<std::uint64_t>(payload.bytes.size()));
-  file.bytes.insert(file.bytes.end(), payload.bytes.begin(), payload.bytes.end());
-  file.put(detail::fnv1a(file.bytes));
-
-  std::string tmp = path + ".tmp.XXXXXX";
-  const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);  // a name no other writer has
-  if (fd < 0) return failed("cannot create a temporary file '" + tmp + "': " + std::strerror(errno));
-  ::fchmod(fd, 0644);  // mkostemp creates 0600; a checkpoint is as readable as any output file
-  std::size_t written = 0;
-  while (written < file.bytes.size()) {
-    const ssize_t n = ::write(fd, file.bytes.data() + written, file.bytes.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return failed("writing '" + tmp + "' failed: " + why);
-    }
-    written += static_cast<std::size_t>(n);
-  }
-  // The data must be on disk before the rename makes it the checkpoint.
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    return failed("flushing '" + tmp + "' failed: " + why);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    return failed("renaming '" + tmp + "' into place failed: " + why);
-  }
-  // The rename itself is durable only once the directory entry is on disk.
-  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0 || ::fsync(dfd) != 0) {
-    const std::string why = std::strerror(errno);
-    if (dfd >= 0) ::close(dfd);
-    return failed("the checkpoint was written, but flushing its directory failed: " + why);
-  }
-  ::close(dfd);
+  const std::vector<unsigned char> file =
+      detail::frame(detail::checkpoint_magic, checkpoint_version, detail::dtype_code<T>,
+                    static_cast<std::uint32_t>(OptT<T>::kind), payload.bytes);
+  if (std::string why = detail::write_atomically(path, file, "checkpoint"); !why.empty()) return failed(why);
   return {};
 }
 
@@ -292,63 +388,12 @@ CheckpointResult load_checkpoint(const std::string& path, Tape<T>& tp, OptT<T>& 
   if (!tp.ok()) return failed("the tape is poisoned (" + tp.error() + "); refusing to load");
 
   std::vector<unsigned char> bytes;
-  std::uint64_t file_size = 0;
-  {
-    // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return failed(std::string("cannot open: ") + std::strerror(errno));
-    struct stat st {};
-    const bool stat_ok = ::fstat(fd, &st) == 0;
-    if (!stat_ok || !S_ISREG(st.st_mode)) {
-      const std::string why = !stat_ok              ? std::string("cannot stat: ") + std::strerror(errno)
-                              : S_ISDIR(st.st_mode) ? "is a directory, not a checkpoint file"
-                              : S_ISFIFO(st.st_mode)
-                                  ? "is a FIFO, not a checkpoint file (regular files only)"
-                                  : "is a device or socket, not a checkpoint file (regular files only)";
-      ::close(fd);
-      return failed(why);
-    }
-    file_size = static_cast<std::uint64_t>(st.st_size);
-    // The header first; then exactly what it promises, never more than the file holds.
-    const std::string error = detail::read_checkpoint_bytes(fd, file_size, bytes);
-    ::close(fd);
-    if (!error.empty()) return failed(error);
-  }
-
-  // ---- the frame: magic, version, size, checksum ----
-  if (bytes.size() < detail::checkpoint_header_bytes)
-    return failed("truncated: " + std::to_string(bytes.size()) + " bytes, shorter than the " +
-                  std::to_string(detail::checkpoint_header_bytes) + "-byte header");
-  if (std::memcmp(bytes.data(), detail::checkpoint_magic, 8) != 0)
-    return failed("not a grad checkpoint (bad magic bytes)");
-  detail::ByteReader header{bytes};
-  header.at = 8;
-  const auto version = header.get<std::uint32_t>();
-  const auto order = header.get<std::uint32_t>();
-  const auto dtype = header.get<std::uint32_t>();
-  const auto kind = header.get<std::uint32_t>();
-  const auto payload_bytes = header.get<std::uint64_t>();
-  if (version != checkpoint_version)
-    return failed("unsupported format version " + std::to_string(version) + "; this build reads version " +
-                  std::to_string(checkpoint_version));
-  if (order != detail::byte_order_marker) return failed("written on a machine with a different byte order");
-  // Compared without adding to payload_bytes, which may be anything up to 2^64 - 1.
-  constexpr std::uint64_t frame = detail::checkpoint_header_bytes + sizeof(std::uint64_t);
-  if (file_size < frame || payload_bytes > file_size - frame)
-    return failed("truncated: " + std::to_string(file_size) + " bytes, the header promises " +
-                  (payload_bytes <= UINT64_MAX - frame
-                       ? std::to_string(frame + payload_bytes)
-                       : "more than 2^64 (a payload of " + std::to_string(payload_bytes) + " bytes)"));
-  const std::uint64_t expected = frame + payload_bytes;
-  if (file_size > expected)
-    return failed("corrupted: " + std::to_string(file_size - expected) + " unexpected bytes after the checksum");
-  if (bytes.size() != expected)
-    return failed("read " + std::to_string(bytes.size()) + " of " + std::to_string(expected) +
-                  " bytes: the file changed while it was read");
-  std::uint64_t stored_hash;
-  std::memcpy(&stored_hash, bytes.data() + expected - sizeof(std::uint64_t), sizeof stored_hash);
-  if (detail::fnv1a(std::span(bytes).first(expected - sizeof(std::uint64_t))) != stored_hash)
-    return failed("checksum mismatch: the file is corrupted");
+  detail::Frame f;
+  if (std::string why = detail::read_framed(path, detail::checkpoint_magic, checkpoint_version, "checkpoint", bytes, f);
+      !why.empty())
+    return failed(why);
+  const std::uint32_t dtype = f.dtype, kind = f.kind;
+  const std::uint64_t payload_bytes = f.payload_bytes;
 
   // ---- what it holds versus what we have ----
   if (dtype != detail::dtype_code<T>)

@@ -1,0 +1,338 @@
+// Modules: thin owners of parameters. A module creates its parameters on a
+// tape when it is constructed (with PyTorch's default initialisers, from
+// grad's seeded generator) and, when called, records ordinary ops through the
+// grad::nn builders: nothing hides the tape, and what a module records is
+// what a hand-written program would record.
+//
+//   grad::SplitMix64 gen(seed);
+//   grad::nn::Sequential<double> model(tp);
+//   model.add(grad::nn::Linear<double>(tp, 64, 128, gen)).add(grad::nn::relu_layer<double>)
+//        .add(grad::nn::Linear<double>(tp, 128, 10, gen));
+//   for (const auto& p : model.parameters()) std::cout << p.name << "\n";   // "0.weight", "0.bias", "2.weight", ...
+//   grad::nn::add_parameters(opt, model, {.weights = 1e-4, .others = 0});  // L2 on weights only
+//   auto logits = model(x);
+//
+// Conventions (those of grad::nn): a Linear weight is [in, out] (PyTorch
+// stores its transpose, [out, in]); a bias or norm weight is [out].
+//
+// Initialisers (nn::init), all drawing from grad::SplitMix64, so the same
+// seed gives the same weights on every platform:
+//   kaiming_uniform  U(-b, b), b = 1 / sqrt(fan_in): torch.nn.Linear's default
+//                    for weights (kaiming_uniform_ with a = sqrt(5), whose gain
+//                    sqrt(2 / 6) times sqrt(3 / fan_in) is 1 / sqrt(fan_in))
+//   bias_uniform     U(-1 / sqrt(fan_in), 1 / sqrt(fan_in)): torch.nn.Linear's bias
+//   xavier_uniform   U(-b, b), b = gain * sqrt(6 / (fan_in + fan_out))
+//   xavier_normal    N(0, gain^2 * 2 / (fan_in + fan_out))
+//   normal           N(mean, std^2) (Box-Muller on SplitMix64)
+//   uniform          U(lo, hi)
+//   zeros, ones      constants (norm weights are ones, their biases zeros)
+// Values are drawn in row-major order of the [in, out] tensor, in double,
+// then rounded to T.
+//
+// Names: a module's parameters are named as PyTorch names them in a
+// state_dict: "weight", "bias"; a child registered as "encoder" prefixes
+// "encoder."; Sequential names its layers by position ("0.", "1.", ...,
+// activations included, as torch.nn.Sequential counts them). Save and load
+// them by name with grad/model_file.hpp.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "grad/nn.hpp"
+#include "grad/opt.hpp"
+#include "grad/random.hpp"
+
+namespace grad::nn {
+
+namespace init {
+
+template <class T>
+void uniform(Tensor<T>& t, double lo, double hi, SplitMix64& gen) {
+  if (!(lo <= hi)) throw std::invalid_argument("nn::init::uniform: expected lo <= hi");
+  for (T& v : t.data()) v = static_cast<T>(gen.uniform(lo, hi));
+}
+template <class T>
+void normal(Tensor<T>& t, double mean, double std, SplitMix64& gen) {
+  if (!(std >= 0) || !std::isfinite(std))
+    throw std::invalid_argument("nn::init::normal: std " + std::to_string(std) + " must be finite and >= 0");
+  for (T& v : t.data()) v = static_cast<T>(mean + std * gen.normal());
+}
+template <class T>
+void zeros(Tensor<T>& t) {
+  for (T& v : t.data()) v = T(0);
+}
+template <class T>
+void ones(Tensor<T>& t) {
+  for (T& v : t.data()) v = T(1);
+}
+inline double checked_fan(std::string_view who, std::size_t fan) {
+  if (fan == 0) throw std::invalid_argument("nn::init::" + std::string(who) + ": fan_in must be > 0");
+  return static_cast<double>(fan);
+}
+// torch.nn.Linear's weight default (kaiming_uniform_, a = sqrt(5)).
+template <class T>
+void kaiming_uniform(Tensor<T>& t, std::size_t fan_in, SplitMix64& gen) {
+  const double b = 1.0 / std::sqrt(checked_fan("kaiming_uniform", fan_in));
+  uniform(t, -b, b, gen);
+}
+// torch.nn.Linear's bias default.
+template <class T>
+void bias_uniform(Tensor<T>& t, std::size_t fan_in, SplitMix64& gen) {
+  const double b = 1.0 / std::sqrt(checked_fan("bias_uniform", fan_in));
+  uniform(t, -b, b, gen);
+}
+template <class T>
+void xavier_uniform(Tensor<T>& t, std::size_t fan_in, std::size_t fan_out, SplitMix64& gen, double gain = 1.0) {
+  const double b = gain * std::sqrt(6.0 / checked_fan("xavier_uniform", fan_in + fan_out));
+  uniform(t, -b, b, gen);
+}
+template <class T>
+void xavier_normal(Tensor<T>& t, std::size_t fan_in, std::size_t fan_out, SplitMix64& gen, double gain = 1.0) {
+  normal(t, 0.0, gain * std::sqrt(2.0 / checked_fan("xavier_normal", fan_in + fan_out)), gen);
+}
+
+}  // namespace init
+
+// What a parameter is for: optimizers commonly decay weights but not biases
+// or norm gains (add_parameters' Decay).
+enum class ParamKind { weight, bias, norm };
+
+template <class T>
+struct NamedParameter {
+  std::string name;
+  Var<T> var;
+  ParamKind kind = ParamKind::weight;
+};
+
+// The base of every module: a tape and a list of named parameters (a
+// child's are copied in, prefixed, when it is registered: Vars are handles,
+// so a module may be moved freely).
+template <class T>
+class Module {
+ public:
+  explicit Module(Tape<T>& tp) : tape_(&tp) {}
+  virtual ~Module() = default;
+  Module(const Module&) = default;
+  Module(Module&&) noexcept = default;
+  Module& operator=(const Module&) = default;
+  Module& operator=(Module&&) noexcept = default;
+
+  Tape<T>& tape() const { return *tape_; }
+  const std::vector<NamedParameter<T>>& parameters() const { return params_; }
+  // The parameter called `name`; a default (invalid) Var when there is none.
+  Var<T> parameter(std::string_view name) const {
+    for (const auto& p : params_)
+      if (p.name == name) return p.var;
+    return {};
+  }
+  // Elements over all parameters.
+  std::size_t parameter_count() const {
+    std::size_t n = 0;
+    for (const auto& p : params_) n += tape_->value(p.var).size();
+    return n;
+  }
+
+ protected:
+  // Records `init` as a parameter of this module (tp.param) under `name`.
+  Var<T> register_parameter(std::string name, const Tensor<T>& init, ParamKind kind) {
+    check_name(name);
+    Var<T> v = tape_->param(init);
+    params_.push_back({std::move(name), v, kind});
+    return v;
+  }
+  // Adds a child's parameters as "<name>.<its name>". Register a child once
+  // its own parameters exist (after its constructor).
+  void register_module(const std::string& name, const Module& child) {
+    if (child.tape_ != tape_)
+      throw std::invalid_argument("nn::Module: child '" + name + "' records on a different tape");
+    for (const auto& p : child.params_) {
+      std::string full = name + "." + p.name;
+      check_name(full);
+      params_.push_back({std::move(full), p.var, p.kind});
+    }
+  }
+
+ private:
+  void check_name(const std::string& name) const {
+    if (name.empty() || name.front() == '.' || name.back() == '.')
+      throw std::invalid_argument("nn::Module: parameter name '" + name + "' is empty or starts/ends with '.'");
+    for (const auto& p : params_)
+      if (p.name == name) throw std::invalid_argument("nn::Module: parameter name '" + name + "' is used twice");
+  }
+
+  Tape<T>* tape_;
+  std::vector<NamedParameter<T>> params_;
+};
+
+// y = x . weight + bias, weight [in, out], bias [out]; PyTorch's default
+// initialisation (weight kaiming_uniform, bias bias_uniform, both bound
+// 1/sqrt(in)), weight drawn first, then bias.
+template <class T>
+class Linear : public Module<T> {
+ public:
+  Linear(Tape<T>& tp, std::size_t in, std::size_t out, SplitMix64& gen, bool bias = true) : Module<T>(tp) {
+    if (in == 0 || out == 0)
+      throw std::invalid_argument("nn::Linear: in and out must be > 0, got " + std::to_string(in) + " and " +
+                                  std::to_string(out));
+    Tensor<T> w({in, out});
+    init::kaiming_uniform(w, in, gen);
+    weight = this->register_parameter("weight", w, ParamKind::weight);
+    if (bias) {
+      Tensor<T> b({out});
+      init::bias_uniform(b, in, gen);
+      this->bias = this->register_parameter("bias", b, ParamKind::bias);
+    }
+  }
+  // A given initial weight (and bias, when not empty); shapes [in, out], [out].
+  Linear(Tape<T>& tp, const Tensor<T>& w, const Tensor<T>& b = {}) : Module<T>(tp) {
+    if (w.rank() != 2 || (b.size() != 0 && (b.rank() != 1 || b.shape()[0] != w.shape()[1])))
+      throw std::invalid_argument("nn::Linear: weight " + shape_string(w.shape()) + " and bias " +
+                                  shape_string(b.shape()) + ": expected [in, out] and [out]");
+    weight = this->register_parameter("weight", w, ParamKind::weight);
+    if (b.size() != 0) bias = this->register_parameter("bias", b, ParamKind::bias);
+  }
+  Var<T> operator()(Var<T> x) const { return bias.valid() ? linear_bias(x, weight, bias) : linear(x, weight); }
+
+  Var<T> weight, bias;  // bias is invalid (default) when built without one
+};
+
+// torch.nn.LayerNorm over the last axis of [rows, cols]: weight ones, bias zeros.
+template <class T>
+class LayerNorm : public Module<T> {
+ public:
+  LayerNorm(Tape<T>& tp, std::size_t cols, T eps = T(1e-5)) : Module<T>(tp), eps(eps) {
+    Tensor<T> w({cols}), b({cols});
+    init::ones(w);
+    weight = this->register_parameter("weight", w, ParamKind::norm);
+    bias = this->register_parameter("bias", b, ParamKind::bias);
+  }
+  Var<T> operator()(Var<T> x) const { return layernorm(x, weight, bias, eps); }
+  Var<T> weight, bias;
+  T eps;
+};
+
+// RMSNorm (Qwen2/LLaMA): weight ones.
+template <class T>
+class RMSNorm : public Module<T> {
+ public:
+  RMSNorm(Tape<T>& tp, std::size_t cols, T eps = T(1e-6)) : Module<T>(tp), eps(eps) {
+    Tensor<T> w({cols});
+    init::ones(w);
+    weight = this->register_parameter("weight", w, ParamKind::norm);
+  }
+  Var<T> operator()(Var<T> x) const { return rmsnorm(x, weight, eps); }
+  Var<T> weight;
+  T eps;
+};
+
+// LoRA adapters over a frozen weight (PEFT's form and initialisation):
+// y = x . w0 + (alpha / r) * (x . A) . B, A [in, r] kaiming_uniform, B [r, out]
+// zeros, so the layer starts as exactly x . w0. w0 is a constant (frozen): it
+// is not in parameters(); only lora_A and lora_B are.
+template <class T>
+class LoRALinear : public Module<T> {
+ public:
+  LoRALinear(Tape<T>& tp, const Tensor<T>& w0, std::size_t rank, T alpha, SplitMix64& gen)
+      : Module<T>(tp), scale(alpha / static_cast<T>(rank == 0 ? 1 : rank)) {
+    if (w0.rank() != 2 || rank == 0)
+      throw std::invalid_argument("nn::LoRALinear: w0 " + shape_string(w0.shape()) + ", rank " + std::to_string(rank) +
+                                  ": expected w0 [in, out] and rank > 0");
+    frozen = tp.constant(w0);
+    Tensor<T> a({w0.shape()[0], rank}), b({rank, w0.shape()[1]});
+    init::kaiming_uniform(a, w0.shape()[0], gen);
+    A = this->register_parameter("lora_A", a, ParamKind::weight);
+    B = this->register_parameter("lora_B", b, ParamKind::weight);
+  }
+  Var<T> operator()(Var<T> x) const { return lora_linear(x, frozen, A, B, scale); }
+  Var<T> frozen, A, B;
+  T scale;
+};
+
+// Activations usable as Sequential layers (they own nothing).
+template <class T>
+Var<T> relu_layer(Var<T> x) {
+  return grad::relu(x);
+}
+template <class T>
+Var<T> tanh_layer(Var<T> x) {
+  return grad::tanh(x);
+}
+template <class T>
+Var<T> sigmoid_layer(Var<T> x) {
+  return grad::sigmoid(x);
+}
+
+// Layers applied in order, named by position as torch.nn.Sequential names
+// them ("0.weight", "2.bias": activations take a position too). A module is
+// moved in and kept; a plain function (an activation) is kept as is.
+template <class T>
+class Sequential : public Module<T> {
+ public:
+  explicit Sequential(Tape<T>& tp) : Module<T>(tp) {}
+
+  template <class Layer>
+  Sequential& add(Layer&& layer) {
+    using L = std::remove_cvref_t<Layer>;
+    const std::string name = std::to_string(layers_.size());
+    if constexpr (std::is_base_of_v<Module<T>, L>) {
+      auto kept = std::make_shared<L>(std::forward<Layer>(layer));
+      this->register_module(name, *kept);
+      layers_.push_back([kept](Var<T> x) { return (*kept)(x); });
+    } else {
+      layers_.push_back(std::function<Var<T>(Var<T>)>(std::forward<Layer>(layer)));
+    }
+    return *this;
+  }
+  Var<T> operator()(Var<T> x) const {
+    for (const auto& f : layers_) {
+      if (!x.valid()) break;  // the tape is poisoned: later layers would only say so again
+      x = f(x);
+    }
+    return x;
+  }
+  std::size_t size() const { return layers_.size(); }
+
+ private:
+  std::vector<std::function<Var<T>(Var<T>)>> layers_;
+};
+
+// A multilayer perceptron widths[0] -> ... -> widths.back(): Linear layers
+// with `activation` between them (none after the last), as a Sequential.
+template <class T>
+Sequential<T> mlp(Tape<T>& tp, std::initializer_list<std::size_t> widths, SplitMix64& gen,
+                  Var<T> (*activation)(Var<T>) = relu_layer<T>) {
+  if (widths.size() < 2) throw std::invalid_argument("nn::mlp: expected at least two widths (in and out)");
+  Sequential<T> s(tp);
+  const std::size_t* w = widths.begin();
+  for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
+    if (i > 0) s.add(activation);
+    s.add(Linear<T>(tp, w[i], w[i + 1], gen));
+  }
+  return s;
+}
+
+// L2 coefficients by parameter kind for add_parameters.
+struct Decay {
+  double weights = 0;  // ParamKind::weight
+  double others = 0;   // biases and norm gains (the usual practice: no decay)
+};
+
+// Adds every parameter of `model` to `opt` in parameters() order, weights
+// with decay.weights and the rest with decay.others. False (the tape
+// poisoned, saying which parameter) as soon as one add fails.
+template <class Opt, class T>
+bool add_parameters(Opt& opt, const Module<T>& model, Decay decay = {}) {
+  for (const auto& p : model.parameters())
+    if (!opt.add(p.var, static_cast<T>(p.kind == ParamKind::weight ? decay.weights : decay.others))) return false;
+  return true;
+}
+
+}  // namespace grad::nn
