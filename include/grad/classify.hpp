@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <span>
 #include <string>
 #include <vector>
@@ -142,6 +143,26 @@ std::vector<std::size_t> confusion_matrix(const std::vector<A>& predicted, const
     ++m[static_cast<std::size_t>(labels[i]) * classes + static_cast<std::size_t>(predicted[i])];
   }
   return m;
+}
+
+// The matrix as text: a header of predicted classes, one row per true class.
+inline std::string confusion_string(const std::vector<std::size_t>& m, std::size_t classes) {
+  std::string s;
+  char cell[32];
+  s += "true\\predicted";
+  for (std::size_t c = 0; c < classes; ++c) {
+    std::snprintf(cell, sizeof cell, "%5zu", c);
+    s += cell;
+  }
+  for (std::size_t t = 0; t < classes && t * classes + classes <= m.size(); ++t) {
+    std::snprintf(cell, sizeof cell, "\n%15zu", t);
+    s += cell;
+    for (std::size_t c = 0; c < classes; ++c) {
+      std::snprintf(cell, sizeof cell, "%5zu", m[t * classes + c]);
+      s += cell;
+    }
+  }
+  return s + "\n";
 }
 
 }  // namespace grad

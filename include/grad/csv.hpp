@@ -138,6 +138,26 @@ LabeledData<T> split_labels(const Tensor<T>& table, int label_column = -1) {
   return d;
 }
 
+// The rows r of `d` for which keep(r) is true, in order (a train/test split:
+// keep = [](std::size_t r) { return r % 5 != 0; }).
+template <class T, class Keep>
+LabeledData<T> select_rows(const LabeledData<T>& d, Keep keep) {
+  const std::size_t rows = d.labels.size(), cols = rows ? d.inputs.size() / rows : 0;
+  std::vector<T> values;
+  LabeledData<T> out;
+  for (std::size_t r = 0; r < rows; ++r)
+    if (keep(r)) {
+      values.insert(values.end(), d.inputs.data().begin() + static_cast<std::ptrdiff_t>(r * cols),
+                    d.inputs.data().begin() + static_cast<std::ptrdiff_t>((r + 1) * cols));
+      out.labels.push_back(d.labels[r]);
+    }
+  if (out.labels.empty()) throw std::invalid_argument("select_rows: no row was selected");
+  Shape shape = d.inputs.shape();
+  shape[0] = out.labels.size();
+  out.inputs = Tensor<T>(std::move(shape), std::move(values));
+  return out;
+}
+
 template <class T>
 LabeledData<T> read_labeled_csv(const std::string& path, int label_column = -1) {
   return split_labels(read_csv<T>(path), label_column);

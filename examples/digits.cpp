@@ -1,0 +1,96 @@
+// A 64-128-64-10 relu classifier on scikit-learn's handwritten digits
+// (1,797 8x8 images, 10 classes), written with grad's everyday API.
+//
+//   digits [--data FILE] [--epochs 30] [--batch 64] [--lr 1e-3] [--seed 1] [--save FILE] [--svg FILE]
+//
+// The data: Debian's python3-sklearn ships it (apt-get install python3-sklearn);
+// --data defaults to its path. Any CSV with 64 pixel columns (0..16) and the
+// class id last works. Split: every 5th row (row % 5 == 0) is the test set,
+// the rest trains; bench/peer_torch_digits.py trains the same model on the
+// same split in PyTorch.
+#include <chrono>
+#include <cstdio>
+#include <grad/core.hpp>
+#include <grad/csv.hpp>
+#include <grad/data.hpp>
+#include <grad/model_file.hpp>
+#include <grad/modules.hpp>
+#include <map>
+#include <string>
+
+#include "report.hpp"
+
+int main(int argc, char** argv) {
+  std::map<std::string, std::string> o = {
+      {"--data", "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz"},
+      {"--epochs", "30"},
+      {"--batch", "64"},
+      {"--lr", "1e-3"},
+      {"--seed", "1"},
+      {"--save", ""},
+      {"--svg", "digits.svg"}};
+  for (int i = 1; i < argc; i += 2)
+    if (!o.count(argv[i]) || i + 1 == argc)
+      return std::fprintf(stderr, "digits: bad option %s\n", argv[i]), 2;
+    else
+      o[argv[i]] = argv[i + 1];
+  const int epochs = std::stoi(o["--epochs"]);
+  const std::uint64_t seed = std::stoull(o["--seed"]);
+  grad::LabeledData<float> all;
+  try {
+    all = grad::read_labeled_csv<float>(o["--data"]);
+  } catch (const std::exception& e) {
+    return std::fprintf(stderr, "digits: %s\n  (apt-get install python3-sklearn, or pass --data FILE)\n", e.what()), 1;
+  }
+  for (float& v : all.inputs.data()) v /= 16.0f;  // pixels 0..16 -> 0..1
+  const auto train = grad::select_rows(all, [](std::size_t r) { return r % 5 != 0; });
+  const auto test = grad::select_rows(all, [](std::size_t r) { return r % 5 == 0; });
+  const std::size_t cols = all.inputs.shape()[1];
+
+  grad::Tape<float> tp;
+  grad::SplitMix64 gen(seed);
+  auto model = grad::nn::mlp<float>(tp, {cols, 128, 64, 10}, gen);
+  grad::Adam<float> opt(std::stof(o["--lr"]));
+  grad::nn::add_parameters(opt, model);
+  grad::Batches<float> batches(train.inputs, train.labels, {.batch = std::stoul(o["--batch"]), .seed = seed});
+  std::printf("digits: %zu train / %zu test rows, %zu-128-64-10 relu, Adam lr %s, batch %zu, seed %llu\n",
+              train.labels.size(), test.labels.size(), cols, o["--lr"].c_str(), batches.batch_size(),
+              static_cast<unsigned long long>(seed));
+
+  const auto mark = tp.mark();
+  report::Progress bar(epochs);
+  report::Series test_acc{"test accuracy", "#ff7f0e", {}, {}}, train_acc{"train accuracy", "#1f77b4", {}, {}};
+  double seconds = 0;  // training only, evaluation excluded
+  for (int epoch = 1; epoch <= epochs; ++epoch) {
+    grad::EpochMean loss;
+    const auto start = std::chrono::steady_clock::now();
+    bar.resume();
+    for (const auto& b : batches.epoch()) {
+      tp.reset_to(mark);
+      const auto l = grad::cross_entropy(model(tp.constant(b.inputs)), b.labels);
+      if (!tp.backward(l) || !opt.step()) return std::fprintf(stderr, "digits: %s\n", tp.error().c_str()), 1;
+      loss.add(tp.scalar(l), b.rows);
+      bar.step(epoch, tp.scalar(l));
+    }
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double tr = grad::accuracy(grad::predict(tp, model, train.inputs), train.labels);
+    const double te = grad::accuracy(grad::predict(tp, model, test.inputs), test.labels);
+    train_acc.x.push_back(epoch), train_acc.y.push_back(100 * tr), test_acc.x.push_back(epoch);
+    test_acc.y.push_back(100 * te);
+    char line[96];
+    std::snprintf(line, sizeof line, "loss %.4f  train %.2f%%  test %.2f%%", loss.value(), 100 * tr, 100 * te);
+    bar.epoch_done(epoch, line);
+  }
+
+  const auto predicted = grad::predict(tp, model, test.inputs);
+  std::printf("test accuracy %.2f%% after %d epochs, %.3f s training\n%s", 100 * grad::accuracy(predicted, test.labels),
+              epochs, seconds, grad::confusion_string(grad::confusion_matrix(predicted, test.labels, 10), 10).c_str());
+  if (const std::string save = o["--save"]; !save.empty()) {
+    if (auto r = grad::save_model(save, model); !r) return std::fprintf(stderr, "digits: %s\n", r.error.c_str()), 1;
+    std::printf("model: %s\n", save.c_str());
+  }
+  const report::Plot plot{"grad digits classifier", "epoch", "accuracy (%)", false, {train_acc, test_acc}, {}};
+  if (const std::string svg = o["--svg"]; !svg.empty() && report::write_svg(svg, plot))
+    std::printf("plot: %s\n", svg.c_str());
+  return 0;
+}
