@@ -158,7 +158,8 @@ run_device() {
   table "GPU: $gpu ($driver), arch $arch, total $(($(now) - t0)) s"
   if grep -q '_median' "$logs/bench_device.log"; then
     echo "one training step, median (autoencoder batch 200 / MLP 32-256-256-32 batch 256, Adam, clip):"
-    grep -E '_median' "$logs/bench_device.log" | awk '{ printf "  %-40s %10s %s %s\n", $1, $2, $3, $NF }'
+    grep -E '_median' "$logs/bench_device.log" |
+      awk '{ c = ($NF ~ /=/) ? $NF : ""; printf "  %-40s %10s %s %s\n", $1, $2, $3, c }'
     local tape fused
     tape=$(awk '/^BM_tape_step\/200_median/ { print $2 }' "$logs/bench_device.log")
     for mode in per_node graph fused; do
