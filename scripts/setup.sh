@@ -2,9 +2,12 @@
 # Installs what grad needs from Debian 12's repositories, skipping what is there.
 # Run as root (or through sudo). python3-torch is optional: it enables the live
 # PyTorch oracle comparisons (the checked-in golden data is always compared).
+# python3-sklearn is optional too: it ships the data set examples/digits reads
+# (GRAD_WITH_SKLEARN=0 skips it).
 set -eu
 want="meson ninja-build pkg-config cmake g++ doctest-dev libboost-dev libbenchmark-dev"
 [ "${GRAD_WITH_TORCH:-1}" = 1 ] && want="$want python3-torch"
+[ "${GRAD_WITH_SKLEARN:-1}" = 1 ] && want="$want python3-sklearn"
 missing=""
 for p in $want; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
