@@ -22,7 +22,8 @@ namespace report {
 // includes the first pass's allocations.
 class Progress {
  public:
-  explicit Progress(int epochs) : epochs_(epochs) {}
+  // A permanent line every `every` epochs (and for the first and the last).
+  explicit Progress(int epochs, int every = 1) : epochs_(epochs), every_(every < 1 ? 1 : every) {}
 
   // After every step: its loss (drawn on the live line only).
   void step(int epoch, double loss) {
@@ -43,6 +44,7 @@ class Progress {
   }
   // A permanent line for a finished epoch: "epoch k/N <text> <rate> steps/s".
   void epoch_done(int epoch, const std::string& text) {
+    if (epoch != 1 && epoch != epochs_ && epoch % every_ != 0) return;
     std::printf("%sepoch %3d/%d %s  %.0f steps/s\n", tty_ ? "\r\033[K" : "", epoch, epochs_, text.c_str(), rate());
     std::fflush(stdout);
   }
@@ -54,7 +56,7 @@ class Progress {
  private:
   using clock = std::chrono::steady_clock;
   bool tty_ = isatty(fileno(stdout)) == 1;
-  int epochs_;
+  int epochs_, every_;
   double steps_ = 0, seconds_ = 0;
   clock::time_point last_ = clock::now(), drawn_ = clock::now();
 };
