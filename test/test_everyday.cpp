@@ -298,3 +298,28 @@ TEST_CASE("read_csv / split_labels: numbers, a header line, bad fields named") {
   std::remove(path.c_str());
   CHECK_THROWS_AS(grad::read_csv<double>("/nonexistent/digits.csv.gz"), std::runtime_error);
 }
+
+TEST_CASE("select_rows splits a labelled set; confusion_string lays the matrix out") {
+  grad::LabeledData<double> d{Tensor<double>({4, 2}, {0, 1, 2, 3, 4, 5, 6, 7}), {0, 1, 2, 3}};
+  const auto odd = grad::select_rows(d, [](std::size_t r) { return r % 2 == 1; });
+  CHECK(odd.inputs.shape() == grad::Shape{2, 2});
+  CHECK(odd.inputs[2] == 6.0);
+  CHECK(odd.labels == std::vector<std::int32_t>{1, 3});
+  CHECK_THROWS_WITH_AS(grad::select_rows(d, [](std::size_t) { return false; }), "select_rows: no row was selected",
+                       std::invalid_argument);
+  CHECK(grad::confusion_string({3, 1, 0, 12}, 2) == "true\\predicted    0    1\n              0    3    1\n"
+                                                    "              1    0   12\n");
+}
+
+TEST_CASE("predict refuses a poisoned tape and a model whose output is not [rows, classes]") {
+  Data d(4);
+  grad::Tape<double> tp;
+  (void)grad::matmul(tp.param(Tensor<double>({2})), tp.param(Tensor<double>({2})));
+  auto identity = [](grad::Var<double> x) { return x; };
+  CHECK_THROWS_WITH_AS(grad::predict(tp, identity, d.x),
+                       "predict: the tape is poisoned: grad: matmul: expected [m, k] x [k, n], got [2] x [2]",
+                       grad::TapeError);
+  grad::Tape<double> t2;
+  auto flat = [](grad::Var<double> x) { return grad::reshape(x, {8}); };
+  CHECK_THROWS_AS(grad::predict(t2, flat, d.x, 4), std::invalid_argument);
+}

@@ -13,11 +13,14 @@
 // after a mark makes no heap allocation after its first pass.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <span>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "grad/ops.hpp"

@@ -28,6 +28,7 @@
 // the same shape instead.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <numeric>

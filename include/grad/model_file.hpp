@@ -24,6 +24,7 @@
 //   trailer  u64 FNV-1a hash of every byte before it
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 #include <span>
 #include <string>

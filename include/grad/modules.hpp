@@ -36,6 +36,7 @@
 // them by name with grad/model_file.hpp.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <functional>

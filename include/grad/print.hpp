@@ -11,6 +11,7 @@
 // invalid or dropped Var reads as empty).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>

@@ -17,6 +17,7 @@
 //   std::cout << grad::threading_report(tp);   // after recording one step
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 
