@@ -121,6 +121,13 @@ __global__ void backward_kernel(NodeArgs<S> x, const S* y, const S* g, S* dx, st
   if (w < items) DeviceKernel<Op>::template backward<In>(x, y, g, dx, w);
 }
 
+// The scalar tail: thread 0 runs the launches in order, a sum or mean by the whole block.
+template <class S>
+__global__ void fused_serial_kernel(const Launch<S>* launches, std::size_t count) {
+  CudaBlock block;
+  serial_segment(launches, count, block_shared<S>(), block);
+}
+
 // sum / mean forward: one block (kernels.hpp's block_reduce_forward).
 template <class S>
 __global__ void reduce_forward_kernel(NodeArgs<S> x, S* y, std::uint8_t op) {
@@ -134,10 +141,11 @@ __global__ void accumulate_kernel(S* grad, const S* contribution, std::size_t n)
   if (w < n) accumulate_element(grad, contribution, w);
 }
 
-// Every fused segment runs through this one kernel (one entry point keeps
-// ptxas's whole-program work small): a row run (block per row, a barrier
-// between its launches), the serial tail (one thread), or a grid of
-// independent reductions.
+// Every fused row run (block per row, a barrier between its launches) and
+// grid of independent reductions runs through this one kernel (one entry
+// point keeps ptxas's whole-program work small). The serial tail has its own
+// (fused_serial_kernel): its block reduction's state would otherwise raise
+// this kernel's registers (76 -> 128 per thread) and halve its occupancy.
 template <class S>
 __global__ void fused_kernel(SegmentKind kind, const Launch<S>* launches, std::size_t count, std::size_t rows) {
   if (kind == SegmentKind::rows) {
@@ -146,9 +154,6 @@ __global__ void fused_kernel(SegmentKind kind, const Launch<S>* launches, std::s
         row_segment_step(launches[k], rows, row, threadIdx.x, blockDim.x);
         __syncthreads();
       }
-  } else if (kind == SegmentKind::serial) {
-    CudaBlock block;
-    serial_segment(launches, count, block_shared<S>(), block);
   } else {
     batch_block(launches, count, blockIdx.x, threadIdx.x, blockDim.x);
   }
@@ -295,7 +300,7 @@ class CudaLauncher {
   }
   template <class S>
   void serial(const Launch<S>* launches, std::size_t count) {
-    fused_kernel<S><<<1, reduce_threads, 0, stream_>>>(SegmentKind::serial, launches, count, 0);
+    fused_serial_kernel<S><<<1, reduce_threads, 0, stream_>>>(launches, count);
     launched([&] { return "fused serial kernel (" + std::to_string(count) + " launches)"; });
   }
   // The host holds the same launches at the same positions (ReplayEngine

@@ -154,8 +154,14 @@ struct DeviceKernel<Op> : kernel_detail::PerElementItems {
       dx[w] = contribution(w, ia, ib);
       return;
     }
-    I at[max_rank] = {};
     T acc = T(0);
+    if (free == 1) {  // the common case (a bias over rows): one stride, all in registers
+      for (I k = 0; k < size[0]; ++k, j += step_j[0], ia += step_a[0], ib += step_b[0])
+        acc = acc + contribution(j, ia, ib);
+      dx[w] = acc;
+      return;
+    }
+    I at[max_rank] = {};
     for (;;) {
       acc = acc + contribution(j, ia, ib);
       std::size_t k = 0;
@@ -431,9 +437,17 @@ inline constexpr bool fusable = kernel_detail::in_family<Op, Unary<Op>> || kerne
 #endif
 template <class Op, class S>
 GRAD_HD GRAD_DEVICE_NOINLINE void run_op_item(const Launch<S>& l, std::size_t w) {
-  if (l.kind == LaunchKind::forward)
-    DeviceKernel<Op>::forward(l.x, l.y, w);
-  else if (l.kind == LaunchKind::backward_a)
+  if (l.kind == LaunchKind::forward) {
+#ifdef __CUDA_ARCH__
+    // A sum or mean forward never reaches the item table: serial_segment gives
+    // it to the whole block (block_reduce_forward). Not compiling its one-thread
+    // form here keeps its 32 accumulators out of the fused kernel's registers.
+    if constexpr (std::same_as<Op, Sum> || std::same_as<Op, Mean>)
+      __trap();
+    else
+#endif
+      DeviceKernel<Op>::forward(l.x, l.y, w);
+  } else if (l.kind == LaunchKind::backward_a)
     DeviceKernel<Op>::template backward<0>(l.x, l.y, l.g, l.dx, w);
   else if constexpr (Op::arity > 1)
     DeviceKernel<Op>::template backward<1>(l.x, l.y, l.g, l.dx, w);
