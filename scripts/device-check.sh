@@ -25,7 +25,7 @@
 #      run, when the tool is there
 #   5. two identical fingerprint runs (bits of loss traces and weights in
 #      every mode and precision), compared with each other
-#   6. a short table, last
+#   6. a short table, last (the logs are copied to $OUT when it is set)
 # Sized for < 5 minutes; every step has its own timeout.
 #
 #   env: GPU_ARCH (sm_90), EXPECT_CC (9.0), JOBS (nproc), REPS (bench repetitions, 3)
@@ -49,6 +49,11 @@ table() {
 }
 
 # ---------------------------------------------------------------- device half
+# The device tool brings back what is under $OUT: the logs go there too.
+keep_logs() {
+  if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then cp -r "$1" "$OUT/device-check-logs" 2> /dev/null; fi
+}
+
 run_device() {
   local carry=$1 t0 t status failed=0
   carry=$(cd "$carry" 2>/dev/null && pwd) || {
@@ -88,6 +93,7 @@ run_device() {
     cat "$logs/preflight.log"
     echo "device-check: stopped at the preflight: no usable CUDA device (see above); nothing else was run." >&2
     table "GPU: none usable, total $(($(now) - t0)) s"
+    keep_logs "$logs"
     exit 3
   fi
   local gpu
@@ -169,6 +175,7 @@ run_device() {
     done
   fi
   echo "logs: $logs"
+  keep_logs "$logs"
   exit $failed
 }
 
