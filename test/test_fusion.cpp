@@ -14,7 +14,9 @@
 #include <cstring>
 #include <functional>
 #include <grad/device/device.hpp>
+#include <grad/device/replay.hpp>
 #include <grad/nn.hpp>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -583,4 +585,95 @@ TEST_CASE("capture accepts every mode on every backend and says which ran fused"
       CHECK(prog.mode() == mode);
       CHECK(prog.fused() == (mode == dev::Mode::fused));
     }
+}
+
+// ---- what a failing graph does: fall back, or (a device fault) never ----
+
+namespace {
+
+// A launcher whose kernels do nothing and whose graph capture throws the
+// given error: the replay's policy, without a GPU.
+template <class Error>
+struct FailingLauncher {
+  std::vector<std::unique_ptr<unsigned char[]>> blocks;
+  int graph_attempts = 0, kernels = 0;
+  template <class U>
+  U* allocate(std::size_t n) {
+    blocks.emplace_back(new unsigned char[std::max<std::size_t>(n, 1) * sizeof(U)]());
+    return reinterpret_cast<U*>(blocks.back().get());
+  }
+  void upload(void* dst, const void* src, std::size_t bytes) {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void download(void* dst, const void* src, std::size_t bytes) {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  template <class Op, class S>
+  void forward(const NodeArgs<S>&, S*, std::size_t) {
+    ++kernels;
+  }
+  template <class Op, int In, class S>
+  void backward(const NodeArgs<S>&, const S*, const S*, S*, std::size_t) {
+    ++kernels;
+  }
+  template <class S>
+  void accumulate(S*, const S*, std::size_t) {
+    ++kernels;
+  }
+  template <class S>
+  void rows(const dev::Launch<S>*, std::size_t, std::size_t, std::size_t) {}
+  template <class S>
+  void serial(const dev::Launch<S>*, std::size_t) {}
+  template <class S>
+  void batch(const dev::Launch<S>*, std::size_t, const dev::Launch<S>*) {}
+  template <class F>
+  void graph(std::size_t, F&&) {
+    ++graph_attempts;
+    throw Error("grad::device (test): the graph failed");
+  }
+  void drop_graphs() {}
+  template <class S>
+  void optimizer_prepare(const dev::ParamView<S>*, std::size_t, const dev::OptimizerHyper<S>&,
+                         dev::OptimizerState<S>*) {}
+  template <class S>
+  void optimizer_update_all(const dev::ParamView<S>*, std::size_t, const dev::ParamView<S>*,
+                            const dev::OptimizerHyper<S>&, const dev::OptimizerState<S>*) {}
+  template <class S>
+  void optimizer_update(const dev::ParamView<S>&, const dev::OptimizerHyper<S>&, const dev::OptimizerState<S>*) {}
+};
+
+template <class Error>
+std::unique_ptr<dev::ReplayEngine<double, FailingLauncher<Error>>> failing_engine(Tape<double>& tp, Var<double> loss) {
+  std::vector<std::size_t> values, grads;
+  const dev::Layout<double> L = dev::capture_detail::build_layout<double>(tp, loss.index(), values, grads);
+  return std::make_unique<dev::ReplayEngine<double, FailingLauncher<Error>>>(L, dev::Mode::graph, dev::plan_fusion(L),
+                                                                             false);
+}
+
+}  // namespace
+
+TEST_CASE("a graph that fails falls back to per-node launches; a device fault never does") {
+  Tape<double> tp;
+  Var<double> w = tp.param(Tensor<double>::ones({3, 2}));
+  Var<double> loss = sum(relu(w) * w);
+  {
+    auto e = failing_engine<std::runtime_error>(tp, loss);
+    e->forward();
+    e->backward();
+    if (testing::cuda_required()) {
+      CHECK_THROWS_WITH(e->flush(), doctest::Contains("[refused: GRAD_REQUIRE_CUDA=1]"));
+    } else {
+      e->flush();
+      CHECK(e->fallback_reason().find("could not run the step as a graph (grad::device (test): the graph failed); "
+                                      "falling back to per-node launches") != std::string::npos);
+      CHECK(e->launches() > 0);  // the queued phases ran per node
+    }
+  }
+  {
+    auto e = failing_engine<dev::DeviceFault>(tp, loss);
+    e->forward();
+    CHECK_THROWS_AS(e->flush(), dev::DeviceFault);
+    CHECK(e->fallback_reason() == "");  // no fallback was tried
+    CHECK(e->launches() == 0);
+  }
 }
