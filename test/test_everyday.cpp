@@ -192,8 +192,29 @@ TEST_CASE("inference mode: values without gradient buffers; backward is refused;
   }
   CHECK_FALSE(t2.backward(loss));
   CHECK(t2.error() ==
-        "grad: backward: the loss (node 2) was recorded in inference mode (under an InferenceGuard): "
-        "it has no gradient path; record it again outside the guard");
+        "grad: backward: the loss (node 2) was computed in inference mode (under an InferenceGuard), so "
+        "no gradient reaches a parameter; record it again outside the guard");
+
+  // A loss computed outside the guard from inference-mode values only is refused too...
+  grad::Tape<double> t4;
+  const auto v = t4.param(Tensor<double>({2}, {1, 2}));
+  grad::Var<double> frozen;
+  {
+    grad::InferenceGuard<double> guard(t4);
+    frozen = v * v;
+  }
+  CHECK_FALSE(t4.backward(grad::sum(frozen)));
+  CHECK(t4.error().find("grad: backward: the loss (node 2) was computed in inference mode") == 0);
+  // ...but one that also reaches a parameter outside it trains (a frozen teacher's targets).
+  grad::Tape<double> t5;
+  const auto u = t5.param(Tensor<double>({2}, {1, 2}));
+  grad::Var<double> target;
+  {
+    grad::InferenceGuard<double> guard(t5);
+    target = u * 3.0;
+  }
+  REQUIRE(t5.backward(grad::mse(u, target)));
+  CHECK(t5.grad(u)[1] == doctest::Approx(-4.0));  // 2 (u - t) / 2 with u = 2 and the target t = 6 fixed
 
   Data d(9);
   grad::Tape<double> t3;
@@ -307,8 +328,9 @@ TEST_CASE("select_rows splits a labelled set; confusion_string lays the matrix o
   CHECK(odd.labels == std::vector<std::int32_t>{1, 3});
   CHECK_THROWS_WITH_AS(grad::select_rows(d, [](std::size_t) { return false; }), "select_rows: no row was selected",
                        std::invalid_argument);
-  CHECK(grad::confusion_string({3, 1, 0, 12}, 2) == "true\\predicted    0    1\n              0    3    1\n"
-                                                    "              1    0   12\n");
+  CHECK(grad::confusion_string({3, 1, 0, 12}, 2) ==
+        "true\\predicted    0    1\n              0    3    1\n"
+        "              1    0   12\n");
 }
 
 TEST_CASE("predict refuses a poisoned tape and a model whose output is not [rows, classes]") {

@@ -73,7 +73,8 @@ struct Node {
   std::uint8_t op = 0;
   bool requires_grad = false;  // some parameter is upstream: has a gradient buffer
   bool touched = false;        // the latest backward wrote into grad
-  bool inference = false;      // recorded under an InferenceGuard: no gradient buffer, even below a parameter
+  bool inference =
+      false;  // recorded under an InferenceGuard (no gradient buffer, even below a parameter), or from such a node
   std::uint32_t a = no_node, b = no_node;
   std::uint32_t axis = 0;
   std::uint32_t extra = no_node;  // offset of per-axis parameters in the tape's index pool
@@ -204,17 +205,19 @@ class Tape {
   }
 
   // backward's refusal of inference-mode work ("" when allowed): a guard still
-  // open, or a loss recorded under one (it has no gradient path: backward
-  // would silently leave every gradient zero).
+  // open, or a loss without a gradient path that was recorded under one or
+  // computed from values that were (backward would silently leave every
+  // gradient zero). A loss that also reaches a parameter outside the guard
+  // (a frozen teacher's outputs as targets) is fine.
   std::string inference_refusal(Var<T> loss) const {
     if (inference_depth_ > 0)
       return "backward: the tape is in inference mode (an InferenceGuard is open); close the guard and record the "
              "loss again to train";
     const Node<T>* n = find(loss);
-    if (n && n->inference)
+    if (n && n->inference && !n->requires_grad)
       return "backward: the loss (node " + std::to_string(loss.index_) +
-             ") was recorded in inference mode (under an InferenceGuard): it has no gradient path; record it again "
-             "outside the guard";
+             ") was computed in inference mode (under an InferenceGuard), so no gradient reaches a parameter; record "
+             "it again outside the guard";
     return {};
   }
 
@@ -256,6 +259,7 @@ class Tape {
       extras_.insert(extras_.end(), extra.begin(), extra.end());
     }
     n.requires_grad = (a.valid() && nodes_[n.a].requires_grad) || (b.valid() && nodes_[n.b].requires_grad);
+    n.inference = (a.valid() && nodes_[n.a].inference) || (b.valid() && nodes_[n.b].inference);
     if (inference_depth_ > 0) {
       n.inference = true;
       n.requires_grad = false;  // no gradient buffer, so backward does no work below it
