@@ -1,0 +1,56 @@
+#!/bin/sh
+# The sanitizer runs CI adds to the test suite (after scripts/test.sh, which
+# installs what they need):
+#   build-asan  AddressSanitizer + UndefinedBehaviorSanitizer, with libstdc++'s
+#               own bounds checks (_GLIBCXX_ASSERTIONS), every suite but the
+#               slow bit-comparing tables that add no new code paths
+#   build-tsan  ThreadSanitizer over the suites that run the thread pool
+# Both build at -O1 without CUDA, benchmarks or examples: compile time is
+# what limits this on a 2-core CI machine. Any report fails the run.
+# Usage: scripts/sanitize.sh [asan|tsan]...   (default: both)
+set -eu
+cd "$(dirname "$0")/.."
+
+# Every suite (test/test_*.cpp) but transcendental, which pushes millions of
+# inputs through the same few functions: minutes under ASan for no new code
+# path. It runs in the plain build only.
+asan_suites=$(cd test && ls test_*.cpp | sed 's/^test_//; s/\.cpp$//' | grep -v '^transcendental$' | tr '\n' ' ')
+# The suites that run the thread pool with more than one thread.
+tsan_suites="gemm optimizers properties device_reduction"
+
+configure() { # dir, sanitizer, extra cpp args
+  [ -f "$1/build.ninja" ] && return 0
+  meson setup "$1" -Dcuda=disabled -Dbenchmarks=disabled -Dexamples=false -Dbuildtype=plain \
+    -Doptimization=1 -Ddebug=true -Db_sanitize="$2" -Db_lundef=false -Dcpp_args="$3" >/dev/null
+}
+
+run_asan() {
+  configure build-asan address,undefined "-D_GLIBCXX_ASSERTIONS -fno-sanitize-recover=all -fno-omit-frame-pointer"
+  targets=""
+  for s in $asan_suites; do targets="$targets test/test_$s"; done
+  # shellcheck disable=SC2086
+  meson compile -C build-asan $targets
+  # Property graphs: fewer under ASan (each is ~10x slower); the full count runs in the plain build.
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 GRAD_PROPERTY_GRAPHS=100 \
+    meson test -C build-asan --print-errorlogs --no-rebuild $asan_suites
+}
+
+run_tsan() {
+  configure build-tsan thread "-fno-omit-frame-pointer"
+  targets=""
+  for s in $tsan_suites; do targets="$targets test/test_$s"; done
+  # shellcheck disable=SC2086
+  meson compile -C build-tsan $targets
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 GRAD_PROPERTY_GRAPHS=60 \
+    meson test -C build-tsan --print-errorlogs --no-rebuild $tsan_suites
+}
+
+[ $# -eq 0 ] && set -- asan tsan
+for which in "$@"; do
+  case "$which" in
+    asan) run_asan ;;
+    tsan) run_tsan ;;
+    *) echo "sanitize.sh: unknown run '$which' (expected asan or tsan)" >&2; exit 2 ;;
+  esac
+done
