@@ -2,17 +2,43 @@
 // bitwise comparison and the central-difference gradient check.
 #pragma once
 
+#include <unistd.h>
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <grad/grad.hpp>
+#include <iterator>
 #include <string>
 #include <vector>
 
 namespace grad::testing {
+
+// A scratch directory for one test process (`tag` names the suite), removed at exit.
+struct ScratchDir {
+  std::filesystem::path dir;
+  explicit ScratchDir(const std::string& tag)
+      : dir(std::filesystem::temp_directory_path() / ("grad_" + tag + "_test_" + std::to_string(::getpid()))) {
+    std::filesystem::create_directories(dir);
+  }
+  ~ScratchDir() { std::filesystem::remove_all(dir); }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  std::string file(const std::string& name) const { return (dir / name).string(); }
+};
+
+inline std::vector<unsigned char> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+inline void write_bytes(const std::string& path, const std::vector<unsigned char>& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
 
 using Rng = SplitMix64;  // include/grad/random.hpp: the same stream on every platform
 

@@ -20,23 +20,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A scratch directory per test process, removed at exit.
-struct ScratchDir {
-  fs::path dir = fs::temp_directory_path() / ("grad_checkpoint_test_" + std::to_string(::getpid()));
-  ScratchDir() { fs::create_directories(dir); }
-  ~ScratchDir() { fs::remove_all(dir); }
-  std::string file(const std::string& name) const { return (dir / name).string(); }
-};
-const ScratchDir scratch;
-
-std::vector<unsigned char> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-void write_bytes(const std::string& path, const std::vector<unsigned char>& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-}
+using grad::testing::read_bytes;
+using grad::testing::write_bytes;
+const grad::testing::ScratchDir scratch("checkpoint");
 
 // x [16, 3] -> tanh(x w1 + b1) [16, hidden] -> w2 [hidden, 2]; L2 on w1, clipping on.
 template <class T, template <class> class Opt>

@@ -48,22 +48,7 @@ std::string thrown(F f) {
   return "no exception";
 }
 
-struct ScratchDir {
-  fs::path dir = fs::temp_directory_path() / ("grad_hardening_test_" + std::to_string(::getpid()));
-  ScratchDir() { fs::create_directories(dir); }
-  ~ScratchDir() { fs::remove_all(dir); }
-  std::string file(const std::string& name) const { return (dir / name).string(); }
-};
-const ScratchDir scratch;
-
-std::vector<unsigned char> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-void write_bytes(const std::string& path, const std::vector<unsigned char>& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-}
+const ScratchDir scratch("hardening");
 
 // A small model with an optimizer, for the checkpoint cases.
 struct Model {

@@ -22,13 +22,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct ScratchDir {
-  fs::path dir = fs::temp_directory_path() / ("grad_modules_test_" + std::to_string(::getpid()));
-  ScratchDir() { fs::create_directories(dir); }
-  ~ScratchDir() { fs::remove_all(dir); }
-  std::string file(const std::string& name) const { return (dir / name).string(); }
-};
-const ScratchDir scratch;
+const grad::testing::ScratchDir scratch("modules");
 
 // encoder: 4 -> 8 -> 3 with tanh, head: LayerNorm(3) then Linear 3 -> 2.
 template <class T>
