@@ -12,7 +12,7 @@
 
 namespace grad {
 
-// Which bit-equality promise an op carries across backends (ARCHITECTURE.md).
+// Which bit-equality promise an op carries across backends (docs/ARCHITECTURE.md).
 enum class Tier : std::uint8_t {
   exact,          // + - * / sqrt and data movement: bit-identical everywhere
   transcendental  // would call libm/CUDA math: bit-identical on CPU backends, 1e-12 rel on CUDA.

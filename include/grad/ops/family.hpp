@@ -2,7 +2,7 @@
 // tags share. A tag's element functors are GRAD_HD so that device kernels
 // call exactly the code the tape calls; the *_tensor loops are the host
 // kernels, written so that every output element is accumulated in the one
-// order ARCHITECTURE.md documents.
+// order docs/ARCHITECTURE.md documents.
 #pragma once
 
 #include <algorithm>
