@@ -25,12 +25,11 @@ cxx=${CXX:-g++}
 mkdir -p "$work"
 base="-std=c++20 -ffp-contract=off -Wno-psabi -DNDEBUG -I$src/include"
 
-compile() {  # name, flags...
+compile() {  # name, flags, libraries
   name=$1
-  shift
   if [ ! -x "$work/$name" ]; then
     start=$(date +%s)
-    $cxx $base "$@" "$src/bench/consumer_workloads.cpp" -o "$work/$name" -lbenchmark -pthread
+    $cxx $base $2 "$src/bench/consumer_workloads.cpp" -o "$work/$name" $3 -lbenchmark -pthread
     echo "built $name in $(($(date +%s) - start)) s (wall)"
   fi
 }
@@ -38,8 +37,8 @@ for o in O2 O3; do
   for m in "" native; do
     tag=$o${m:+-$m}
     march=${m:+-march=native}
-    compile "header-only-$tag" -$o $march
-    compile "compiled-$tag" -$o $march -DGRAD_COMPILED_KERNELS "$build/libgrad_kernels.a"
+    compile "header-only-$tag" "-$o $march" ""
+    compile "compiled-$tag" "-$o $march -DGRAD_COMPILED_KERNELS" "$build/libgrad_kernels.a"
   done
 done
 ln -sf "$build/bench/bench_workloads" "$work/project-O3"
