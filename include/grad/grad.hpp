@@ -21,6 +21,16 @@
 // This header is core.hpp plus checkpoint.hpp and nn.hpp. A unit that needs
 // neither can include <grad/core.hpp> (a little less to parse).
 //
+// The everyday training helpers are separate headers, included where used:
+//   modules.hpp      nn::Linear, norms, LoRALinear, Sequential: parameters with names
+//   model_file.hpp   save_model / load_model by name
+//   classify.hpp     cross_entropy with integer labels, argmax, accuracy, confusion matrix
+//   data.hpp         Batches (seeded shuffling, short-batch policy), predict under InferenceGuard
+//   csv.hpp          read_csv / read_labeled_csv
+//   print.hpp        operator<< for tensors and views
+//   threading.hpp    threading_thresholds, threading_report
+// docs/ARCHITECTURE.md has the layers, the op-tag and determinism contracts.
+//
 // Two modes, same results bit for bit: header-only (the default: every loop
 // compiles in the consumer's units, on explicit vector code, so -O1/-O2 run
 // as fast as -O3), or linked against the compiled kernel library
