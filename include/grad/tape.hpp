@@ -254,19 +254,16 @@ class Tape {
     n.axis = axis;
     n.scalar = scalar;
     n.dims = out;
-    if (!extra.empty()) {
-      n.extra = static_cast<std::uint32_t>(extras_.size());
-      extras_.insert(extras_.end(), extra.begin(), extra.end());
-    }
     n.requires_grad = (a.valid() && nodes_[n.a].requires_grad) || (b.valid() && nodes_[n.b].requires_grad);
     n.inference = (a.valid() && nodes_[n.a].inference) || (b.valid() && nodes_[n.b].inference);
     if (inference_depth_ > 0) {
       n.inference = true;
       n.requires_grad = false;  // no gradient buffer, so backward does no work below it
     }
-    if (!allocate(n, Op::name)) {
-      extras_.resize(n.extra == no_node ? extras_.size() : n.extra);
-      return rejected();
+    if (!allocate(n, Op::name)) return rejected();
+    if (!extra.empty()) {  // after the allocation, so that a failed one has nothing to undo
+      n.extra = static_cast<std::uint32_t>(extras_.size());
+      extras_.insert(extras_.end(), extra.begin(), extra.end());
     }
     Op::forward_tensor(args(n), n.value);
     return push(n);
