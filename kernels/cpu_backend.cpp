@@ -1,5 +1,5 @@
-// The CPU backend: the device kernel bodies (grad/device/kernels.hpp) run on
-// the host, one loop over blocks and threads per launch, launches in order.
+// The CPU backend: the tags' per-item bodies and the fused kernels' bodies
+// (work_items.hpp) run on the host, one loop over blocks and threads per launch, launches in order.
 // It exists so the bit-exactness contract can be checked on any machine; it
 // is not meant to be fast. Its Schedule (engine.hpp) reorders blocks and
 // threads to expose races that in-order emulation would hide.
@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "grad/device/replay.hpp"
+#include "optimizer_steps.hpp"
+#include "work_items.hpp"
 #include "grad/random.hpp"
 
 namespace grad::device {
@@ -59,7 +61,7 @@ class CpuOrder {
   std::map<std::size_t, std::vector<std::size_t>> permutations_;
 };
 
-// A block (kernels.hpp's Block) as loops: a step runs every thread's share
+// A block (block_reduce.hpp's Block) as loops: a step runs every thread's share
 // in the schedule's thread order; the barrier is the end of that loop.
 struct CpuBlock {
   const CpuOrder& order;
@@ -105,13 +107,13 @@ class CpuLauncher {
       CpuBlock block{order_, threads_per_block};
       block_reduce_forward(x, y, op_code<Op>, shared<S>(), block);
     } else {
-      for_each_item(items, [&](std::size_t w) { DeviceKernel<Op>::forward(x, y, w); });
+      for_each_item(items, [&](std::size_t w) { Op::forward_item(x, y, w); });
     }
   }
   template <class Op, int In, class S>
   void backward(const NodeArgs<S>& x, const S* y, const S* g, S* dx, std::size_t items) {
     if (host_only_) return;
-    for_each_item(items, [&](std::size_t w) { DeviceKernel<Op>::template backward<In>(x, y, g, dx, w); });
+    for_each_item(items, [&](std::size_t w) { Op::template backward_item<In>(x, y, g, dx, w); });
   }
   template <class S>
   void accumulate(S* grad, const S* contribution, std::size_t n) {
@@ -186,7 +188,7 @@ class CpuLauncher {
   struct Free {
     void operator()(unsigned char* p) const { ::operator delete[](p, std::align_val_t{64}); }
   };
-  // The CUDA backend's launch geometry (kernels.hpp), blocks and threads as loops.
+  // The CUDA backend's launch geometry (grad/device/launch.hpp), blocks and threads as loops.
   template <class F>
   void for_each_item(std::size_t items, F&& body) {
     order_.blocks(blocks_for(items), [&](std::size_t block) {

@@ -1,18 +1,18 @@
 // The CUDA backend: one __global__ template per direction, instantiated for
 // every op in OpList (through with_op in the shared replay, ReplayEngine),
-// each thread running one work item of the op's DeviceKernel body: the same
+// each thread running one work item of the tag's per-item body: the same
 // source the CPU backend runs. Built with --fmad=false so that no a*b+c is
 // contracted; launches go in order on one stream.
 //
 // Fused mode adds one kernel that walks a segment's launch array and
-// dispatches each launch through the op-code table (run_item, kernels.hpp):
+// dispatches each launch through the op-code table (run_item, work_items.hpp):
 // no run-time compilation, and only the fusable ops are in that table.
 // Graph and fused modes record their launches on the same stream inside a
 // CaptureScope and replay the instantiated graph.
 //
 // No CUB here: a full reduction (sum, mean, the clip norm) runs the one
-// documented order (sum_fixed, grad/ops/reduce.hpp) with one block of warps
-// through block_sum_fixed (kernels.hpp), the functions the host and the CPU
+// documented order (sum_fixed, grad/numerics/fixed_order.hpp) with one block of warps
+// through block_sum_fixed (block_reduce.hpp), the functions the host and the CPU
 // backend call too; CUB's trees would give other bits. Every other
 // reduction is one work item's serial loop (the parallelism is across
 // output elements).
@@ -36,6 +36,8 @@
 #include <vector>
 
 #include "grad/device/replay.hpp"
+#include "optimizer_steps.hpp"
+#include "work_items.hpp"
 
 namespace grad::device {
 
@@ -74,7 +76,7 @@ bool env_flag(const char* name) {
   return v && std::string(v) == "1";
 }
 
-// kernels.hpp's Block on the real block. Host bodies exist only so that the
+// block_reduce.hpp's Block on the real block. Host bodies exist only so that the
 // GRAD_HD drivers compile for the host too; they are never called there.
 struct CudaBlock {
   template <class F>
@@ -112,13 +114,13 @@ __device__ inline std::size_t work_item() { return static_cast<std::size_t>(bloc
 template <class Op, class S>
 __global__ void forward_kernel(NodeArgs<S> x, S* y, std::size_t items) {
   const std::size_t w = work_item();
-  if (w < items) DeviceKernel<Op>::forward(x, y, w);
+  if (w < items) Op::forward_item(x, y, w);
 }
 
 template <class Op, int In, class S>
 __global__ void backward_kernel(NodeArgs<S> x, const S* y, const S* g, S* dx, std::size_t items) {
   const std::size_t w = work_item();
-  if (w < items) DeviceKernel<Op>::template backward<In>(x, y, g, dx, w);
+  if (w < items) Op::template backward_item<In>(x, y, g, dx, w);
 }
 
 // The scalar tail: thread 0 runs the launches in order, a sum or mean by the whole block.
@@ -128,7 +130,7 @@ __global__ void fused_serial_kernel(const Launch<S>* launches, std::size_t count
   serial_segment(launches, count, block_shared<S>(), block);
 }
 
-// sum / mean forward: one block (kernels.hpp's block_reduce_forward).
+// sum / mean forward: one block (block_reduce.hpp's block_reduce_forward).
 template <class S>
 __global__ void reduce_forward_kernel(NodeArgs<S> x, S* y, std::uint8_t op) {
   CudaBlock block;

@@ -133,17 +133,6 @@ std::string first_difference(std::span<const double> want, std::span<const doubl
   return "";
 }
 
-bool uses_transcendental(const Tape<double>& tp) {
-  for (const Node<double>& n : tp.nodes())
-    if (with_op(n.op, [](auto op) { return decltype(op)::tier == Tier::transcendental; })) return true;
-  return false;
-}
-
-// Bit for bit, unless a transcendental-tier op is replayed on CUDA.
-bool expect_bitwise(const Tape<double>& tp, dev::Backend backend) {
-  return backend == dev::Backend::cpu || !uses_transcendental(tp);
-}
-
 // Captures the tape's episode (backward already run on the tape), replays
 // forward and backward on `backend` and checks the loss and the gradients of
 // `vars` against the tape's. Returns the program for further checks.
@@ -152,11 +141,11 @@ dev::Program<double> replay_and_compare(const Tape<double>& tp, Var<double> loss
   auto prog = dev::capture(tp, loss, {.backend = backend, .mode = variant.mode, .schedule = variant.schedule});
   prog.forward();
   prog.backward();
-  CHECK(close(tp.scalar(loss), prog.loss(), expect_bitwise(tp, backend)));
+  CHECK(close(tp.scalar(loss), prog.loss(), true));
   CHECK(prog.fallback_reason() == "");
   for (const Var<double>& v : vars) {
     const Tensor<double> g = prog.grad(v);
-    CHECK(first_difference(tp.grad(v).data, g.data(), expect_bitwise(tp, backend)) == "");
+    CHECK(first_difference(tp.grad(v).data, g.data(), true) == "");
   }
   return prog;
 }
@@ -183,7 +172,7 @@ TEST_CASE("every op's forward value and every gradient match the CPU tape on eve
         dev::Program<double> prog = replay_and_compare(tp, loss, backend, vars, variant);
         fused_runs += prog.fused() && prog.plan().fused_launches() > 0;
         const Tensor<double> value = prog.value(y);
-        CHECK(first_difference(tp.value(y).data, value.data(), expect_bitwise(tp, backend)) == "");
+        CHECK(first_difference(tp.value(y).data, value.data(), true) == "");
       }
     }
   }

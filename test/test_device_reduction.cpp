@@ -1,4 +1,4 @@
-// The one order of every full reduction (grad/ops/reduce.hpp), checked bit
+// The one order of every full reduction (grad/tags/reduce.hpp), checked bit
 // for bit in each of the forms the engines compute it in: the host's row
 // form (sum_fixed, vectorised), one lane per thread (lane_sum, what a CUDA
 // warp runs), a block of threads (block_sum_fixed, what the CUDA kernels and
@@ -11,6 +11,7 @@
 #include <grad/device/device.hpp>
 #include <vector>
 
+#include "../kernels/block_reduce.hpp"
 #include "support.hpp"
 
 using namespace grad;

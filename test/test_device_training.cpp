@@ -148,30 +148,13 @@ TEST_CASE("40 SGD + L2 + clip episodes on the CPU backend are bit-equal to the t
 
 namespace {
 
-// Does the autoencoder use only exact-tier ops? Then CUDA must land on the
-// tape's bits too; a transcendental op is bit-equal on the CPU backend only.
-bool autoencoder_is_exact_tier() {
-  Tape<double> tp;
-  const ae::Model<double> m = ae::make_model(tp);
-  ae::record_step(m, tp.constant(Tensor<double>({2, ae::dim})));
-  for (const Node<double>& n : tp.nodes())
-    if (with_op(n.op, [](auto op) { return decltype(op)::tier == Tier::transcendental; })) return false;
-  return true;
-}
-
 }  // namespace
 
 TEST_CASE("the same run on CUDA") {
   if (!testing::cuda_case("the autoencoder run on CUDA")) return;
   const Run want = tape_run(true);
   const Run got = device_run(dev::Backend::cuda, false, true);
-  if (autoencoder_is_exact_tier()) {
-    check_bit_equal(want, got);
-  } else {
-    // A transcendental op differs from glibc's in the last bit on CUDA.
-    CHECK(worst_relative(want.losses, got.losses) <= 1e-10);
-    for (std::size_t k = 0; k < want.params.size(); ++k) CHECK(worst_relative(want.params[k], got.params[k]) <= 1e-8);
-  }
+  check_bit_equal(want, got);  // every op is exact: CUDA lands on the tape's bits
 }
 
 TEST_CASE("CUDA and the CPU backend agree bit for bit on an exact-tier model") {
@@ -378,19 +361,19 @@ TEST_CASE("set_input, value and the optimizers refuse what they cannot do, with 
                        std::logic_error);
 }
 
-TEST_CASE("capture refuses an op without a device kernel, naming it") {
-  // Every op in OpList has a kernel today; a hand-made check of the refusal
-  // path through the trait: an op type without a specialisation has none.
+TEST_CASE("capture refuses an op without per-item bodies, naming it") {
+  // Every op in OpList has them today; a hand-made check of the refusal
+  // path through the trait: a tag without forward_item has none.
   struct Unknown {};
-  static_assert(!dev::has_device_kernel<Unknown>);
-  static_assert(dev::has_device_kernel<Add> && dev::has_device_kernel<Softmax> && dev::has_device_kernel<Matmul>);
+  static_assert(!has_item_bodies<Unknown>);
+  static_assert(has_item_bodies<Add> && has_item_bodies<Softmax> && has_item_bodies<Matmul>);
   boost::mp11::mp_for_each<OpList>([](auto op) {
     using Op = decltype(op);
     CAPTURE(Op::name);
-    CHECK((Op::arity == 0 || dev::has_device_kernel<Op>));
+    CHECK((Op::arity == 0 || has_item_bodies<Op>));
   });
   CHECK(
       dev::capture_detail::missing_kernel(7, "gelu") ==
-      "grad::device::capture: node 7 is a 'gelu' op, which has no device kernel (add a DeviceKernel specialisation in "
-      "grad/device/kernels.hpp)");
+      "grad::device::capture: node 7 is a 'gelu' op, whose tag has no per-item bodies (forward_item and "
+      "backward_item, grad/tags/family.hpp)");
 }

@@ -92,14 +92,12 @@ void check_same_bits(const Run& want, const Run& got) {
 // Per-node, graph and fused runs of one model on every backend, all bit-equal
 // to the CPU backend's per-node run (and CUDA's to its own per-node run when
 // the model has transcendental ops, whose last bit differs there).
-void check_all_modes(const std::function<void(Model&)>& build, int episodes, bool exact_tier) {
+void check_all_modes(const std::function<void(Model&)>& build, int episodes) {
   Model ref_model;
   build(ref_model);
   const Run ref = train(ref_model, dev::Backend::cpu, dev::Mode::per_node, episodes);
   for (dev::Backend b : backends()) {
-    Model base_model;
-    build(base_model);
-    const Run base = b == dev::Backend::cpu || exact_tier ? ref : train(base_model, b, dev::Mode::per_node, episodes);
+    const Run& base = ref;  // every op is exact: every backend and mode lands on the same bits
     for (dev::Mode mode : all_modes) {
       CAPTURE(dev::backend_name(b));
       CAPTURE(dev::mode_name(mode));
@@ -185,26 +183,18 @@ void build_lora_block(Model& m) {
   REQUIRE(tp.ok());
 }
 
-bool exact_tier(const std::function<void(Model&)>& build) {
-  Model m;
-  build(m);
-  for (const Node<double>& n : m.tp.nodes())
-    if (with_op(n.op, [](auto op) { return decltype(op)::tier == Tier::transcendental; })) return false;
-  return true;
-}
-
 }  // namespace
 
 TEST_CASE("the autoencoder trains to the same bits in per-node, graph and fused modes") {
-  check_all_modes(build_autoencoder, 40, exact_tier(build_autoencoder));
+  check_all_modes(build_autoencoder, 40);
 }
 
 TEST_CASE("an MLP with relu, sigmoid and an L2 tail trains to the same bits in every mode") {
-  check_all_modes(build_mlp, 25, exact_tier(build_mlp));
+  check_all_modes(build_mlp, 25);
 }
 
 TEST_CASE("the LoRA block, mostly not fusable, trains to the same bits in every mode") {
-  check_all_modes(build_lora_block, 8, exact_tier(build_lora_block));
+  check_all_modes(build_lora_block, 8);
 }
 
 TEST_CASE("the modes agree with the CPU tape itself on the autoencoder") {
@@ -438,7 +428,7 @@ void check_shape_everywhere(const std::function<Var<double>(Tape<double>&, Var<d
     m.l2 = {0};
     REQUIRE(m.tp.ok());
   };
-  check_all_modes(make, episodes, true);
+  check_all_modes(make, episodes);
 }
 
 }  // namespace

@@ -18,7 +18,7 @@ TEST_CASE_TEMPLATE("d/dx sum(x*x) is exactly 2x", T, double, float) {
   CHECK(bitwise_equal<T>(g.data, twice));
 }
 
-// The documented order of every full reduction (README, grad/ops/reduce.hpp),
+// The documented order of every full reduction (README, grad/tags/reduce.hpp),
 // written out here from its definition rather than from the library's code:
 // 32 lanes, lane j summing j, j+32, ... ascending from zero, a fixed tree
 // (w = 16, 8, 4, 2, 1), chunks of 4096 reduced level by level.

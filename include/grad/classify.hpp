@@ -23,7 +23,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "grad/ops.hpp"
+#include "grad/record.hpp"
 
 namespace grad {
 

@@ -12,12 +12,9 @@
 
 namespace grad {
 
-// Which bit-equality promise an op carries across backends (docs/ARCHITECTURE.md).
-enum class Tier : std::uint8_t {
-  exact,          // + - * / sqrt and data movement: bit-identical everywhere
-  transcendental  // would call libm/CUDA math: bit-identical on CPU backends, 1e-12 rel on CUDA.
-                  // No op in OpList uses it today: exp/log/tanh/sigmoid/softmax use exact_math.hpp.
-};
+// "No node": the one sentinel for a node index (an absent operand, a
+// rejected Var), on the tape and in the device engine alike.
+inline constexpr std::uint32_t no_node = 0xffffffffu;
 
 // The largest rank a tensor recorded on a tape may have; dimensions are
 // stored inline so that a node stays plain data.

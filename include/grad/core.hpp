@@ -11,7 +11,7 @@
 
 #include "grad/backward.hpp"
 #include "grad/config.hpp"
-#include "grad/ops.hpp"
+#include "grad/record.hpp"
 #include "grad/opt.hpp"
 #include "grad/random.hpp"
 #include "grad/tape.hpp"

@@ -1,7 +1,7 @@
 // grad: reverse-mode automatic differentiation on a define-by-run tape.
 // Everything of the CPU library, in dependency order:
 //
-//   config.hpp       GRAD_HD, Tier                          (host and device)
+//   config.hpp       GRAD_HD, max_rank                      (host and device)
 //   tensor.hpp       Tensor<T>, Shape, Dims, broadcasting
 //   ops/             one tag per op: GRAD_HD forward/backward functors and host loops;
 //                    op_list.hpp lists them all (OpList, op_code, with_op)

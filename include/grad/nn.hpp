@@ -18,7 +18,7 @@
 #include <string_view>
 #include <type_traits>
 
-#include "grad/ops.hpp"
+#include "grad/record.hpp"
 
 namespace grad::nn {
 

@@ -17,15 +17,13 @@
 #include <vector>
 
 #include "grad/arena.hpp"
-#include "grad/ops/op_list.hpp"
+#include "grad/tags/op_list.hpp"
 #include "grad/tensor.hpp"
 
 namespace grad {
 
 template <class T>
 class Tape;
-
-inline constexpr std::uint32_t no_node = std::numeric_limits<std::uint32_t>::max();
 
 // What a tape in exception mode (Tape::throw_on_error(true)) throws when it is
 // poisoned: the same message error() keeps.

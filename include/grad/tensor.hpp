@@ -70,8 +70,11 @@ struct Dims {
   GRAD_HD std::size_t back(std::size_t i = 0) const { return d[rank - 1 - i]; }
   std::span<const std::size_t> span() const { return {d.data(), rank}; }
   Shape shape() const { return Shape(d.begin(), d.begin() + static_cast<std::ptrdiff_t>(rank)); }
-  friend bool operator==(const Dims& x, const Dims& y) {
-    return x.rank == y.rank && std::equal(x.d.begin(), x.d.begin() + static_cast<std::ptrdiff_t>(x.rank), y.d.begin());
+  GRAD_HD friend bool operator==(const Dims& x, const Dims& y) {
+    if (x.rank != y.rank) return false;
+    for (std::size_t i = 0; i < x.rank; ++i)
+      if (x.d[i] != y.d[i]) return false;
+    return true;
   }
   static Dims of(std::span<const std::size_t> s) {
     Dims r;
@@ -99,7 +102,7 @@ inline bool broadcast_dims(const Dims& a, const Dims& b, Dims& out) {
 }
 
 // Strides of `in` seen through the broadcast shape `out`: 0 on broadcast axes.
-inline Dims broadcast_strides(const Dims& in, const Dims& out) {
+GRAD_HD inline Dims broadcast_strides(const Dims& in, const Dims& out) {
   Dims s;
   s.rank = out.rank;
   std::size_t stride = 1;

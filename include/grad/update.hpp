@@ -8,8 +8,8 @@
 
 #include <cstddef>
 
-#include "grad/isa.hpp"
-#include "grad/simd.hpp"
+#include "grad/numerics/isa.hpp"
+#include "grad/numerics/simd.hpp"
 
 GRAD_SIMD_DIAGNOSTICS_BEGIN
 

@@ -1,13 +1,19 @@
 // grad::device: capture a recorded episode and replay it on a backend.
 // Link grad_device (meson: grad_device_dep), which holds the backends.
 //
-//   engine.hpp      Backend, Mode, Layout (what capture hands a backend), Engine
-//   kernels.hpp     DeviceKernel<Op>: per-work-item bodies every backend runs
-//   replay.hpp      the per-node replay the backends share
-//   program.hpp     capture(tape, loss, options) -> Program
+// The pipeline, in order:
+//   capture.hpp     capture(tape, loss, options) -> Program (a Layout: nodes, buffers, backward steps)
+//   plan.hpp        the launch list and the fusion planner's segments
+//   replay.hpp      resolves the launches once; per-node, graph or fused replay
+//   launch.hpp      the plain-data records a backend runs (Launch, ParamView)
+// and around it:
+//   engine.hpp      Backend, Mode, Layout, Engine (what a backend implements)
 //   optimizers.hpp  device::SGD, device::Adam
+// The backends and the bodies they run are in kernels/ (cpu_backend.cpp,
+// cuda_backend.cu, work_items.hpp, block_reduce.hpp, optimizer_steps.hpp);
+// each op's own math is its tag's per-item bodies (grad/tags/family.hpp).
 #pragma once
 
+#include "grad/device/capture.hpp"
 #include "grad/device/engine.hpp"
 #include "grad/device/optimizers.hpp"
-#include "grad/device/program.hpp"

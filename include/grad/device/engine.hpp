@@ -36,10 +36,10 @@ struct BackendOptions {
   bool host_only = false;
 };
 
-inline constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+inline constexpr std::size_t no_offset = std::numeric_limits<std::size_t>::max();
 
 // One captured node. Offsets are in elements of the program's flat value and
-// gradient buffers; `grad == none` for nodes no parameter is upstream of.
+// gradient buffers; `grad == no_offset` for nodes no parameter is upstream of.
 template <class S>
 struct DeviceNode {
   std::uint8_t op = 0;
@@ -47,8 +47,8 @@ struct DeviceNode {
   Dims dims;
   S scalar = S(0);
   std::uint32_t axis = 0;
-  std::size_t extra = none;  // offset into Layout::extras
-  std::size_t value = 0, grad = none;
+  std::size_t extra = no_offset;  // offset into Layout::extras
+  std::size_t value = 0, grad = no_offset;
 };
 
 // One backward launch: node `node` hands input `input` (0 = a, 1 = b) its

@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "grad/device/program.hpp"
+#include "grad/device/capture.hpp"
 #include "grad/opt.hpp"  // invalid_setting: the host optimizers' ranges
 
 namespace grad::device {
@@ -36,7 +36,7 @@ class Optimizer {
     checked(who, "l2", l2);
     added_.push_back(param.index());
     slot.l2 = static_cast<double>(l2);
-    if (slot.grad != none) slots_.push_back(slot);
+    if (slot.grad != no_offset) slots_.push_back(slot);
     dirty_ = true;
   }
   // Global-norm clipping threshold; 0 turns clipping off. Both setters throw

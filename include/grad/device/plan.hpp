@@ -17,7 +17,7 @@
 //               together in one grid (they are independent of each other)
 //   per_node    everything else (softmax, bmm, slice, concat, ...), with why
 //
-// Grouping never changes what a work item computes (the same DeviceKernel
+// Grouping never changes what a work item computes (the same per-item
 // body, the same inner-loop order): only which thread runs it and where the
 // barriers are, so every mode lands on the same bits. The planner checks each
 // launch's buffers for hazards before it joins a group (a row may only read,
@@ -34,11 +34,13 @@
 #include <vector>
 
 #include "grad/device/engine.hpp"
-#include "grad/device/kernels.hpp"
+#include "grad/device/launch.hpp"
 
 namespace grad::device {
 
-enum class Phase : std::uint8_t { forward, backward };
+// The phases of a training step. A FusionPlan has forward and backward
+// segments; the optimizer step is its own phase of the replay.
+enum class Phase : std::uint8_t { forward, backward, optimizer };
 
 // One launch of the per-node replay, as the planner sees it.
 struct LaunchSpec {
@@ -88,13 +90,11 @@ struct FusionPlan {
 
 namespace plan_detail {
 
-inline constexpr std::uint32_t no_input = 0xffffffffu;
-
 template <class S>
 NodeArgs<S> shapes_of(const Layout<S>& L, const DeviceNode<S>& n) {
   NodeArgs<S> x;  // data pointers stay null: only shapes are read
-  if (n.a != no_input) x.a.dims = L.nodes[n.a].dims;
-  if (n.b != no_input) x.b.dims = L.nodes[n.b].dims;
+  if (n.a != no_node) x.a.dims = L.nodes[n.a].dims;
+  if (n.b != no_node) x.b.dims = L.nodes[n.b].dims;
   x.out = n.dims;
   x.scalar = n.scalar;
   x.axis = n.axis;
@@ -125,9 +125,9 @@ template <class Op>
 constexpr Family family_of() {
   if constexpr (!fusable<Op>)
     return Family::none;
-  else if constexpr (kernel_detail::in_family<Op, Unary<Op>>)
+  else if constexpr (std::is_base_of_v<Unary<Op>, Op>)
     return Family::unary;
-  else if constexpr (kernel_detail::in_family<Op, Binary<Op>>)
+  else if constexpr (std::is_base_of_v<Binary<Op>, Op>)
     return Family::binary;
   else if constexpr (std::same_as<Op, Matmul>)
     return Family::matmul;
@@ -150,11 +150,11 @@ Class classify(const Layout<S>& L, const LaunchSpec& s) {
   } else if (s.kind == LaunchKind::forward) {
     c.write = {V(s.node), 0};
     for (const std::uint32_t in : inputs)
-      if (in != no_input) c.reads.push_back({V(in), 0});
+      if (in != no_node) c.reads.push_back({V(in), 0});
   } else {
     c.write = {s.to_scratch ? scratch : G(s.input), 0};
     for (const std::uint32_t in : inputs)
-      if (in != no_input) c.reads.push_back({V(in), 0});
+      if (in != no_node) c.reads.push_back({V(in), 0});
     c.reads.push_back({V(s.node), 0});
     c.reads.push_back({G(s.node), 0});
   }
@@ -374,7 +374,7 @@ std::pair<std::vector<LaunchSpec>, std::vector<LaunchSpec>> launch_list(const La
     s.out = n.dims;
     s.items = with_op(n.op, [&](auto op) -> std::size_t {
       using Op = decltype(op);
-      if constexpr (has_device_kernel<Op>) return DeviceKernel<Op>::forward_items(x);
+      if constexpr (has_item_bodies<Op>) return forward_items<Op>(x);
       return 0;
     });
     out.first.push_back(s);
@@ -391,9 +391,8 @@ std::pair<std::vector<LaunchSpec>, std::vector<LaunchSpec>> launch_list(const La
     s.out = L.nodes[s.input].dims;
     s.items = with_op(n.op, [&](auto op) -> std::size_t {
       using Op = decltype(op);
-      if constexpr (has_device_kernel<Op>)
-        return b.input == 0 ? DeviceKernel<Op>::template backward_items<0>(x)
-                            : DeviceKernel<Op>::template backward_items<1>(x);
+      if constexpr (has_item_bodies<Op>)
+        return b.input == 0 ? backward_items<Op, 0>(x) : backward_items<Op, 1>(x);
       return 0;
     });
     out.second.push_back(s);

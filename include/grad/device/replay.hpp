@@ -40,7 +40,7 @@
 #include <vector>
 
 #include "grad/device/engine.hpp"
-#include "grad/device/kernels.hpp"
+#include "grad/device/launch.hpp"
 #include "grad/device/plan.hpp"
 
 namespace grad::device {
@@ -62,7 +62,7 @@ class ReplayEngine final : public Engine<S> {
     // The loss's own gradient is 1 for good: no captured node consumes the
     // loss, so nothing ever writes that slot again.
     const DeviceNode<S>& root = L.nodes[L.loss];
-    if (root.grad != none) {
+    if (root.grad != no_offset) {
       const S one = S(1);
       run_.upload(grads_ + root.grad, &one, sizeof(S));
     }
@@ -84,8 +84,8 @@ class ReplayEngine final : public Engine<S> {
     run_.download(dst.data(), grads_ + offset, dst.size_bytes());
   }
 
-  void forward() override { queue('F'); }
-  void backward() override { queue('B'); }
+  void forward() override { queue(Phase::forward); }
+  void backward() override { queue(Phase::backward); }
 
   void set_optimizer(std::span<const ParamSlot> params, bool adam) override {
     flush();
@@ -138,21 +138,21 @@ class ReplayEngine final : public Engine<S> {
       run_.drop_graphs();
     }
     hyper_ = h;
-    queue('O');
+    queue(Phase::optimizer);
   }
 
   const std::string& fallback_reason() const override { return fallback_; }
   std::uint64_t launches() const override { return launched_; }
   void flush() override {
     if (pending_.empty()) return;
-    const std::string phases = std::move(pending_);
+    const std::vector<Phase> phases = std::move(pending_);
     pending_.clear();
     if (fallback_.empty()) {
       try {
         auto [it, fresh] = keys_.try_emplace(phases, keys_.size());
         const std::uint64_t before = launched_;
         run_.graph(it->second, [&] {
-          for (char p : phases) enqueue(p, fused_);
+          for (Phase p : phases) enqueue(p, fused_);
         });
         // A replayed graph runs the kernels its capture counted.
         if (graph_kernels_.size() <= it->second) graph_kernels_.resize(it->second + 1, 0);
@@ -173,7 +173,7 @@ class ReplayEngine final : public Engine<S> {
         graph_kernels_.clear();
       }
     }
-    for (char p : phases) enqueue(p, false);
+    for (Phase p : phases) enqueue(p, false);
   }
 
  private:
@@ -183,15 +183,15 @@ class ReplayEngine final : public Engine<S> {
     std::size_t first, count, rows, threads;
   };
 
-  void queue(char phase) {
+  void queue(Phase phase) {
     if (mode_ == Mode::per_node)
       enqueue(phase, false);
     else
       pending_.push_back(phase);
   }
 
-  void enqueue(char phase, bool fused) {
-    if (phase == 'O') {
+  void enqueue(Phase phase, bool fused) {
+    if (phase == Phase::optimizer) {
       if (!state_) return;
       run_.optimizer_prepare(views_, params_.size(), hyper_, state_);
       ++launched_;
@@ -205,10 +205,10 @@ class ReplayEngine final : public Engine<S> {
       return;
     }
     if (!fused) {
-      for (const Launch<S>& l : phase == 'F' ? forward_ : backward_) launch(l);
+      for (const Launch<S>& l : phase == Phase::forward ? forward_ : backward_) launch(l);
       return;
     }
-    for (const Unit& u : phase == 'F' ? forward_units_ : backward_units_) {
+    for (const Unit& u : phase == Phase::forward ? forward_units_ : backward_units_) {
       const Launch<S>* d = device_launches_ + u.first;
       ++launched_;
       switch (u.kind) {
@@ -241,7 +241,7 @@ class ReplayEngine final : public Engine<S> {
     }
     with_op(l.op, [&](auto op) {
       using Op = decltype(op);
-      if constexpr (has_device_kernel<Op>) {
+      if constexpr (has_item_bodies<Op>) {
         if (l.kind == LaunchKind::forward)
           run_.template forward<Op>(l.x, l.y, l.items);
         else if (l.kind == LaunchKind::backward_a)
@@ -298,7 +298,7 @@ class ReplayEngine final : public Engine<S> {
     x.out = n.dims;
     x.scalar = n.scalar;
     x.axis = n.axis;
-    if (n.extra != none) x.extra = extras_ + n.extra;
+    if (n.extra != no_offset) x.extra = extras_ + n.extra;
     return x;
   }
 
@@ -315,9 +315,9 @@ class ReplayEngine final : public Engine<S> {
   Launch<S>* device_launches_ = nullptr;
   std::vector<Unit> forward_units_, backward_units_;
   bool fused_ = false;
-  // Graph and fused modes: phases queued since the last flush ('F', 'B', 'O'), graph key per sequence.
-  std::string pending_;
-  std::map<std::string, std::size_t> keys_;
+  // Graph and fused modes: phases queued since the last flush, graph key per sequence.
+  std::vector<Phase> pending_;
+  std::map<std::vector<Phase>, std::size_t> keys_;
   std::vector<std::uint64_t> graph_kernels_;  // kernels per graph key
   std::uint64_t launched_ = 0;
   std::string fallback_;

@@ -12,9 +12,9 @@
 #include <type_traits>
 
 #include "grad/config.hpp"
-#include "grad/isa.hpp"
-#include "grad/parallel.hpp"
-#include "grad/simd.hpp"
+#include "grad/numerics/isa.hpp"
+#include "grad/numerics/parallel.hpp"
+#include "grad/numerics/simd.hpp"
 #include "grad/tensor.hpp"
 
 namespace grad {
@@ -33,6 +33,59 @@ struct NodeArgs {
   T scalar = T(0);
   std::uint32_t axis = 0;              // softmax, concat
   const std::size_t* extra = nullptr;  // slice starts, one per axis
+};
+
+// ---- the per-item contract every op tag meets ----
+//
+// An op's math is its per-item bodies, GRAD_HD, called by every engine: the
+// tape's host loops (directly, or through a faster variant that the suites
+// check bit for bit against them), the device engine's CPU backend and CUDA.
+//
+//   forward_item(x, y, w)              computes item w of the output
+//   backward_item<In>(x, y, g, dx, w)  computes item w of operand In's gradient
+//                                      contribution dx, whole (gather form:
+//                                      it sums its own terms from zero, in
+//                                      ascending output index)
+//   forward_items(x), backward_items<In>(x)
+//                                      optional: how many items (default:
+//                                      one per output element, one per
+//                                      element of the operand)
+//
+// An item is one element unless the tag says otherwise (softmax: a lane,
+// row_sum: a row, sum/mean forward: the whole reduction).
+template <class Op>
+concept has_item_bodies = requires(const NodeArgs<double>& x, double* y, std::size_t w) {
+  Op::forward_item(x, y, w);
+};
+
+template <class Op, class T>
+GRAD_HD std::size_t forward_items(const NodeArgs<T>& x) {
+  if constexpr (requires { Op::forward_items(x); })
+    return Op::forward_items(x);
+  else
+    return x.out.size();
+}
+template <class Op, int In, class T>
+GRAD_HD std::size_t backward_items(const NodeArgs<T>& x) {
+  if constexpr (requires { Op::template backward_items<In>(x); })
+    return Op::template backward_items<In>(x);
+  else
+    return (In == 0 ? x.a.dims : x.b.dims).size();
+}
+
+// Host loops made of the per-item bodies, for tags that need no faster variant.
+template <class Derived>
+struct ItemLoops {
+  template <class T>
+  static void forward_tensor(const NodeArgs<T>& x, T* y) {
+    const std::size_t n = forward_items<Derived>(x);
+    for (std::size_t w = 0; w < n; ++w) Derived::forward_item(x, y, w);
+  }
+  template <int In, class T>
+  static void backward_tensor(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
+    const std::size_t n = backward_items<Derived, In>(x);
+    for (std::size_t w = 0; w < n; ++w) Derived::template backward_item<In>(x, y, g, dx, w);
+  }
 };
 
 // Elementwise loops at least twice this long are split over the pool (when
@@ -188,7 +241,17 @@ void binary_backward(const NodeArgs<T>& x, const T* y, const T* g, T* dx);
 template <class Derived>
 struct Unary {
   static constexpr int arity = 1;
-  static constexpr bool row_local = true;
+
+  template <class T>
+  GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t w) {
+    y[w] = Derived::forward(x.a.data[w], x.scalar);
+  }
+  template <int In, class T>
+  GRAD_HD static void backward_item(const NodeArgs<T>& x, const T* y, const T* g, T* dx, std::size_t w) {
+    dx[w] = Derived::backward(x.a.data[w], y[w], g[w], x.scalar);
+  }
+
+  // The host loops: the same element bodies over packs and threads.
 
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
@@ -206,8 +269,93 @@ struct Unary {
 template <class Derived>
 struct Binary {
   static constexpr int arity = 2;
-  static constexpr bool row_local = true;
 
+  // The per-item bodies. An input of the output's exact shape stores its
+  // one contribution as is; a broadcast input's element w starts from zero
+  // and adds its contributions in ascending output index.
+  template <class T>
+  GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t w) {
+    const std::size_t ia = x.a.dims == x.out ? w : broadcast_index(w, x.out, broadcast_strides(x.a.dims, x.out));
+    const std::size_t ib = x.b.dims == x.out ? w : broadcast_index(w, x.out, broadcast_strides(x.b.dims, x.out));
+    y[w] = Derived::forward(x.a.data[ia], x.b.data[ib]);
+  }
+
+  template <int In, class T>
+  GRAD_HD static void backward_item(const NodeArgs<T>& x, const T* y, const T* g, T* dx, std::size_t w) {
+    // 32-bit index arithmetic whenever the output allows it: a 64-bit
+    // division is a long software routine on the GPU.
+    if (x.out.size() <= 0xffffffffu)
+      backward_indexed<In, std::uint32_t>(x, y, g, dx, static_cast<std::uint32_t>(w));
+    else
+      backward_indexed<In, std::size_t>(x, y, g, dx, w);
+  }
+
+  // backward_item with index type I.
+  template <int In, class I, class T>
+  GRAD_HD static void backward_indexed(const NodeArgs<T>& x, const T* y, const T* g, T* dx, I w) {
+    auto contribution = [&](I j, I ia, I ib) {
+      if constexpr (In == 0)
+        return Derived::backward_a(x.a.data[ia], x.b.data[ib], y[j], g[j]);
+      else
+        return Derived::backward_b(x.a.data[ia], x.b.data[ib], y[j], g[j]);
+    };
+    const Dims sa = broadcast_strides(x.a.dims, x.out), sb = broadcast_strides(x.b.dims, x.out);
+    const Dims& mine = In == 0 ? x.a.dims : x.b.dims;
+    const Dims& s = In == 0 ? sa : sb;
+    // Element w's coordinates on the axes it spans give the first output j
+    // that reads it (and the other operand's index there); the broadcast
+    // (stride 0) axes are enumerated row-major, so that j ascends, by an
+    // odometer whose strides are gathered once here: no division per term.
+    I j = 0, ia = 0, ib = 0, ostride = 1;
+    I size[max_rank], step_j[max_rank], step_a[max_rank], step_b[max_rank];
+    std::size_t free = 0;
+    for (std::size_t ax = x.out.rank; ax-- > 0;) {
+      const I n = static_cast<I>(x.out.d[ax]);
+      if (s.d[ax] != 0) {
+        const I c = w / static_cast<I>(s.d[ax]) % n;
+        j += c * ostride;
+        ia += c * static_cast<I>(sa.d[ax]);
+        ib += c * static_cast<I>(sb.d[ax]);
+      } else if (n > 1) {  // innermost first
+        size[free] = n;
+        step_j[free] = ostride;
+        step_a[free] = static_cast<I>(sa.d[ax]);
+        step_b[free] = static_cast<I>(sb.d[ax]);
+        ++free;
+      }
+      ostride *= n;
+    }
+    if (mine == x.out) {
+      dx[w] = contribution(w, ia, ib);
+      return;
+    }
+    T acc = T(0);
+    if (free == 1) {  // the common case (a bias over rows): one stride, all in registers
+      for (I k = 0; k < size[0]; ++k, j += step_j[0], ia += step_a[0], ib += step_b[0])
+        acc = acc + contribution(j, ia, ib);
+      dx[w] = acc;
+      return;
+    }
+    I at[max_rank] = {};
+    for (;;) {
+      acc = acc + contribution(j, ia, ib);
+      std::size_t k = 0;
+      for (; k < free; ++k) {
+        j += step_j[k];
+        ia += step_a[k];
+        ib += step_b[k];
+        if (++at[k] < size[k]) break;
+        j -= size[k] * step_j[k];
+        ia -= size[k] * step_a[k];
+        ib -= size[k] * step_b[k];
+        at[k] = 0;
+      }
+      if (k == free) break;
+    }
+    dx[w] = acc;
+  }
+
+  // The host loops: the same element functors over packs, rows and threads.
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
     kernels::binary_forward<Derived>(x, y);

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <string_view>
 
-#include "grad/ops/exact_math.hpp"
-#include "grad/ops/family.hpp"
+#include "grad/numerics/exact_math.hpp"
+#include "grad/tags/family.hpp"
 
 namespace grad {
 
@@ -24,7 +24,6 @@ GRAD_HD GRAD_INLINE inline T sqrt_of(T x) {
 // finite gradient that hides it. relu(-0) = +0; the gradient at 0 is 0.
 struct Relu : Unary<Relu> {
   static constexpr std::string_view name = "relu";
-  static constexpr Tier tier = Tier::exact;
   template <class T>
   GRAD_HD static T forward(T x, T) {
     return x <= T(0) ? T(0) : x;
@@ -37,7 +36,6 @@ struct Relu : Unary<Relu> {
 
 struct Sqrt : Unary<Sqrt> {
   static constexpr std::string_view name = "sqrt";
-  static constexpr Tier tier = Tier::exact;  // IEEE sqrt is correctly rounded
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T) {
@@ -49,11 +47,10 @@ struct Sqrt : Unary<Sqrt> {
   }
 };
 
-// sigmoid, tanh, exp and log are exact tier: exact_math.hpp computes them
+// sigmoid, tanh, exp and log: exact_math.hpp computes them
 // with + - * / only, so every backend rounds them identically.
 struct Sigmoid : Unary<Sigmoid> {
   static constexpr std::string_view name = "sigmoid";
-  static constexpr Tier tier = Tier::exact;
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T) {
@@ -67,7 +64,6 @@ struct Sigmoid : Unary<Sigmoid> {
 
 struct Tanh : Unary<Tanh> {
   static constexpr std::string_view name = "tanh";
-  static constexpr Tier tier = Tier::exact;
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T) {
@@ -86,7 +82,6 @@ struct Tanh : Unary<Tanh> {
 
 struct Exp : Unary<Exp> {
   static constexpr std::string_view name = "exp";
-  static constexpr Tier tier = Tier::exact;
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T) {
@@ -100,7 +95,6 @@ struct Exp : Unary<Exp> {
 
 struct Log : Unary<Log> {
   static constexpr std::string_view name = "log";
-  static constexpr Tier tier = Tier::exact;
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T) {

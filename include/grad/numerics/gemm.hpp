@@ -26,8 +26,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "grad/isa.hpp"
-#include "grad/parallel.hpp"
+#include "grad/numerics/isa.hpp"
+#include "grad/numerics/parallel.hpp"
 
 // Full unrolling of the register tile's constant-trip loops. nvcc's front end
 // (which sees this header through op_list.hpp) does not know GCC's pragma.

@@ -6,8 +6,8 @@
 
 #include <string_view>
 
-#include "grad/ops/family.hpp"
-#include "grad/ops/gemm.hpp"  // gemm_nn, gemm_nt, gemm_tn: blocked, same order as grad::reference
+#include "grad/tags/family.hpp"
+#include "grad/numerics/gemm.hpp"  // gemm_nn, gemm_nt, gemm_tn: blocked, same order as grad::reference
 
 namespace grad {
 
@@ -16,8 +16,45 @@ namespace grad {
 template <class Derived>
 struct MatrixProduct {
   static constexpr int arity = 2;
-  static constexpr bool row_local = false;
-  static constexpr Tier tier = Tier::exact;
+
+  // The per-item bodies: output element w (or gradient element w) is one
+  // inner product from zero in ascending index.
+  struct Sizes {
+    std::size_t m, k, n;
+  };
+  template <class T>
+  GRAD_HD static Sizes sizes(const NodeArgs<T>& x) {
+    return {x.a.dims.back(1), x.a.dims.back(), x.b.dims.back()};
+  }
+  template <class T>
+  GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t w) {
+    const auto [m, k, n] = sizes(x);
+    const std::size_t s = w / (m * n), i = w % (m * n) / n, j = w % n;
+    const T* A = x.a.data + s * m * k + i * k;
+    const T* B = x.b.data + s * k * n + j;
+    T acc = T(0);
+    for (std::size_t p = 0; p < k; ++p) acc = acc + A[p] * B[p * n];
+    y[w] = acc;
+  }
+  template <int In, class T>
+  GRAD_HD static void backward_item(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
+    const auto [m, k, n] = sizes(x);
+    T acc = T(0);
+    if constexpr (In == 0) {  // dA[i,p] = sum_j G[i,j] B[p,j]
+      const std::size_t s = w / (m * k), i = w % (m * k) / k, p = w % k;
+      const T* G = g + s * m * n + i * n;
+      const T* B = x.b.data + s * k * n + p * n;
+      for (std::size_t j = 0; j < n; ++j) acc = acc + G[j] * B[j];
+    } else {  // dB[p,j] = sum_i A[i,p] G[i,j]
+      const std::size_t s = w / (k * n), p = w % (k * n) / n, j = w % n;
+      const T* A = x.a.data + s * m * k + p;
+      const T* G = g + s * m * n + j;
+      for (std::size_t i = 0; i < m; ++i) acc = acc + A[i * k] * G[i * n];
+    }
+    dx[w] = acc;
+  }
+
+  // The host loops: blocked gemm in the same order per element (gemm.hpp).
 
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
@@ -57,9 +94,19 @@ inline void transpose_batches(const T* in, T* out, std::size_t batches, std::siz
 // Swaps the last two axes.
 struct Transpose {
   static constexpr std::string_view name = "transpose";
-  static constexpr Tier tier = Tier::exact;
   static constexpr int arity = 1;
-  static constexpr bool row_local = false;
+  template <class T>
+  GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t w) {
+    const std::size_t r = x.a.dims.back(1), c = x.a.dims.back(), s = w / (r * c), q = w % (r * c);
+    y[w] = x.a.data[s * r * c + (q % r) * c + q / r];
+  }
+  template <int In, class T>
+  GRAD_HD static void backward_item(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
+    const std::size_t r = x.a.dims.back(1), c = x.a.dims.back(), s = w / (r * c), q = w % (r * c);
+    dx[w] = g[s * r * c + (q % c) * r + q / c];
+  }
+
+  // The host loops: the same copies, without a division per element.
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
     const std::size_t r = x.a.dims.back(1), c = x.a.dims.back();

@@ -7,28 +7,24 @@
 #include <cstdint>
 #include <string_view>
 
-#include "grad/ops/elementwise.hpp"
-#include "grad/ops/layout.hpp"
-#include "grad/ops/linalg.hpp"
-#include "grad/ops/reduce.hpp"
-#include "grad/ops/row_sum.hpp"
-#include "grad/ops/softmax.hpp"
-#include "grad/ops/unary.hpp"
+#include "grad/tags/elementwise.hpp"
+#include "grad/tags/layout.hpp"
+#include "grad/tags/linalg.hpp"
+#include "grad/tags/reduce.hpp"
+#include "grad/tags/row_sum.hpp"
+#include "grad/tags/softmax.hpp"
+#include "grad/tags/unary.hpp"
 
 namespace grad {
 
 // Leaves: values copied in by Tape::param / Tape::constant.
 struct Param {
   static constexpr std::string_view name = "param";
-  static constexpr Tier tier = Tier::exact;
   static constexpr int arity = 0;
-  static constexpr bool row_local = false;
 };
 struct Const {
   static constexpr std::string_view name = "const";
-  static constexpr Tier tier = Tier::exact;
   static constexpr int arity = 0;
-  static constexpr bool row_local = false;
 };
 
 using OpList = boost::mp11::mp_list<Param, Const,                                           //

@@ -1,27 +1,23 @@
-// Data movement: reshape, slice, concat. Exact tier; gradients are copies.
+// Data movement: reshape, slice, concat. Gradients are copies.
 #pragma once
 
 #include <array>
 #include <string_view>
 
-#include "grad/ops/family.hpp"
+#include "grad/tags/family.hpp"
 
 namespace grad {
 
-struct Reshape {
+struct Reshape : ItemLoops<Reshape> {
   static constexpr std::string_view name = "reshape";
-  static constexpr Tier tier = Tier::exact;
   static constexpr int arity = 1;
-  static constexpr bool row_local = false;
   template <class T>
-  static void forward_tensor(const NodeArgs<T>& x, T* y) {
-    const std::size_t n = x.out.size();
-    for (std::size_t i = 0; i < n; ++i) y[i] = x.a.data[i];
+  GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t w) {
+    y[w] = x.a.data[w];
   }
   template <int In, class T>
-  static void backward_tensor(const NodeArgs<T>& x, const T*, const T* g, T* dx) {
-    const std::size_t n = x.out.size();
-    for (std::size_t i = 0; i < n; ++i) dx[i] = g[i];
+  GRAD_HD static void backward_item(const NodeArgs<T>&, const T*, const T* g, T* dx, std::size_t w) {
+    dx[w] = g[w];
   }
 };
 
@@ -52,9 +48,36 @@ inline void slice_loop(const Dims& in, const Dims& out, const std::size_t* start
 // Per-axis half-open ranges [starts, starts + out) of the input.
 struct Slice {
   static constexpr std::string_view name = "slice";
-  static constexpr Tier tier = Tier::exact;
   static constexpr int arity = 1;
-  static constexpr bool row_local = false;
+  // The per-item bodies: forward gathers from the input box; backward gives
+  // each input element its output's gradient inside the box and zero outside.
+  template <class T>
+  GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t w) {
+    std::size_t src = 0, in_stride = 1, rest = w;
+    for (std::size_t ax = x.out.rank; ax-- > 0;) {
+      src += (rest % x.out.d[ax] + x.extra[ax]) * in_stride;
+      rest /= x.out.d[ax];
+      in_stride *= x.a.dims.d[ax];
+    }
+    y[w] = x.a.data[src];
+  }
+  template <int In, class T>
+  GRAD_HD static void backward_item(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
+    std::size_t j = 0, out_stride = 1, rest = w;
+    for (std::size_t ax = x.a.dims.rank; ax-- > 0;) {
+      const std::size_t at = rest % x.a.dims.d[ax];
+      rest /= x.a.dims.d[ax];
+      if (at < x.extra[ax] || at >= x.extra[ax] + x.out.d[ax]) {
+        dx[w] = T(0);
+        return;
+      }
+      j += (at - x.extra[ax]) * out_stride;
+      out_stride *= x.out.d[ax];
+    }
+    dx[w] = g[j];
+  }
+
+  // The host loops: the same copies by an odometer, without divisions.
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
     slice_loop(x.a.dims, x.out, x.extra, [&](std::size_t j, std::size_t i) { y[j] = x.a.data[i]; });
@@ -70,14 +93,12 @@ struct Slice {
 // Joins a and b along `axis`: per outer index, a's block then b's block.
 struct Concat {
   static constexpr std::string_view name = "concat";
-  static constexpr Tier tier = Tier::exact;
   static constexpr int arity = 2;
-  static constexpr bool row_local = false;
 
   struct Blocks {
     std::size_t outer, a, b;
   };
-  static Blocks blocks(const Dims& a, const Dims& b, std::size_t axis) {
+  GRAD_HD static Blocks blocks(const Dims& a, const Dims& b, std::size_t axis) {
     Blocks k{1, 1, 1};
     for (std::size_t i = 0; i < axis; ++i) k.outer *= a.d[i];
     for (std::size_t i = axis; i < a.rank; ++i) {
@@ -86,6 +107,22 @@ struct Concat {
     }
     return k;
   }
+
+  // The per-item bodies.
+  template <class T>
+  GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t w) {
+    const Blocks k = blocks(x.a.dims, x.b.dims, x.axis);
+    const std::size_t o = w / (k.a + k.b), r = w % (k.a + k.b);
+    y[w] = r < k.a ? x.a.data[o * k.a + r] : x.b.data[o * k.b + (r - k.a)];
+  }
+  template <int In, class T>
+  GRAD_HD static void backward_item(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
+    const Blocks k = blocks(x.a.dims, x.b.dims, x.axis);
+    const std::size_t width = In == 0 ? k.a : k.b, offset = In == 0 ? 0 : k.a;
+    dx[w] = g[w / width * (k.a + k.b) + offset + w % width];
+  }
+
+  // The host loops: the same copies, block by block.
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
     const Blocks k = blocks(x.a.dims, x.b.dims, x.axis);

@@ -6,7 +6,7 @@
 // is what moves exp, tanh, sigmoid and log into the exact tier.
 //
 // Every function is written once for T = float or double and for
-// simd::Pack<T, Bytes> (grad/simd.hpp): the host loops run them on whole
+// simd::Pack<T, Bytes> (grad/numerics/simd.hpp): the host loops run them on whole
 // vectors explicitly, so their speed does not depend on whether the
 // consumer's -O level lets the auto-vectoriser in. A pack's lanes do the
 // scalar operations in the scalar order: the same bits.
@@ -27,8 +27,8 @@
 #include <type_traits>
 
 #include "grad/config.hpp"
-#include "grad/isa.hpp"
-#include "grad/simd.hpp"
+#include "grad/numerics/isa.hpp"
+#include "grad/numerics/simd.hpp"
 
 GRAD_SIMD_DIAGNOSTICS_BEGIN
 

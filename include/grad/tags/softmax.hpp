@@ -4,16 +4,14 @@
 
 #include <string_view>
 
-#include "grad/ops/exact_math.hpp"
-#include "grad/ops/family.hpp"
+#include "grad/numerics/exact_math.hpp"
+#include "grad/tags/family.hpp"
 
 namespace grad {
 
-struct Softmax {
+struct Softmax : ItemLoops<Softmax> {
   static constexpr std::string_view name = "softmax";
-  static constexpr Tier tier = Tier::exact;  // exp is exact_exp: + - * / only
   static constexpr int arity = 1;
-  static constexpr bool row_local = false;
 
   // A lane is n elements `stride` apart.
   template <class T>
@@ -34,32 +32,34 @@ struct Softmax {
     for (std::size_t i = 0; i < n; ++i) dx[i * stride] = y[i * stride] * (g[i * stride] - dot);
   }
 
-  struct Lanes {
-    std::size_t outer, n, inner;
+  // Item w is one whole lane (w counts the lanes row-major).
+  struct Lane {
+    std::size_t base, n, stride;
   };
-  static Lanes lanes(const Dims& d, std::size_t axis) {
-    Lanes l{1, d.d[axis], 1};
-    for (std::size_t i = 0; i < axis; ++i) l.outer *= d.d[i];
-    for (std::size_t i = axis + 1; i < d.rank; ++i) l.inner *= d.d[i];
-    return l;
+  template <class T>
+  GRAD_HD static Lane lane(const NodeArgs<T>& x, std::size_t w) {
+    std::size_t inner = 1;
+    for (std::size_t i = x.axis + 1; i < x.out.rank; ++i) inner *= x.out.d[i];
+    const std::size_t n = x.out.d[x.axis];
+    return {w / inner * n * inner + w % inner, n, inner};
   }
   template <class T>
-  static void forward_tensor(const NodeArgs<T>& x, T* y) {
-    const Lanes l = lanes(x.out, x.axis);
-    for (std::size_t o = 0; o < l.outer; ++o)
-      for (std::size_t i = 0; i < l.inner; ++i) {
-        const std::size_t base = o * l.n * l.inner + i;
-        forward_lane(x.a.data + base, y + base, l.n, l.inner);
-      }
+  GRAD_HD static std::size_t forward_items(const NodeArgs<T>& x) {
+    return x.out.size() / x.out.d[x.axis];
   }
   template <int In, class T>
-  static void backward_tensor(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
-    const Lanes l = lanes(x.out, x.axis);
-    for (std::size_t o = 0; o < l.outer; ++o)
-      for (std::size_t i = 0; i < l.inner; ++i) {
-        const std::size_t base = o * l.n * l.inner + i;
-        backward_lane(y + base, g + base, dx + base, l.n, l.inner);
-      }
+  GRAD_HD static std::size_t backward_items(const NodeArgs<T>& x) {
+    return x.out.size() / x.out.d[x.axis];
+  }
+  template <class T>
+  GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t w) {
+    const Lane l = lane(x, w);
+    forward_lane(x.a.data + l.base, y + l.base, l.n, l.stride);
+  }
+  template <int In, class T>
+  GRAD_HD static void backward_item(const NodeArgs<T>& x, const T* y, const T* g, T* dx, std::size_t w) {
+    const Lane l = lane(x, w);
+    backward_lane(y + l.base, g + l.base, dx + l.base, l.n, l.stride);
   }
 };
 

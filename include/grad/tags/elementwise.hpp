@@ -1,18 +1,17 @@
 // Arithmetic: broadcasting binary ops, negation and the scalar forms.
-// All exact tier: IEEE + - * / are correctly rounded on every backend.
+// IEEE + - * / are correctly rounded on every backend.
 // Every tag here takes simd packs as well as scalars (packs = true): the
 // host loops run them on whole vectors (family.hpp).
 #pragma once
 
 #include <string_view>
 
-#include "grad/ops/family.hpp"
+#include "grad/tags/family.hpp"
 
 namespace grad {
 
 struct Add : Binary<Add> {
   static constexpr std::string_view name = "add";
-  static constexpr Tier tier = Tier::exact;
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T a, T b) {
@@ -30,7 +29,6 @@ struct Add : Binary<Add> {
 
 struct Sub : Binary<Sub> {
   static constexpr std::string_view name = "sub";
-  static constexpr Tier tier = Tier::exact;
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T a, T b) {
@@ -48,7 +46,6 @@ struct Sub : Binary<Sub> {
 
 struct Mul : Binary<Mul> {
   static constexpr std::string_view name = "mul";
-  static constexpr Tier tier = Tier::exact;
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T a, T b) {
@@ -66,7 +63,6 @@ struct Mul : Binary<Mul> {
 
 struct Div : Binary<Div> {
   static constexpr std::string_view name = "div";
-  static constexpr Tier tier = Tier::exact;
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T a, T b) {
@@ -85,7 +81,6 @@ struct Div : Binary<Div> {
 
 struct Neg : Unary<Neg> {
   static constexpr std::string_view name = "neg";
-  static constexpr Tier tier = Tier::exact;
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T) {
@@ -100,7 +95,6 @@ struct Neg : Unary<Neg> {
 // a + s (and a - s, recorded as a + (-s), which IEEE rounds identically).
 struct AddScalar : Unary<AddScalar> {
   static constexpr std::string_view name = "add_scalar";
-  static constexpr Tier tier = Tier::exact;
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T s) {
@@ -114,7 +108,6 @@ struct AddScalar : Unary<AddScalar> {
 
 struct MulScalar : Unary<MulScalar> {
   static constexpr std::string_view name = "mul_scalar";
-  static constexpr Tier tier = Tier::exact;
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T s) {
@@ -128,7 +121,6 @@ struct MulScalar : Unary<MulScalar> {
 
 struct DivScalar : Unary<DivScalar> {
   static constexpr std::string_view name = "div_scalar";
-  static constexpr Tier tier = Tier::exact;
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T s) {
@@ -143,7 +135,6 @@ struct DivScalar : Unary<DivScalar> {
 // s - a
 struct ScalarSub : Unary<ScalarSub> {
   static constexpr std::string_view name = "scalar_sub";
-  static constexpr Tier tier = Tier::exact;
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T s) {
@@ -158,7 +149,6 @@ struct ScalarSub : Unary<ScalarSub> {
 // s / a
 struct ScalarDiv : Unary<ScalarDiv> {
   static constexpr std::string_view name = "scalar_div";
-  static constexpr Tier tier = Tier::exact;
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T s) {

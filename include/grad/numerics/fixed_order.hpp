@@ -1,5 +1,4 @@
-// Reductions over all axes to shape {1}, and the one order every full
-// reduction in grad follows (sum, mean, row_sum's rows, the optimizers'
+// The one order every full reduction in grad follows (sum, mean, row_sum's rows, the optimizers'
 // global clip norm), on the tape, the CPU backend and CUDA alike.
 //
 // The order ("32 lanes, chunks of 4096, a fixed tree") depends only on the
@@ -28,9 +27,8 @@
 #pragma once
 
 #include <cstddef>
-#include <string_view>
 
-#include "grad/ops/family.hpp"
+#include "grad/config.hpp"
 
 namespace grad {
 
@@ -147,39 +145,5 @@ GRAD_HD inline T sum_fixed(const T* x, std::size_t n, F f = {}) {
   for (std::size_t c = 0; c * chunk < n; ++c) s.push(1, lanes32(x + c * chunk, chunk_length(n, c), f));
   return s.result();
 }
-
-struct Sum {
-  static constexpr std::string_view name = "sum";
-  static constexpr Tier tier = Tier::exact;
-  static constexpr int arity = 1;
-  static constexpr bool row_local = false;
-  template <class T>
-  static void forward_tensor(const NodeArgs<T>& x, T* y) {
-    y[0] = sum_fixed(x.a.data, x.a.dims.size());
-  }
-  template <int In, class T>
-  static void backward_tensor(const NodeArgs<T>& x, const T*, const T* g, T* dx) {
-    const std::size_t n = x.a.dims.size();
-    for (std::size_t i = 0; i < n; ++i) dx[i] = g[0];
-  }
-};
-
-struct Mean {
-  static constexpr std::string_view name = "mean";
-  static constexpr Tier tier = Tier::exact;
-  static constexpr int arity = 1;
-  static constexpr bool row_local = false;
-  template <class T>
-  static void forward_tensor(const NodeArgs<T>& x, T* y) {
-    const std::size_t n = x.a.dims.size();
-    y[0] = sum_fixed(x.a.data, n) / static_cast<T>(n);
-  }
-  template <int In, class T>
-  static void backward_tensor(const NodeArgs<T>& x, const T*, const T* g, T* dx) {
-    const std::size_t n = x.a.dims.size();
-    const T share = g[0] / static_cast<T>(n);
-    for (std::size_t i = 0; i < n; ++i) dx[i] = share;
-  }
-};
 
 }  // namespace grad

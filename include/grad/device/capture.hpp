@@ -24,7 +24,6 @@
 #include <vector>
 
 #include "grad/device/engine.hpp"
-#include "grad/device/kernels.hpp"
 #include "grad/device/plan.hpp"
 #include "grad/tape.hpp"
 
@@ -140,7 +139,7 @@ class Program {
   }
   // Bytes of device gradient buffers: only nodes the loss's backward reaches have one.
   std::size_t grad_bytes() const { return grad_elements_ * (f32() ? sizeof(float) : sizeof(T)); }
-  bool reaches(Var<T> v) const { return grad_offset_[node_of(v, "reaches")] != none; }
+  bool reaches(Var<T> v) const { return grad_offset_[node_of(v, "reaches")] != no_offset; }
 
   // For device optimizers: where a parameter lives, or an exception saying why it cannot be trained.
   ParamSlot param_slot(Var<T> param, std::string_view who) const {
@@ -182,7 +181,7 @@ class Program {
   std::vector<T> read(std::uint32_t i, bool gradient) {
     std::vector<T> out(dims_[i].size(), T(0));
     const std::size_t offset = gradient ? grad_offset_[i] : value_offset_[i];
-    if (offset == none) return out;
+    if (offset == no_offset) return out;
     with_engine([&](auto& e, auto zero) {
       using S = decltype(zero);
       std::vector<S> tmp(out.size());
@@ -218,10 +217,10 @@ inline std::size_t aligned(std::size_t n, std::size_t elem) {
   return (n + per - 1) / per * per;
 }
 
-// The refusal for an op that DeviceKernel does not cover.
+// The refusal for an op whose tag has no per-item bodies.
 inline std::string missing_kernel(std::uint32_t node, std::string_view op) {
   return "grad::device::capture: node " + std::to_string(node) + " is a '" + std::string(op) +
-         "' op, which has no device kernel (add a DeviceKernel specialisation in grad/device/kernels.hpp)";
+         "' op, whose tag has no per-item bodies (forward_item and backward_item, grad/tags/family.hpp)";
 }
 
 template <class S, class T>
@@ -250,8 +249,8 @@ Layout<S> build_layout(const Tape<T>& tape, std::uint32_t loss, std::vector<std:
   }
 
   std::size_t values = 0, grads = 0;
-  value_offset.assign(nodes.size(), none);
-  grad_offset.assign(nodes.size(), none);
+  value_offset.assign(nodes.size(), no_offset);
+  grad_offset.assign(nodes.size(), no_offset);
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     const std::size_t size = nodes[i].dims.size();
     value_offset[i] = values;
@@ -272,7 +271,7 @@ Layout<S> build_layout(const Tape<T>& tape, std::uint32_t loss, std::vector<std:
     d.dims = n.dims;
     d.scalar = static_cast<S>(n.scalar);
     d.axis = n.axis;
-    d.extra = n.extra == no_node ? none : n.extra;
+    d.extra = n.extra == no_node ? no_offset : n.extra;
     d.value = value_offset[i];
     d.grad = grad_offset[i];
     L.nodes.push_back(d);
@@ -302,7 +301,7 @@ Program<T> capture(const Tape<T>& tape, Var<T> loss, Options options) {
     const Node<T>& n = tape.nodes()[i];
     const bool has_kernel = with_op(n.op, [](auto op) {
       using Op = decltype(op);
-      return Op::arity == 0 || has_device_kernel<Op>;
+      return Op::arity == 0 || has_item_bodies<Op>;
     });
     if (!has_kernel) throw CaptureError(capture_detail::missing_kernel(i, op_name(n.op)));
     if (n.op == op_code<Bmm>) {
