@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "grad/grad.hpp"
-#include "grad/ops/exact_math.hpp"
+#include "grad/numerics/exact_math.hpp"
 
 namespace {
 
