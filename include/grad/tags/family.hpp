@@ -9,6 +9,8 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <string>
 #include <type_traits>
 
 #include "grad/config.hpp"
@@ -34,6 +36,36 @@ struct NodeArgs {
   std::uint32_t axis = 0;              // softmax, concat
   const std::size_t* extra = nullptr;  // slice starts, one per axis
 };
+
+// ---- the shape rule every op tag owns ----
+//
+//   static std::string output_dims(const Dims& a, const Dims& b, OpAttrs& at, Dims& out)
+//
+// sets `out` to the output shape for operands of shapes a (and b: empty for
+// one-operand ops) and returns "", or returns why there is none; the one
+// recorder (record.hpp) prefixes the op's name and poisons the tape with it.
+// It may resolve the attributes (a negative axis). A tag that keeps
+// at.sizes on the tape (slice's starts) says `keeps_sizes = true`.
+
+// What a recording function passes its tag besides the operands.
+struct OpAttrs {
+  std::ptrdiff_t axis = 0;              // softmax, concat (negative: from the end)
+  std::span<const std::size_t> sizes;  // reshape: the new shape; slice: the starts
+  std::span<const std::size_t> stops;  // slice
+};
+
+// Resolves a numpy-style axis of `d` in place; the reason when it is out of
+// range (`operands()` names them: "shape [2, 3]", built only on failure).
+template <class Operands>
+std::string resolve_axis(const Dims& d, std::ptrdiff_t& axis, Operands operands) {
+  const auto rank = static_cast<std::ptrdiff_t>(d.rank);
+  const std::ptrdiff_t resolved = axis < 0 ? axis + rank : axis;
+  if (resolved < 0 || resolved >= rank)
+    return "axis " + std::to_string(axis) + " is out of range for " + operands() + " (rank " + std::to_string(rank) +
+           ")";
+  axis = resolved;
+  return {};
+}
 
 // ---- the per-item contract every op tag meets ----
 //
@@ -242,6 +274,11 @@ template <class Derived>
 struct Unary {
   static constexpr int arity = 1;
 
+  static std::string output_dims(const Dims& a, const Dims&, OpAttrs&, Dims& out) {
+    out = a;
+    return {};
+  }
+
   template <class T>
   GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t w) {
     y[w] = Derived::forward(x.a.data[w], x.scalar);
@@ -269,6 +306,13 @@ struct Unary {
 template <class Derived>
 struct Binary {
   static constexpr int arity = 2;
+
+  // numpy broadcasting.
+  static std::string output_dims(const Dims& a, const Dims& b, OpAttrs&, Dims& out) {
+    if (broadcast_dims(a, b, out)) return {};
+    return "shapes " + shape_string(a) + " and " + shape_string(b) +
+           " do not broadcast (aligned from the last axis, each pair of sizes must be equal or 1)";
+  }
 
   // The per-item bodies. An input of the output's exact shape stores its
   // one contribution as is; a broadcast input's element w starts from zero

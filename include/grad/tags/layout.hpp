@@ -2,6 +2,8 @@
 #pragma once
 
 #include <array>
+#include <optional>
+#include <string>
 #include <string_view>
 
 #include "grad/tags/family.hpp"
@@ -11,6 +13,18 @@ namespace grad {
 struct Reshape : ItemLoops<Reshape> {
   static constexpr std::string_view name = "reshape";
   static constexpr int arity = 1;
+  static std::string output_dims(const Dims& a, const Dims&, OpAttrs& at, Dims& out) {
+    const std::string what = "cannot reshape " + shape_string(a);
+    if (at.sizes.size() > max_rank || at.sizes.empty())
+      return what + " to " + shape_string(at.sizes) + ": the target shape must have rank 1 to " +
+             std::to_string(max_rank);
+    const std::optional<std::size_t> count = checked_element_count(at.sizes);
+    const std::string from = what + " (" + std::to_string(a.size()) + " elements) to " + shape_string(at.sizes);
+    if (!count) return from + ": its element count overflows";
+    if (*count != a.size()) return from + " (" + std::to_string(*count) + " elements)";
+    out = Dims::of(at.sizes);
+    return {};
+  }
   template <class T>
   GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t w) {
     y[w] = x.a.data[w];
@@ -49,6 +63,21 @@ inline void slice_loop(const Dims& in, const Dims& out, const std::size_t* start
 struct Slice {
   static constexpr std::string_view name = "slice";
   static constexpr int arity = 1;
+  static constexpr bool keeps_sizes = true;  // the starts, read by the items as x.extra
+  static std::string output_dims(const Dims& a, const Dims&, OpAttrs& at, Dims& out) {
+    if (at.sizes.size() != a.rank || at.stops.size() != a.rank)
+      return "shape " + shape_string(a) + " needs " + std::to_string(a.rank) + " starts and stops, got " +
+             std::to_string(at.sizes.size()) + " and " + std::to_string(at.stops.size());
+    out = a;
+    for (std::size_t ax = 0; ax < a.rank; ++ax) {
+      if (!(at.sizes[ax] < at.stops[ax] && at.stops[ax] <= a[ax]))
+        return "range [" + std::to_string(at.sizes[ax]) + ", " + std::to_string(at.stops[ax]) + ") on axis " +
+               std::to_string(ax) + " of shape " + shape_string(a) + " is empty or out of bounds (expected start < " +
+               "stop <= " + std::to_string(a[ax]) + ")";
+      out.d[ax] = at.stops[ax] - at.sizes[ax];
+    }
+    return {};
+  }
   // The per-item bodies: forward gathers from the input box; backward gives
   // each input element its output's gradient inside the box and zero outside.
   template <class T>
@@ -94,6 +123,20 @@ struct Slice {
 struct Concat {
   static constexpr std::string_view name = "concat";
   static constexpr int arity = 2;
+  static std::string output_dims(const Dims& a, const Dims& b, OpAttrs& at, Dims& out) {
+    const std::string why =
+        resolve_axis(a, at.axis, [&] { return "shapes " + shape_string(a) + " and " + shape_string(b); });
+    if (!why.empty()) return why;
+    const auto ax = static_cast<std::size_t>(at.axis);
+    bool fits = a.rank == b.rank;
+    for (std::size_t i = 0; fits && i < a.rank; ++i) fits = i == ax || a[i] == b[i];
+    if (!fits)
+      return "shapes " + shape_string(a) + " and " + shape_string(b) + " must match on every axis but axis " +
+             std::to_string(ax);
+    out = a;
+    out.d[ax] += b[ax];
+    return {};
+  }
 
   struct Blocks {
     std::size_t outer, a, b;

@@ -4,7 +4,10 @@
 // (gemm.hpp holds the kernels and the plain reference loops).
 #pragma once
 
+#include <array>
+#include <string>
 #include <string_view>
+#include <utility>
 
 #include "grad/tags/family.hpp"
 #include "grad/numerics/gemm.hpp"  // gemm_nn, gemm_nt, gemm_tn: blocked, same order as grad::reference
@@ -12,7 +15,7 @@
 namespace grad {
 
 // Shared by Matmul ([m,k]x[k,n]) and Bmm ([B,m,k]x[B,k,n]): same kernels,
-// different shape rules (checked where the op is recorded).
+// different shape rules.
 template <class Derived>
 struct MatrixProduct {
   static constexpr int arity = 2;
@@ -78,10 +81,22 @@ struct MatrixProduct {
 
 struct Matmul : MatrixProduct<Matmul> {
   static constexpr std::string_view name = "matmul";
+  static std::string output_dims(const Dims& a, const Dims& b, OpAttrs&, Dims& out) {
+    if (a.rank != 2 || b.rank != 2 || a[1] != b[0])
+      return "expected [m, k] x [k, n], got " + shape_string(a) + " x " + shape_string(b);
+    out = Dims::of(std::array<std::size_t, 2>{a[0], b[1]});
+    return {};
+  }
 };
 
 struct Bmm : MatrixProduct<Bmm> {
   static constexpr std::string_view name = "bmm";
+  static std::string output_dims(const Dims& a, const Dims& b, OpAttrs&, Dims& out) {
+    if (a.rank != 3 || b.rank != 3 || a[0] != b[0] || a[2] != b[1])
+      return "expected [B, m, k] x [B, k, n], got " + shape_string(a) + " x " + shape_string(b);
+    out = Dims::of(std::array<std::size_t, 3>{a[0], a[1], b[2]});
+    return {};
+  }
 };
 
 template <class T>
@@ -95,6 +110,12 @@ inline void transpose_batches(const T* in, T* out, std::size_t batches, std::siz
 struct Transpose {
   static constexpr std::string_view name = "transpose";
   static constexpr int arity = 1;
+  static std::string output_dims(const Dims& a, const Dims&, OpAttrs&, Dims& out) {
+    if (a.rank < 2) return "expected rank >= 2, got shape " + shape_string(a);
+    out = a;
+    std::swap(out.d[out.rank - 1], out.d[out.rank - 2]);
+    return {};
+  }
   template <class T>
   GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t w) {
     const std::size_t r = x.a.dims.back(1), c = x.a.dims.back(), s = w / (r * c), q = w % (r * c);

@@ -2,7 +2,9 @@
 // grad/numerics/fixed_order.hpp (sum_fixed).
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <string>
 #include <string_view>
 
 #include "grad/numerics/fixed_order.hpp"
@@ -12,7 +14,15 @@ namespace grad {
 
 // Forward is one item (the whole reduction); backward hands every element
 // the same share.
-struct Sum : ItemLoops<Sum> {
+// Shape {1} from any operand.
+struct ReduceAll {
+  static std::string output_dims(const Dims&, const Dims&, OpAttrs&, Dims& out) {
+    out = Dims::of(std::array<std::size_t, 1>{1});
+    return {};
+  }
+};
+
+struct Sum : ItemLoops<Sum>, ReduceAll {
   static constexpr std::string_view name = "sum";
   static constexpr int arity = 1;
   template <class T>
@@ -29,7 +39,7 @@ struct Sum : ItemLoops<Sum> {
   }
 };
 
-struct Mean : ItemLoops<Mean> {
+struct Mean : ItemLoops<Mean>, ReduceAll {
   static constexpr std::string_view name = "mean";
   static constexpr int arity = 1;
   template <class T>

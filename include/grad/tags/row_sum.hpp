@@ -15,6 +15,11 @@ namespace grad {
 struct RowSum : ItemLoops<RowSum> {
   static constexpr std::string_view name = "row_sum";
   static constexpr int arity = 1;
+  static std::string output_dims(const Dims& a, const Dims&, OpAttrs&, Dims& out) {
+    out = a;
+    out.d[out.rank - 1] = 1;
+    return {};
+  }
 
   // Item w is row w, both ways: its sum forward; its n gradient elements,
   // each the row's upstream gradient, backward.

@@ -12,6 +12,10 @@ namespace grad {
 struct Softmax : ItemLoops<Softmax> {
   static constexpr std::string_view name = "softmax";
   static constexpr int arity = 1;
+  static std::string output_dims(const Dims& a, const Dims&, OpAttrs& at, Dims& out) {
+    out = a;
+    return resolve_axis(a, at.axis, [&] { return "shape " + shape_string(a); });
+  }
 
   // A lane is n elements `stride` apart.
   template <class T>
