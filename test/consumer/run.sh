@@ -1,18 +1,23 @@
 #!/bin/sh
 # Builds test/consumer/consumer.cpp against grad the ways a downstream
 # project can, and checks that every build prints the same result bits:
-#  1. as a meson subproject: dependency('grad') (header-only) and
-#     dependency('grad-kernels') (the compiled kernel library), at -O2;
+#  1. as a meson subproject with grad's default options (no -Dgrad:...):
+#     dependency('grad') (header-only) and dependency('grad-kernels') (the
+#     compiled kernel library), at -O2. The defaults must be lean: no test,
+#     benchmark, example, CUDA or device-library target may even be defined,
+#     and nothing of grad's but the kernel library may be compiled;
 #  2. against an installed copy through pkg-config: grad.pc (header-only)
-#     and grad-kernels.pc, with ${CXX:-c++} at -O1 and -O2 (-O3 and
-#     -march=native are the benchmark script's, bench/consumer_bench.sh).
+#     and grad-kernels.pc, with ${CXX:-c++} -std=c++20 (the consumer's own
+#     standard: the .pc files must not set one) at -O1 and -O2, linked with
+#     nothing but what `pkg-config --libs` says (-pthread included).
+#     (-O3 and -march=native are the benchmark script's, bench/consumer_bench.sh.)
 # usage: run.sh <grad source root> <scratch dir>
 set -eu
 src=$(cd "$1" && pwd)
 work=$2
 rm -rf "$work"
 mkdir -p "$work/sub/subprojects"
-grad_off="-Dgrad:tests=false -Dgrad:examples=false -Dgrad:benchmarks=disabled -Dgrad:cuda=disabled"
+fail() { echo "consumer: $*"; exit 1; }
 
 # 1. subproject, both modes
 cp "$src/test/consumer/consumer.cpp" "$work/sub/"
@@ -23,9 +28,31 @@ executable('consumer', 'consumer.cpp', dependencies: dependency('grad', fallback
 executable('consumer-compiled', 'consumer.cpp',
   dependencies: dependency('grad-kernels', fallback: ['grad', 'grad_kernels_dep']))
 MESON
-meson setup "$work/sub/build" "$work/sub" --force-fallback-for=grad,grad-kernels $grad_off >"$work/sub.log" 2>&1 ||
+meson setup "$work/sub/build" "$work/sub" --force-fallback-for=grad,grad-kernels >"$work/sub.log" 2>&1 ||
   { cat "$work/sub.log"; exit 1; }
+# Lean by default: no such target is defined at all...
+ninja -C "$work/sub/build" -t targets all | cut -d: -f1 >"$work/sub-targets"
+if grep -E '(^|/)(test_|bench_)|doctest|google-benchmark|examples/|grad_device|\.cu(\.o)?$|/kernels/' "$work/sub-targets"; then
+  fail "a grad subproject with default options defines the targets above"
+fi
+start=$(date +%s)
 ninja -C "$work/sub/build" >>"$work/sub.log" 2>&1 || { cat "$work/sub.log"; exit 1; }
+# ...and what was compiled is the consumer's two programs plus the kernel library they asked for.
+cut -f4 "$work/sub/build/.ninja_log" | grep -v '^#' | sort -u >"$work/sub-built"
+if grep -vE '^(consumer(-compiled)?(\.p/consumer\.cpp\.o)?|subprojects/grad/(libgrad_kernels\.a|libgrad_kernels\.a\.p/src_kernels_(float|double)\.cpp\.o))$' \
+  "$work/sub-built"; then
+  fail "the subproject build compiled the outputs above (only the consumer and libgrad_kernels expected)"
+fi
+echo "consumer: subproject build (default grad options): $(wc -l <"$work/sub-built") outputs, $(($(date +%s) - start)) s"
+# grad_dep adds no -std: the consumer's own (cpp_std=c++20) is the only one on its command lines.
+python3 - "$work/sub/build/compile_commands.json" <<'PY' || fail "a -std other than the consumer's reached its units"
+import json, sys
+for c in json.load(open(sys.argv[1])):
+    if c["file"].endswith("consumer.cpp"):
+        stds = [a for a in c["command"].split() if a.startswith("-std=")]
+        if stds != ["-std=c++20"]:
+            print(c["output"], stds); sys.exit(1)
+PY
 "$work/sub/build/consumer" >"$work/out-sub-header-only"
 "$work/sub/build/consumer-compiled" >"$work/out-sub-compiled"
 
@@ -37,12 +64,19 @@ meson install -C "$work/grad-build" >>"$work/install.log" 2>&1 || { cat "$work/i
 export PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig"
 test -f "$work/prefix/include/grad/grad.hpp"
 test -f "$work/prefix/lib/libgrad_kernels.a"
+# The device library is installed when it is built, with its own .pc.
+test -f "$work/prefix/lib/libgrad_device.a"
+pkg-config --libs grad-device | grep -q -- '-lgrad_device' || fail "grad-device.pc does not link libgrad_device"
+for pc in grad grad-kernels grad-device; do
+  case " $(pkg-config --cflags $pc) " in *" -std="*) fail "$pc.pc sets the consumer's -std: $(pkg-config --cflags $pc)" ;; esac
+  case " $(pkg-config --libs $pc) " in *" -pthread "*) ;; *) fail "$pc.pc Libs lack -pthread: $(pkg-config --libs $pc)" ;; esac
+done
 for opt in -O1 -O2; do
-  ${CXX:-c++} $opt $(pkg-config --cflags grad) "$src/test/consumer/consumer.cpp" -o "$work/consumer-pc" \
-    $(pkg-config --libs grad) -pthread
+  ${CXX:-c++} -std=c++20 $opt $(pkg-config --cflags grad) "$src/test/consumer/consumer.cpp" -o "$work/consumer-pc" \
+    $(pkg-config --libs grad)
   "$work/consumer-pc" >"$work/out-pc-header-only$opt"
-  ${CXX:-c++} $opt $(pkg-config --cflags grad-kernels) "$src/test/consumer/consumer.cpp" -o "$work/consumer-pc-k" \
-    $(pkg-config --libs grad-kernels) -pthread
+  ${CXX:-c++} -std=c++20 $opt $(pkg-config --cflags grad-kernels) "$src/test/consumer/consumer.cpp" \
+    -o "$work/consumer-pc-k" $(pkg-config --libs grad-kernels)
   "$work/consumer-pc-k" >"$work/out-pc-compiled$opt"
 done
 
