@@ -12,6 +12,7 @@ namespace grad {
 
 struct Add : Binary<Add> {
   static constexpr std::string_view name = "add";
+  static constexpr std::string_view torch = "a + b";
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T a, T b) {
@@ -29,6 +30,7 @@ struct Add : Binary<Add> {
 
 struct Sub : Binary<Sub> {
   static constexpr std::string_view name = "sub";
+  static constexpr std::string_view torch = "a - b";
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T a, T b) {
@@ -46,6 +48,7 @@ struct Sub : Binary<Sub> {
 
 struct Mul : Binary<Mul> {
   static constexpr std::string_view name = "mul";
+  static constexpr std::string_view torch = "a * b";
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T a, T b) {
@@ -63,6 +66,7 @@ struct Mul : Binary<Mul> {
 
 struct Div : Binary<Div> {
   static constexpr std::string_view name = "div";
+  static constexpr std::string_view torch = "a / b";
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T a, T b) {
@@ -81,6 +85,7 @@ struct Div : Binary<Div> {
 
 struct Neg : Unary<Neg> {
   static constexpr std::string_view name = "neg";
+  static constexpr std::string_view torch = "-a";
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T) {
@@ -95,6 +100,7 @@ struct Neg : Unary<Neg> {
 // a + s (and a - s, recorded as a + (-s), which IEEE rounds identically).
 struct AddScalar : Unary<AddScalar> {
   static constexpr std::string_view name = "add_scalar";
+  static constexpr std::string_view torch = "a + s";
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T s) {
@@ -108,6 +114,7 @@ struct AddScalar : Unary<AddScalar> {
 
 struct MulScalar : Unary<MulScalar> {
   static constexpr std::string_view name = "mul_scalar";
+  static constexpr std::string_view torch = "a * s";
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T s) {
@@ -121,6 +128,7 @@ struct MulScalar : Unary<MulScalar> {
 
 struct DivScalar : Unary<DivScalar> {
   static constexpr std::string_view name = "div_scalar";
+  static constexpr std::string_view torch = "a / s";
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T s) {
@@ -135,6 +143,7 @@ struct DivScalar : Unary<DivScalar> {
 // s - a
 struct ScalarSub : Unary<ScalarSub> {
   static constexpr std::string_view name = "scalar_sub";
+  static constexpr std::string_view torch = "s - a";
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T s) {
@@ -149,6 +158,7 @@ struct ScalarSub : Unary<ScalarSub> {
 // s / a
 struct ScalarDiv : Unary<ScalarDiv> {
   static constexpr std::string_view name = "scalar_div";
+  static constexpr std::string_view torch = "s / a";
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T s) {

@@ -37,6 +37,18 @@ struct NodeArgs {
   const std::size_t* extra = nullptr;  // slice starts, one per axis
 };
 
+// ---- what an op tag is ----
+//
+//   name          the op's name in every message
+//   torch         the op as a float64 PyTorch expression of a, b (the
+//                 operands), s (the scalar), axis, dims (the output shape)
+//                 and extra (slice starts): the oracle test replays the case
+//                 table's tapes through it (test/oracle/cases.py)
+//   arity         1 or 2 (0: the leaves, Param and Const)
+//   output_dims   the shape rule (below)
+//   forward_item, backward_item   the math (below); host loops forward_tensor
+//                 and backward_tensor (ItemLoops, or a faster variant)
+//
 // ---- the shape rule every op tag owns ----
 //
 //   static std::string output_dims(const Dims& a, const Dims& b, OpAttrs& at, Dims& out)

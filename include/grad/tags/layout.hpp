@@ -12,6 +12,7 @@ namespace grad {
 
 struct Reshape : ItemLoops<Reshape> {
   static constexpr std::string_view name = "reshape";
+  static constexpr std::string_view torch = "a.reshape(dims)";
   static constexpr int arity = 1;
   static std::string output_dims(const Dims& a, const Dims&, OpAttrs& at, Dims& out) {
     const std::string what = "cannot reshape " + shape_string(a);
@@ -62,6 +63,7 @@ inline void slice_loop(const Dims& in, const Dims& out, const std::size_t* start
 // Per-axis half-open ranges [starts, starts + out) of the input.
 struct Slice {
   static constexpr std::string_view name = "slice";
+  static constexpr std::string_view torch = "a[tuple(slice(s0, s0 + d) for s0, d in zip(extra, dims))]";
   static constexpr int arity = 1;
   static constexpr bool keeps_sizes = true;  // the starts, read by the items as x.extra
   static std::string output_dims(const Dims& a, const Dims&, OpAttrs& at, Dims& out) {
@@ -122,6 +124,7 @@ struct Slice {
 // Joins a and b along `axis`: per outer index, a's block then b's block.
 struct Concat {
   static constexpr std::string_view name = "concat";
+  static constexpr std::string_view torch = "torch.cat([a, b], axis)";
   static constexpr int arity = 2;
   static std::string output_dims(const Dims& a, const Dims& b, OpAttrs& at, Dims& out) {
     const std::string why =

@@ -81,6 +81,7 @@ struct MatrixProduct {
 
 struct Matmul : MatrixProduct<Matmul> {
   static constexpr std::string_view name = "matmul";
+  static constexpr std::string_view torch = "a @ b";
   static std::string output_dims(const Dims& a, const Dims& b, OpAttrs&, Dims& out) {
     if (a.rank != 2 || b.rank != 2 || a[1] != b[0])
       return "expected [m, k] x [k, n], got " + shape_string(a) + " x " + shape_string(b);
@@ -91,6 +92,7 @@ struct Matmul : MatrixProduct<Matmul> {
 
 struct Bmm : MatrixProduct<Bmm> {
   static constexpr std::string_view name = "bmm";
+  static constexpr std::string_view torch = "torch.bmm(a, b)";
   static std::string output_dims(const Dims& a, const Dims& b, OpAttrs&, Dims& out) {
     if (a.rank != 3 || b.rank != 3 || a[0] != b[0] || a[2] != b[1])
       return "expected [B, m, k] x [B, k, n], got " + shape_string(a) + " x " + shape_string(b);
@@ -109,6 +111,7 @@ inline void transpose_batches(const T* in, T* out, std::size_t batches, std::siz
 // Swaps the last two axes.
 struct Transpose {
   static constexpr std::string_view name = "transpose";
+  static constexpr std::string_view torch = "a.transpose(-1, -2)";
   static constexpr int arity = 1;
   static std::string output_dims(const Dims& a, const Dims&, OpAttrs&, Dims& out) {
     if (a.rank < 2) return "expected rank >= 2, got shape " + shape_string(a);

@@ -24,6 +24,7 @@ struct ReduceAll {
 
 struct Sum : ItemLoops<Sum>, ReduceAll {
   static constexpr std::string_view name = "sum";
+  static constexpr std::string_view torch = "a.sum().reshape(1)";
   static constexpr int arity = 1;
   template <class T>
   GRAD_HD static std::size_t forward_items(const NodeArgs<T>&) {
@@ -41,6 +42,7 @@ struct Sum : ItemLoops<Sum>, ReduceAll {
 
 struct Mean : ItemLoops<Mean>, ReduceAll {
   static constexpr std::string_view name = "mean";
+  static constexpr std::string_view torch = "a.mean().reshape(1)";
   static constexpr int arity = 1;
   template <class T>
   GRAD_HD static std::size_t forward_items(const NodeArgs<T>&) {

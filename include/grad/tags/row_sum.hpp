@@ -14,6 +14,7 @@ namespace grad {
 
 struct RowSum : ItemLoops<RowSum> {
   static constexpr std::string_view name = "row_sum";
+  static constexpr std::string_view torch = "a.sum(-1, keepdim=True)";
   static constexpr int arity = 1;
   static std::string output_dims(const Dims& a, const Dims&, OpAttrs&, Dims& out) {
     out = a;

@@ -11,6 +11,7 @@ namespace grad {
 
 struct Softmax : ItemLoops<Softmax> {
   static constexpr std::string_view name = "softmax";
+  static constexpr std::string_view torch = "torch.softmax(a, axis)";
   static constexpr int arity = 1;
   static std::string output_dims(const Dims& a, const Dims&, OpAttrs& at, Dims& out) {
     out = a;

@@ -24,6 +24,7 @@ GRAD_HD GRAD_INLINE inline T sqrt_of(T x) {
 // finite gradient that hides it. relu(-0) = +0; the gradient at 0 is 0.
 struct Relu : Unary<Relu> {
   static constexpr std::string_view name = "relu";
+  static constexpr std::string_view torch = "torch.relu(a)";
   template <class T>
   GRAD_HD static T forward(T x, T) {
     return x <= T(0) ? T(0) : x;
@@ -36,6 +37,7 @@ struct Relu : Unary<Relu> {
 
 struct Sqrt : Unary<Sqrt> {
   static constexpr std::string_view name = "sqrt";
+  static constexpr std::string_view torch = "torch.sqrt(a)";
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T) {
@@ -51,6 +53,7 @@ struct Sqrt : Unary<Sqrt> {
 // with + - * / only, so every backend rounds them identically.
 struct Sigmoid : Unary<Sigmoid> {
   static constexpr std::string_view name = "sigmoid";
+  static constexpr std::string_view torch = "torch.sigmoid(a)";
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T) {
@@ -64,6 +67,7 @@ struct Sigmoid : Unary<Sigmoid> {
 
 struct Tanh : Unary<Tanh> {
   static constexpr std::string_view name = "tanh";
+  static constexpr std::string_view torch = "torch.tanh(a)";
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T) {
@@ -82,6 +86,7 @@ struct Tanh : Unary<Tanh> {
 
 struct Exp : Unary<Exp> {
   static constexpr std::string_view name = "exp";
+  static constexpr std::string_view torch = "torch.exp(a)";
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T) {
@@ -95,6 +100,7 @@ struct Exp : Unary<Exp> {
 
 struct Log : Unary<Log> {
   static constexpr std::string_view name = "log";
+  static constexpr std::string_view torch = "torch.log(a)";
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T) {

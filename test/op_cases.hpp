@@ -1,0 +1,137 @@
+// The one case table of every op. Each case is listed once: its parameters
+// and constants (shapes and input domains: `nz` keeps away from zero, where
+// relu has its kink and division blows up; `pos` keeps log and sqrt in their
+// domain) and the op it builds. The loss is always weighted_sum of the op's
+// output (support.hpp). One table drives every check:
+//
+//   test_finite_differences  the backward against central differences (f64, f32)
+//   test_op_cases            the host loops against the tags' per-item bodies,
+//                            bit for bit; the same bits on 1, 2 and 3 threads;
+//                            (run again under GRAD_ISA=baseline and avx2);
+//                            every op in OpList has a case; the torch oracle
+//   test_device_parity       the device engine, every backend, mode and schedule
+//   oracle/cases.py          float64 PyTorch, from the tapes this table
+//                            records (cases_golden.txt): no graph written twice
+//
+// Adding an op: its tag, its entry in OpList, and its cases here.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "support.hpp"
+
+namespace grad::testing {
+
+template <class T>
+struct OpCase {
+  std::string name;
+  std::vector<Tensor<T>> params;
+  std::vector<Tensor<T>> constants;                        // after the params in the Var list
+  std::function<Var<T>(Tape<T>&, const std::vector<Var<T>>&)> build;  // the op's output
+  bool large = false;  // sized for the threaded and vector paths: too big for finite differences
+};
+
+template <class T>
+std::vector<OpCase<T>> op_cases() {
+  Rng rng(2024);
+  auto r = [&](Shape s) { return random_tensor<T>(std::move(s), rng); };
+  auto nz = [&](Shape s) { return away_from_zero<T>(std::move(s), rng); };
+  auto pos = [&](Shape s) { return random_tensor<T>(std::move(s), rng, 0.5, 2.0); };
+  using V = const std::vector<Var<T>>&;
+  using Tp = Tape<T>&;
+  std::vector<OpCase<T>> t;
+  auto add = [&](std::string name, std::vector<Tensor<T>> p, std::function<Var<T>(Tp, V)> f,
+                 std::vector<Tensor<T>> c = {}) {
+    t.push_back({std::move(name), std::move(p), std::move(c), std::move(f)});
+  };
+  auto add_large = [&](std::string name, std::vector<Tensor<T>> p, std::function<Var<T>(Tp, V)> f) {
+    add(std::move(name), std::move(p), std::move(f));
+    t.back().large = true;
+  };
+  // binary, same shapes and broadcast both ways
+  add("add", {r({3, 5}), r({3, 5})}, [](Tp, V v) { return v[0] + v[1]; });
+  add("add row broadcast", {r({4, 3}), r({3})}, [](Tp, V v) { return v[0] + v[1]; });
+  add("add both broadcast", {r({2, 1}), r({1, 3})}, [](Tp, V v) { return v[0] + v[1]; });
+  add("sub rank-3 broadcast", {r({2, 1, 3}), r({4, 1})}, [](Tp, V v) { return v[0] - v[1]; });
+  add("sub same size, different rank", {r({3}), r({1, 3})}, [](Tp, V v) { return v[0] - v[1]; });
+  add("mul column broadcast", {r({3, 4}), r({3, 1})}, [](Tp, V v) { return v[0] * v[1]; });
+  add("mul scalar-shaped", {r({30, 7}), r({1})}, [](Tp, V v) { return v[1] * v[0]; });
+  add("div broadcast", {r({2, 3}), nz({3})}, [](Tp, V v) { return v[0] / v[1]; });
+  add("div broadcast numerator", {r({3}), nz({2, 3})}, [](Tp, V v) { return v[0] / v[1]; });
+  add("neg", {r({5})}, [](Tp, V v) { return -v[0]; });
+  // scalar forms on both sides
+  add("add_scalar", {r({2, 2})}, [](Tp, V v) { return (v[0] + T(0.5)) - T(2) + (T(1.5) + v[0]); });
+  add("mul_scalar", {r({2, 2})}, [](Tp, V v) { return v[0] * T(1.7) + T(-0.3) * v[0]; });
+  add("div_scalar", {r({2, 2})}, [](Tp, V v) { return v[0] / T(3); });
+  add("scalar_sub", {r({2, 2})}, [](Tp, V v) { return T(3) - v[0]; });
+  add("scalar_div", {nz({2, 2})}, [](Tp, V v) { return T(2) / v[0]; });
+  // pointwise
+  add("relu", {nz({3, 3})}, [](Tp, V v) { return relu(v[0]); });
+  add("sigmoid", {r({3, 3})}, [](Tp, V v) { return sigmoid(v[0]); });
+  add("tanh", {r({3, 3})}, [](Tp, V v) { return grad::tanh(v[0]); });
+  add("exp", {r({3, 3})}, [](Tp, V v) { return grad::exp(v[0]); });
+  add("log", {pos({3, 3})}, [](Tp, V v) { return grad::log(v[0]); });
+  add("sqrt", {pos({3, 3})}, [](Tp, V v) { return grad::sqrt(v[0]); });
+  // reductions
+  add("sum", {r({5, 7})}, [](Tp, V v) { return sum(v[0] * v[0]); });
+  add("mean", {r({3, 4})}, [](Tp, V v) { return mean(grad::tanh(v[0])); });
+  add("mse", {r({3, 4}), r({3, 4})}, [](Tp, V v) { return mse(v[0], v[1]); });
+  add("row_sum", {r({4, 6})}, [](Tp, V v) { return row_sum(v[0]); });
+  add("row_sum rank 3", {r({2, 3, 4})}, [](Tp, V v) { return row_sum(v[0] * v[0]); });
+  // linear algebra
+  add("matmul", {r({7, 33}), r({33, 5})}, [](Tp, V v) { return matmul(v[0], v[1]); });
+  add("bmm", {r({2, 3, 4}), r({2, 4, 2})}, [](Tp, V v) { return bmm(v[0], v[1]); });
+  add("transpose", {r({3, 4})}, [](Tp, V v) { return transpose(v[0]); });
+  add("transpose rank 3", {r({2, 3, 4})}, [](Tp, V v) { return transpose(v[0]); });
+  // layout
+  add("reshape", {r({2, 6})}, [](Tp, V v) { return reshape(v[0], {3, 2, 2}); });
+  add("slice", {r({4, 5})}, [](Tp, V v) { return slice(v[0], {1, 0}, {3, 4}); });
+  add("slice rank 3", {r({3, 4, 5})}, [](Tp, V v) { return slice(v[0], {1, 1, 2}, {3, 4, 5}); });
+  add("concat axis 0", {r({2, 3}), r({1, 3})}, [](Tp, V v) { return concat(v[0], v[1], 0); });
+  add("concat axis -1", {r({2, 3}), r({2, 2})}, [](Tp, V v) { return concat(v[0], v[1], -1); });
+  add("concat middle axis", {r({2, 1, 3}), r({2, 2, 3})}, [](Tp, V v) { return concat(v[0], v[1], 1); });
+  add("softmax last axis", {r({3, 4})}, [](Tp, V v) { return softmax(v[0], -1); });
+  add("softmax axis 0", {r({3, 4})}, [](Tp, V v) { return softmax(v[0], 0); });
+  add("softmax middle axis", {r({2, 3, 4})}, [](Tp, V v) { return softmax(v[0], 1); });
+  // fan-out: later contributions are added to the first, in the tape's order
+  add("fan-out x*x", {r({2, 3})}, [](Tp, V v) { return v[0] * v[0]; });
+  add("fan-out x+x", {r({2, 3})}, [](Tp, V v) { return v[0] + v[0]; });
+  add("fan-out through broadcast", {r({3}), r({2, 3})}, [](Tp, V v) { return v[0] * v[1] + v[0] + sum(v[0]) * v[1]; });
+  add("fan-out branches", {r({3, 3}), r({3, 3})}, [](Tp, V v) {
+    Var<T> h = grad::tanh(matmul(v[0], v[1]));
+    return h * sigmoid(h) + matmul(h, v[0]) - v[0];
+  });
+  // a constant operand: no gradient buffer, still replayed
+  add("constant operand", {r({2, 2})}, [](Tp, V v) { return matmul(v[1], v[0]) * v[1]; }, {r({2, 2})});
+  // Sized so that the host loops take their threaded, vector and blocked paths
+  // (elementwise_grain, gemm's tiles): finite differences skip these.
+  add_large("large broadcast add and tanh", {r({300, 260}), r({260})},
+            [](Tp, V v) { return grad::tanh(v[0] + v[1]) * v[1]; });
+  add_large("large column broadcast div", {r({260, 300}), nz({260, 1})}, [](Tp, V v) { return v[0] / v[1]; });
+  add_large("large matmul", {r({70, 130}), r({130, 90})}, [](Tp, V v) { return matmul(v[0], v[1]); });
+  add_large("large sum over chunks", {r({300, 260})}, [](Tp, V v) { return sum(v[0] * v[0]) * v[0]; });
+  add_large("large softmax and row_sum", {r({200, 330})}, [](Tp, V v) { return row_sum(softmax(v[0], -1)) + v[0]; });
+  return t;
+}
+
+// A case recorded on a fresh tape: its Vars (params, then constants), the
+// op's output and the loss, with backward run.
+template <class T>
+struct RecordedCase {
+  Tape<T> tp;
+  std::vector<Var<T>> vars;
+  Var<T> out, loss;
+};
+
+template <class T>
+void record_case(const OpCase<T>& c, RecordedCase<T>& r) {
+  for (const auto& p : c.params) r.vars.push_back(r.tp.param(p));
+  for (const auto& k : c.constants) r.vars.push_back(r.tp.constant(k));
+  r.out = c.build(r.tp, r.vars);
+  r.loss = weighted_sum(r.out);
+  r.tp.backward(r.loss);
+}
+
+}  // namespace grad::testing
