@@ -397,6 +397,11 @@ TEST_CASE("LrSchedule: warm-up, cosine decay and the constant tail at known step
   CHECK(cosine.at(1) == doctest::Approx(base * 0.5 * (1.0 + std::cos(pi / 4))).epsilon(1e-15));
   const grad::LrSchedule flat{.base_lr = base, .min_lr = base, .warmup = 0, .total = 5};
   for (std::uint64_t t = 1; t < 8; ++t) CHECK(flat.at(t) == base);
+  // warmup == total: the warm-up reaches base_lr, then min_lr.
+  const grad::LrSchedule ramp{.base_lr = base, .min_lr = lo, .warmup = 4, .total = 4};
+  CHECK(ramp.at(3) == base * 3.0 / 4.0);
+  CHECK(ramp.at(4) == base);
+  CHECK(ramp.at(5) == lo);
   // The cosine, from + - * / alone, within a few ulp of libm's over the whole range.
   for (int i = 0; i <= 1000; ++i) {
     const double p = i / 1000.0;

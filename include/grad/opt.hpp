@@ -122,10 +122,11 @@ inline double cos_pi(double p) {
 // Step t (the t-th step() call, t >= 1; t = steps() after that step) uses
 //   t <= warmup         base_lr * t / warmup  (base_lr / warmup at t = 1, base_lr at t = warmup)
 //   warmup < t < total  min_lr + (base_lr - min_lr) * (0.5 * (1 + cos(pi * p))), p = (t - warmup) / (total - warmup)
-//   t >= total          min_lr (constant after the decay)
-// all in double (cos as detail::cos_pi). warmup = 0 starts at base_lr. Valid
-// settings (invalid() says which one is not): base_lr and min_lr finite,
-// 0 <= min_lr <= base_lr; total >= 1; warmup <= total.
+//   t >= total          min_lr (constant after the decay; t > warmup)
+// all in double (cos as detail::cos_pi). warmup = 0: no warm-up, the decay
+// starts at t = 1 (p = 1 / total); warmup = total: no decay, min_lr after
+// the warm-up. Valid settings (invalid() says which one is not): base_lr and
+// min_lr finite, 0 <= min_lr <= base_lr; total >= 1; warmup <= total.
 //
 //   grad::Adam opt(1e-3);
 //   opt.set_schedule({.base_lr = 1e-3, .min_lr = 1e-5, .warmup = 100, .total = 10000});
@@ -137,8 +138,8 @@ struct LrSchedule {
 
   // The rate of step t (t >= 1). Only for a schedule whose invalid() is "".
   double at(std::uint64_t t) const {
-    if (t >= total) return min_lr;
     if (t <= warmup) return base_lr * static_cast<double>(t) / static_cast<double>(warmup);
+    if (t >= total) return min_lr;
     const double p = static_cast<double>(t - warmup) / static_cast<double>(total - warmup);
     return min_lr + (base_lr - min_lr) * (0.5 * (1.0 + detail::cos_pi(p)));
   }

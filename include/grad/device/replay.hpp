@@ -18,9 +18,10 @@
 // read through a pointer: a new rate is an upload before the step, never a
 // new graph (it flushes first only when a queued optimizer phase would read
 // the record). What still re-captures: a new parameter set (set_optimizer
-// drops the graphs), and a sequence of phases not seen before. graph_captures() counts the
-// captures (the CPU backend emulates them). A
-// capture (or fused launch) that fails falls back to per-node launches with
+// drops the graphs), and a sequence of phases not seen before.
+// graph_captures() counts the captures (the CPU backend emulates them).
+//
+// A capture (or fused launch) that fails falls back to per-node launches with
 // a message on stderr and in fallback_reason(), never silently; a device
 // fault (DeviceFault: an illegal address, a failed launch) is never a reason
 // to fall back and propagates as is. With GRAD_REQUIRE_CUDA=1 in the
