@@ -162,7 +162,7 @@ class CpuLauncher {
   void drop_graphs() {}
 
   template <class S>
-  void optimizer_prepare(const ParamView<S>* params, std::size_t count, const OptimizerHyper<S>& h,
+  void optimizer_prepare(const ParamView<S>* params, std::size_t count, const OptimizerHyper<S>* h,
                          OptimizerState<S>* st) {
     if (host_only_) return;
     CpuBlock block{order_, threads_per_block};
@@ -170,18 +170,18 @@ class CpuLauncher {
   }
   template <class S>
   void optimizer_update_all(const ParamView<S>* params, std::size_t count, const ParamView<S>*,
-                            const OptimizerHyper<S>& h, const OptimizerState<S>* st) {
+                            const OptimizerHyper<S>* h, const OptimizerState<S>* st) {
     if (host_only_) return;
     order_.blocks(update_blocks(params, count), [&](std::size_t block) {
       order_.threads(threads_per_block, [&](std::size_t t) {
-        optimizer_update_block(params, count, h, *st, block, t, threads_per_block);
+        optimizer_update_block(params, count, *h, *st, block, t, threads_per_block);
       });
     });
   }
   template <class S>
-  void optimizer_update(const ParamView<S>& p, const OptimizerHyper<S>& h, const OptimizerState<S>* st) {
+  void optimizer_update(const ParamView<S>& p, const OptimizerHyper<S>* h, const OptimizerState<S>* st) {
     if (host_only_) return;
-    for_each_item(p.size, [&](std::size_t w) { device::optimizer_update(p, h, *st, w); });
+    for_each_item(p.size, [&](std::size_t w) { device::optimizer_update(p, *h, *st, w); });
   }
 
  private:

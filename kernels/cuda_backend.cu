@@ -162,22 +162,22 @@ __global__ void fused_kernel(SegmentKind kind, const Launch<S>* launches, std::s
 }
 
 template <class S>
-__global__ void optimizer_prepare_kernel(const ParamView<S>* params, std::size_t count, OptimizerHyper<S> h,
+__global__ void optimizer_prepare_kernel(const ParamView<S>* params, std::size_t count, const OptimizerHyper<S>* h,
                                          OptimizerState<S>* st) {
   CudaBlock block;
   optimizer_prepare(params, count, h, st, block_shared<S>(), block);
 }
 
 template <class S>
-__global__ void optimizer_update_all_kernel(const ParamView<S>* params, std::size_t count, OptimizerHyper<S> h,
+__global__ void optimizer_update_all_kernel(const ParamView<S>* params, std::size_t count, const OptimizerHyper<S>* h,
                                             const OptimizerState<S>* st) {
-  optimizer_update_block(params, count, h, *st, blockIdx.x, threadIdx.x, blockDim.x);
+  optimizer_update_block(params, count, *h, *st, blockIdx.x, threadIdx.x, blockDim.x);
 }
 
 template <class S>
-__global__ void optimizer_update_kernel(ParamView<S> p, OptimizerHyper<S> h, const OptimizerState<S>* st) {
+__global__ void optimizer_update_kernel(ParamView<S> p, const OptimizerHyper<S>* h, const OptimizerState<S>* st) {
   const std::size_t w = work_item();
-  if (w < p.size) optimizer_update(p, h, *st, w);
+  if (w < p.size) optimizer_update(p, *h, *st, w);
 }
 
 // A grid of `blocks` blocks, as CUDA's launch syntax takes it.
@@ -350,21 +350,21 @@ class CudaLauncher {
   }
 
   template <class S>
-  void optimizer_prepare(const ParamView<S>* params, std::size_t count, const OptimizerHyper<S>& h,
+  void optimizer_prepare(const ParamView<S>* params, std::size_t count, const OptimizerHyper<S>* h,
                          OptimizerState<S>* st) {
     optimizer_prepare_kernel<S><<<1, reduce_threads, 0, stream_>>>(params, count, h, st);
     launched([] { return std::string("optimizer prepare kernel (clip norm, Adam constants)"); });
   }
   template <class S>
   void optimizer_update_all(const ParamView<S>* device_params, std::size_t count, const ParamView<S>* host_params,
-                            const OptimizerHyper<S>& h, const OptimizerState<S>* st) {
+                            const OptimizerHyper<S>* h, const OptimizerState<S>* st) {
     const std::size_t blocks = update_blocks(host_params, count);
     if (!blocks) return;
     optimizer_update_all_kernel<S><<<grid(blocks), threads_per_block, 0, stream_>>>(device_params, count, h, st);
     launched([] { return std::string("fused optimizer update kernel"); });
   }
   template <class S>
-  void optimizer_update(const ParamView<S>& p, const OptimizerHyper<S>& h, const OptimizerState<S>* st) {
+  void optimizer_update(const ParamView<S>& p, const OptimizerHyper<S>* h, const OptimizerState<S>* st) {
     if (!p.size) return;
     optimizer_update_kernel<S><<<grid(blocks_for(p.size)), threads_per_block, 0, stream_>>>(p, h, st);
     launched([] { return std::string("optimizer update kernel"); });

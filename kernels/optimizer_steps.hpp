@@ -12,10 +12,12 @@ namespace grad::device {
 
 // The clip factor (opt.hpp's order: each parameter's squares in the fixed
 // order, by the whole block; those shares in add order from zero), then
-// Adam's per-step constants, on thread 0.
+// Adam's per-step constants, on thread 0. The hyperparameters are read from
+// device memory (`hyper`), so a captured graph sees each step's upload.
 template <class S, class Block>
-GRAD_HD inline void optimizer_prepare(const ParamView<S>* params, std::size_t count, const OptimizerHyper<S>& h,
+GRAD_HD inline void optimizer_prepare(const ParamView<S>* params, std::size_t count, const OptimizerHyper<S>* hyper,
                                       OptimizerState<S>* st, S* shared, Block& block) {
+  const OptimizerHyper<S> h = *hyper;
   S acc = S(0);
   if (h.clip != S(0))
     for (std::size_t k = 0; k < count; ++k) {

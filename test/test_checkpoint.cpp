@@ -232,3 +232,44 @@ TEST_CASE("a different parameter count is refused") {
         std::string::npos);
   CHECK(bitwise_equal<double>(target.state(), before));
 }
+
+// A learning-rate schedule is not in the file; attached to the fresh
+// optimizer (before or after loading) it continues from the restored step count.
+TEST_CASE("a resumed run continues its learning-rate schedule at the restored step, bitwise") {
+  const grad::LrSchedule schedule{.base_lr = 0.08, .min_lr = 0.004, .warmup = 4, .total = 16};
+  auto check = [&](auto tag, const std::string& path) {
+    using T = decltype(tag);
+    // 20 steps: through the warm-up, the decay and 4 steps of the constant tail.
+    Run<T, grad::Adam> straight(T(0.05));
+    straight.opt.set_schedule(schedule);
+    straight.train(20);
+
+    Run<T, grad::Adam> first(T(0.05));
+    first.opt.set_schedule(schedule);
+    first.train(10);
+    CHECK(first.opt.lr() == static_cast<T>(schedule.at(11)));
+    REQUIRE(grad::save_checkpoint(path, first.tp, first.opt).ok());
+
+    for (bool attach_before : {true, false}) {
+      CAPTURE(attach_before);
+      Run<T, grad::Adam> resumed(T(0.5), 5, 12345);
+      if (attach_before) resumed.opt.set_schedule(schedule);
+      const auto r = grad::load_checkpoint(path, resumed.tp, resumed.opt);
+      REQUIRE_MESSAGE(r.ok(), r.error);
+      if (!attach_before) resumed.opt.set_schedule(schedule);
+      CHECK(resumed.opt.steps() == 10);
+      CHECK(resumed.opt.lr() == static_cast<T>(schedule.at(11)));
+      resumed.train(10);
+      CHECK(bitwise_equal<T>(resumed.state(), straight.state()));
+    }
+    // Without the schedule re-attached, the run goes on at the saved rate
+    // (the schedule's rate for step 11) and leaves the scheduled trajectory.
+    Run<T, grad::Adam> plain(T(0.5), 5, 12345);
+    REQUIRE(grad::load_checkpoint(path, plain.tp, plain.opt).ok());
+    CHECK(plain.opt.lr() == static_cast<T>(schedule.at(11)));
+    plain.train(10);
+    CHECK_FALSE(bitwise_equal<T>(plain.state(), straight.state()));
+  };
+  check(double{}, scratch.file("schedule64.ckpt"));
+  check(float{}, scratch.file("schedule32.ckpt"));
+}

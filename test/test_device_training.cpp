@@ -49,7 +49,8 @@ struct Run {
 };
 
 // The reference: the CPU tape, re-recorded every episode (mark / reset_to).
-Run tape_run(bool adam) {
+// With `schedule`, both optimizers follow it (set_schedule).
+Run tape_run(bool adam, const grad::LrSchedule* schedule = nullptr) {
   const Tensor<double> data = ae::make_data<double>();
   Tape<double> tp;
   const ae::Model<double> m = ae::make_model(tp);
@@ -58,6 +59,7 @@ Run tape_run(bool adam) {
   grad::Optimizer<double>& opt = adam ? static_cast<grad::Optimizer<double>&>(a) : s;
   add_with_l2(opt, m);
   opt.set_clip(clip);
+  if (schedule) opt.set_schedule(*schedule);
   const Var<double> batch = tp.constant(Tensor<double>({batch_rows, ae::dim}));
   const auto mark = tp.mark();
   Run r;
@@ -78,18 +80,21 @@ Run tape_run(bool adam) {
 }
 
 // The device: one episode recorded and captured, then replayed per minibatch.
-Run device_run(dev::Backend backend, bool f32, bool adam) {
+// `captures`, when given, receives Program::graph_captures() after every step.
+Run device_run(dev::Backend backend, bool f32, bool adam, const grad::LrSchedule* schedule = nullptr,
+               dev::Mode mode = dev::Mode::per_node, std::vector<std::uint64_t>* captures = nullptr) {
   const Tensor<double> data = ae::make_data<double>();
   Tape<double> tp;
   const ae::Model<double> m = ae::make_model(tp);
   const Var<double> batch = tp.constant(rows_of(data, 0));
   const Var<double> loss = ae::record_step(m, batch);
-  auto prog = dev::capture(tp, loss, {.backend = backend, .f32 = f32});
+  auto prog = dev::capture(tp, loss, {.backend = backend, .mode = mode, .f32 = f32});
   dev::Adam<double> a(prog, lr);
   dev::SGD<double> s(prog, lr);
   dev::Optimizer<double>& opt = adam ? static_cast<dev::Optimizer<double>&>(a) : s;
   add_with_l2(opt, m);
   opt.set_clip(clip);
+  if (schedule) opt.set_schedule(*schedule);
   Run r;
   for (int e = 0; e < episodes; ++e) {
     prog.set_input(batch, rows_of(data, e));
@@ -97,7 +102,9 @@ Run device_run(dev::Backend backend, bool f32, bool adam) {
     prog.backward();
     opt.step();
     r.losses.push_back(prog.loss());
+    if (captures) captures->push_back(prog.graph_captures());
   }
+  if (mode != dev::Mode::per_node) CHECK(prog.fallback_reason() == "");
   prog.sync_params_to(tp);
   for (const Var<double>& p : m.params) {
     const View<double> v = tp.value(p);
@@ -376,4 +383,210 @@ TEST_CASE("capture refuses an op without per-item bodies, naming it") {
       dev::capture_detail::missing_kernel(7, "gelu") ==
       "grad::device::capture: node 7 is a 'gelu' op, whose tag has no per-item bodies (forward_item and "
       "backward_item, grad/tags/family.hpp)");
+}
+
+// ---- a learning-rate schedule on the device: same bits, no re-capture ----
+
+namespace {
+
+// Warm-up over 5 steps, cosine decay to step 30, then 10 steps of the tail:
+// a different rate at nearly every one of the 40 steps.
+const grad::LrSchedule schedule{.base_lr = 2 * lr, .min_lr = lr / 10, .warmup = 5, .total = 30};
+
+// A small exact-tier model: x [50, 6] -> relu(x w1) w2, mse against x. Returns x.
+Var<double> relu_model(Tape<double>& tp, Var<double>& w1, Var<double>& w2) {
+  testing::Rng init(5);
+  w1 = tp.param(testing::random_tensor<double>({6, 16}, init));
+  w2 = tp.param(testing::random_tensor<double>({16, 6}, init));
+  return tp.constant(testing::random_tensor<double>({50, 6}, init));
+}
+Var<double> relu_loss(Var<double> x, Var<double> w1, Var<double> w2) {
+  return mse(matmul(relu(matmul(x, w1)), w2), x);
+}
+
+}  // namespace
+
+TEST_CASE("a learning-rate schedule trains bit-equal on the tape and the CPU backend, every mode, Adam and SGD") {
+  for (bool adam : {true, false}) {
+    CAPTURE(adam);
+    const Run want = tape_run(adam, &schedule);
+    // The schedule changes the run: not the constant-rate trace.
+    CHECK_FALSE(same_bits(want.losses.back(), tape_run(adam).losses.back()));
+    for (dev::Mode mode : {dev::Mode::per_node, dev::Mode::graph, dev::Mode::fused}) {
+      CAPTURE(dev::mode_name(mode));
+      check_bit_equal(want, device_run(dev::Backend::cpu, false, adam, &schedule, mode));
+    }
+  }
+}
+
+TEST_CASE("graph and fused modes capture once while the schedule changes the rate every step") {
+  for (bool adam : {true, false})
+    for (dev::Mode mode : {dev::Mode::graph, dev::Mode::fused}) {
+      CAPTURE(adam);
+      CAPTURE(dev::mode_name(mode));
+      std::vector<std::uint64_t> captures;
+      device_run(dev::Backend::cpu, false, adam, &schedule, mode, &captures);
+      REQUIRE(captures.size() == static_cast<std::size_t>(episodes));
+      // The first step captures its graph: forward, backward and the
+      // optimizer (set up at that step) as one sequence; later steps replay it.
+      CHECK(captures.front() == 1);
+      CHECK(captures.back() == captures.front());
+      MESSAGE(dev::mode_name(mode), std::string(adam ? " adam" : " sgd"),
+              ": graph captures after step 1: ", captures.front(), ", after step ", episodes, ": ", captures.back());
+    }
+  // Per-node mode captures nothing.
+  std::vector<std::uint64_t> none;
+  device_run(dev::Backend::cpu, false, true, &schedule, dev::Mode::per_node, &none);
+  CHECK(none.back() == 0);
+}
+
+TEST_CASE("set_lr and set_clip every step: no re-capture, same bits as the tape; a new parameter set re-captures") {
+  for (dev::Mode mode : {dev::Mode::graph, dev::Mode::fused}) {
+    CAPTURE(dev::mode_name(mode));
+    auto rate = [](int e) { return 0.01 + 0.001 * e; };
+    auto threshold = [](int e) { return e % 3 == 0 ? 0.0 : 0.05 * (1 + e % 4); };  // off, then on at new norms
+    constexpr int steps = 20;
+    // The tape.
+    Tape<double> host;
+    Var<double> hw1, hw2;
+    const Var<double> hx = relu_model(host, hw1, hw2);
+    grad::Adam<double> ref(0.01);
+    REQUIRE(ref.add(hw1, 1e-3));
+    REQUIRE(ref.add(hw2));
+    const auto mark = host.mark();
+    std::vector<double> want;
+    for (int e = 0; e < steps; ++e) {
+      host.reset_to(mark);
+      const Var<double> loss = relu_loss(hx, hw1, hw2);
+      REQUIRE(host.backward(loss));
+      ref.set_lr(rate(e));
+      ref.set_clip(threshold(e));
+      REQUIRE(ref.step());
+      want.push_back(host.scalar(loss));
+    }
+    want.insert(want.end(), host.value(hw1).begin(), host.value(hw1).end());
+    // The device.
+    Tape<double> tp;
+    Var<double> w1, w2;
+    const Var<double> x = relu_model(tp, w1, w2);
+    const Var<double> loss = relu_loss(x, w1, w2);
+    auto prog = dev::capture(tp, loss, {.mode = mode});
+    dev::Adam<double> opt(prog, 0.01);
+    opt.add(w1, 1e-3);
+    opt.add(w2);
+    std::vector<double> got;
+    std::uint64_t after_first = 0;
+    for (int e = 0; e < steps; ++e) {
+      prog.forward();
+      prog.backward();
+      opt.set_lr(rate(e));
+      opt.set_clip(threshold(e));
+      opt.step();
+      got.push_back(prog.loss());
+      if (e == 0) after_first = prog.graph_captures();
+    }
+    CHECK(after_first == 1);
+    CHECK(prog.graph_captures() == after_first);
+    prog.sync_params_to(tp);
+    got.insert(got.end(), tp.value(w1).begin(), tp.value(w1).end());
+    CHECK(testing::bitwise_equal<double>(want, got));
+    CHECK(prog.fallback_reason() == "");
+
+    // The control: what does re-capture. A second optimizer over a different
+    // parameter set (set_optimizer drops the graphs) captures once, then replays.
+    dev::SGD<double> other(prog, 0.01);
+    other.add(w2);
+    for (int e = 0; e < 3; ++e) {
+      prog.forward();
+      prog.backward();
+      other.step();
+      prog.loss();
+    }
+    CHECK(prog.graph_captures() == after_first + 1);
+    // A phase sequence not seen before (a forward alone) is a new graph, too.
+    prog.forward();
+    prog.loss();
+    CHECK(prog.graph_captures() == after_first + 2);
+  }
+}
+
+TEST_CASE("device optimizers refuse a bad schedule, naming the setting; lr() follows the schedule") {
+  Tape<double> tp;
+  Var<double> w = tp.param(Tensor<double>::ones({2, 2}));
+  Var<double> loss = sum(matmul(tp.constant(Tensor<double>::ones({3, 2})), w));
+  auto prog = dev::capture(tp, loss);
+  dev::Adam<double> adam(prog, 0.1);
+  dev::SGD<double> sgd(prog, 0.1);
+  CHECK_THROWS_WITH_AS(adam.set_schedule({.base_lr = 0.1, .min_lr = 0, .warmup = 20, .total = 10}),
+                       "grad::device::adam.set_schedule: warmup 20 is out of range: expected warmup <= total (10)",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(sgd.set_schedule({.base_lr = -0.5, .min_lr = 0, .warmup = 0, .total = 10}),
+                       "grad::device::sgd.set_schedule: base_lr -0.5 is out of range: expected a finite value >= 0",
+                       std::invalid_argument);
+  CHECK_FALSE(adam.schedule().has_value());
+  CHECK(adam.lr() == 0.1);
+  // The setters' messages, built only when they throw.
+  CHECK_THROWS_WITH_AS(adam.set_lr(-1.0),
+                       "grad::device::adam.set_lr: lr -1 is out of range: expected a finite value >= 0",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      sgd.set_clip(-2.0),
+      "grad::device::sgd.set_clip: clip -2 is out of range: expected max_norm >= 0 (0 turns clipping off)",
+      std::invalid_argument);
+  adam.add(w);
+  adam.set_schedule(schedule);
+  CHECK(adam.lr() == schedule.at(1));
+  prog.forward();
+  prog.backward();
+  adam.step();
+  CHECK(adam.lr() == schedule.at(2));
+  adam.clear_schedule();
+  CHECK(adam.lr() == schedule.at(2));
+  adam.set_lr(0.25);
+  CHECK(adam.lr() == 0.25);
+}
+
+TEST_CASE("steps queued without a read in between each use their own scheduled rate") {
+  // Graph and fused modes queue forward, backward and the optimizer until a
+  // read. The rate's upload must not reach a queued optimizer phase of an
+  // earlier step: it runs that phase first.
+  constexpr int steps = 24;
+  const grad::LrSchedule s{.base_lr = 0.05, .min_lr = 0.001, .warmup = 4, .total = 20};
+  Tape<double> host;
+  Var<double> hw1, hw2;
+  const Var<double> hx = relu_model(host, hw1, hw2);
+  grad::SGD<double> ref(0.01);
+  REQUIRE(ref.add(hw1));
+  REQUIRE(ref.add(hw2));
+  ref.set_schedule(s);
+  const auto mark = host.mark();
+  for (int e = 0; e < steps; ++e) {
+    host.reset_to(mark);
+    REQUIRE(host.backward(relu_loss(hx, hw1, hw2)));
+    REQUIRE(ref.step());
+  }
+  std::vector<double> want(host.value(hw1).begin(), host.value(hw1).end());
+  for (dev::Mode mode : {dev::Mode::per_node, dev::Mode::graph, dev::Mode::fused}) {
+    CAPTURE(dev::mode_name(mode));
+    Tape<double> tp;
+    Var<double> w1, w2;
+    const Var<double> x = relu_model(tp, w1, w2);
+    auto prog = dev::capture(tp, relu_loss(x, w1, w2), {.mode = mode});
+    dev::SGD<double> opt(prog, 0.01);
+    opt.add(w1);
+    opt.add(w2);
+    opt.set_schedule(s);
+    std::uint64_t at_half = 0;
+    for (int e = 0; e < steps; ++e) {
+      prog.forward();
+      prog.backward();
+      opt.step();
+      if (e == steps / 2) at_half = prog.graph_captures();
+    }
+    // The queue settles into one repeating sequence: no capture per step.
+    CHECK(prog.graph_captures() == at_half);
+    if (mode != dev::Mode::per_node) CHECK(at_half > 0);
+    prog.sync_params_to(tp);
+    CHECK(testing::bitwise_equal<double>(want, std::vector<double>(tp.value(w1).begin(), tp.value(w1).end())));
+  }
 }

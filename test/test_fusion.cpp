@@ -623,13 +623,13 @@ struct FailingLauncher {
   }
   void drop_graphs() {}
   template <class S>
-  void optimizer_prepare(const dev::ParamView<S>*, std::size_t, const dev::OptimizerHyper<S>&,
+  void optimizer_prepare(const dev::ParamView<S>*, std::size_t, const dev::OptimizerHyper<S>*,
                          dev::OptimizerState<S>*) {}
   template <class S>
   void optimizer_update_all(const dev::ParamView<S>*, std::size_t, const dev::ParamView<S>*,
-                            const dev::OptimizerHyper<S>&, const dev::OptimizerState<S>*) {}
+                            const dev::OptimizerHyper<S>*, const dev::OptimizerState<S>*) {}
   template <class S>
-  void optimizer_update(const dev::ParamView<S>&, const dev::OptimizerHyper<S>&, const dev::OptimizerState<S>*) {}
+  void optimizer_update(const dev::ParamView<S>&, const dev::OptimizerHyper<S>*, const dev::OptimizerState<S>*) {}
 };
 
 template <class Error>

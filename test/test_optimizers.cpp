@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <grad/grad.hpp>
+#include <limits>
 #include <map>
 #include <string>
 
@@ -358,4 +359,163 @@ TEST_CASE("Adam and SGD steps are the same bits on one thread and on three") {
   };
   const std::vector<double> one = run(1), three = run(3);
   CHECK(bitwise_equal<double>(one, three));
+}
+
+// ---- learning-rate schedule (grad::LrSchedule) ----
+
+TEST_CASE("LrSchedule: warm-up, cosine decay and the constant tail at known steps") {
+  const double base = 0.1, lo = 0.001;
+  const grad::LrSchedule s{.base_lr = base, .min_lr = lo, .warmup = 10, .total = 110};
+  REQUIRE(s.invalid() == "");
+  const double pi = 3.141592653589793;
+  // Warm-up: base * t / warmup, the first step being t = 1.
+  CHECK(s.at(1) == base * 1.0 / 10.0);
+  CHECK(s.at(5) == base * 5.0 / 10.0);
+  CHECK(s.at(10) == base * 10.0 / 10.0);  // warm-up end: the base rate
+  CHECK(s.at(10) == base);
+  // Mid-cosine (p = 1/2): cos(pi / 2) is exactly 0 here, so exactly halfway.
+  CHECK(s.at(60) == lo + (base - lo) * 0.5);
+  // A quarter and three quarters of the way, and one step into the decay, against libm's cos.
+  for (std::uint64_t t : {11u, 35u, 85u, 109u}) {
+    CAPTURE(t);
+    const double p = static_cast<double>(t - 10) / 100.0;
+    const double want = lo + (base - lo) * (0.5 * (1.0 + std::cos(pi * p)));
+    CHECK(s.at(t) == doctest::Approx(want).epsilon(1e-15));
+  }
+  CHECK(s.at(35) == doctest::Approx(lo + (base - lo) * 0.5 * (1.0 + std::sqrt(0.5))).epsilon(1e-15));
+  // The end of the decay and after it: min_lr exactly.
+  CHECK(s.at(110) == lo);
+  CHECK(s.at(111) == lo);
+  CHECK(s.at(1000000) == lo);
+  CHECK(s.at(109) > lo);
+  // Rising through the warm-up, falling through the decay.
+  for (std::uint64_t t = 1; t < 10; ++t) CHECK(s.at(t) < s.at(t + 1));
+  for (std::uint64_t t = 10; t < 110; ++t) CHECK(s.at(t) > s.at(t + 1));
+  // No warm-up: the decay starts at t = 1 (p = 1/total); min_lr = base_lr: constant.
+  const grad::LrSchedule cosine{.base_lr = base, .min_lr = 0, .warmup = 0, .total = 4};
+  CHECK(cosine.at(2) == doctest::Approx(base * 0.5).epsilon(1e-15));
+  CHECK(cosine.at(1) == doctest::Approx(base * 0.5 * (1.0 + std::cos(pi / 4))).epsilon(1e-15));
+  const grad::LrSchedule flat{.base_lr = base, .min_lr = base, .warmup = 0, .total = 5};
+  for (std::uint64_t t = 1; t < 8; ++t) CHECK(flat.at(t) == base);
+  // warmup == total: the warm-up reaches base_lr, then min_lr.
+  const grad::LrSchedule ramp{.base_lr = base, .min_lr = lo, .warmup = 4, .total = 4};
+  CHECK(ramp.at(3) == base * 3.0 / 4.0);
+  CHECK(ramp.at(4) == base);
+  CHECK(ramp.at(5) == lo);
+  // The cosine, from + - * / alone, within a few ulp of libm's over the whole range.
+  for (int i = 0; i <= 1000; ++i) {
+    const double p = i / 1000.0;
+    CHECK(std::abs(grad::detail::cos_pi(p) - std::cos(pi * p)) <= 4e-16);
+  }
+  CHECK(grad::detail::cos_pi(0.0) == doctest::Approx(1.0).epsilon(1e-16));
+  CHECK(grad::detail::cos_pi(1.0) == doctest::Approx(-1.0).epsilon(1e-16));
+}
+
+TEST_CASE("SGD and Adam with a schedule: step t uses at(t), t = steps() after it; lr() is the next step's rate") {
+  const grad::LrSchedule s{.base_lr = 0.2, .min_lr = 0.01, .warmup = 2, .total = 6};
+  SUBCASE("SGD, hand-computed") {
+    LinearProblem p;
+    grad::SGD opt(0.5);
+    REQUIRE(opt.add(p.a));
+    REQUIRE(opt.add(p.b));
+    opt.set_schedule(s);
+    CHECK(opt.lr() == s.at(1));
+    CHECK(opt.lr() == 0.1);
+    double a[3] = {1.0, -2.0, 0.25};
+    const double ga[3] = {1.0, 2.0, 2.0};
+    const auto m = p.tp.mark();
+    for (std::uint64_t t = 1; t <= 8; ++t) {
+      CAPTURE(t);
+      p.tp.reset_to(m);
+      REQUIRE(p.backward());
+      REQUIRE(opt.step());
+      for (int i = 0; i < 3; ++i) a[i] = a[i] - s.at(t) * (ga[i] * 1.0 + 0.0 * a[i]);
+      CHECK(bitwise_equal(value_of(p.tp, p.a), std::span<const double>(a)));
+      CHECK(opt.steps() == t);
+      CHECK(opt.lr() == s.at(t + 1));
+    }
+    // set_lr replaces the schedule with a constant rate.
+    opt.set_lr(0.05);
+    CHECK_FALSE(opt.schedule().has_value());
+    p.tp.reset_to(m);
+    REQUIRE(p.backward());
+    REQUIRE(opt.step());
+    for (int i = 0; i < 3; ++i) a[i] = a[i] - 0.05 * (ga[i] * 1.0 + 0.0 * a[i]);
+    CHECK(bitwise_equal(value_of(p.tp, p.a), std::span<const double>(a)));
+    CHECK(opt.lr() == 0.05);
+  }
+  SUBCASE("Adam: the step size uses the step's rate") {
+    grad::Tape<double> tp;
+    auto w = tp.param(Tensor<double>({2}, {0.5, -1.5}));
+    grad::Adam opt(0.1);
+    REQUIRE(opt.add(w));
+    opt.set_schedule(s);
+    const auto mk = tp.mark();
+    double expect[2] = {0.5, -1.5}, m1[2] = {0, 0}, v2[2] = {0, 0}, b1p = 1, b2p = 1;
+    for (std::uint64_t t = 1; t <= 7; ++t) {
+      CAPTURE(t);
+      tp.reset_to(mk);
+      REQUIRE(tp.backward(grad::sum(w * w)));
+      REQUIRE(opt.step());
+      b1p = b1p * 0.9;
+      b2p = b2p * 0.999;
+      const double step_size = s.at(t) * std::sqrt(1.0 - b2p) / (1.0 - b1p);
+      for (int i = 0; i < 2; ++i) {
+        const double g = expect[i] + expect[i];
+        m1[i] = 0.9 * m1[i] + (1.0 - 0.9) * g;
+        v2[i] = 0.999 * v2[i] + (1.0 - 0.999) * (g * g);
+        expect[i] = expect[i] - step_size * (m1[i] / (std::sqrt(v2[i]) + 1e-8));
+      }
+      CHECK(bitwise_equal(value_of(tp, w), std::span<const double>(expect)));
+    }
+  }
+  SUBCASE("attached after k steps, the schedule continues at t = k + 1") {
+    LinearProblem p;
+    grad::SGD opt(0.5);
+    REQUIRE(opt.add(p.a));
+    REQUIRE(p.backward());
+    REQUIRE(opt.step());
+    REQUIRE(opt.step());
+    opt.set_schedule(s);
+    CHECK(opt.lr() == s.at(3));
+    opt.clear_schedule();  // keeps the rate the schedule gave the next step
+    CHECK(opt.lr() == s.at(3));
+    CHECK_FALSE(opt.schedule().has_value());
+  }
+  SUBCASE("float optimizers take the double rate rounded to float") {
+    grad::Tape<float> tp;
+    auto w = tp.param(Tensor<float>({1}, {1.0f}));
+    grad::SGD opt(0.5f);
+    REQUIRE(opt.add(w));
+    opt.set_schedule({.base_lr = 0.3, .min_lr = 0.0, .warmup = 3, .total = 9});
+    CHECK(opt.lr() == static_cast<float>(0.3 * 1.0 / 3.0));
+    REQUIRE(tp.backward(grad::sum(w * 2.0f)));
+    REQUIRE(opt.step());
+    CHECK(tp.value(w)[0] == 1.0f - static_cast<float>(0.3 * 1.0 / 3.0) * 2.0f);
+  }
+}
+
+TEST_CASE("bad schedule settings are refused with the setting, the value and the range") {
+  grad::Adam opt(0.1);
+  grad::SGD sgd(0.1);
+  auto refused = [&](const grad::LrSchedule& s, const std::string& message) {
+    CHECK_THROWS_WITH_AS(opt.set_schedule(s), ("adam.set_schedule: " + message).c_str(), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(sgd.set_schedule(s), ("sgd.set_schedule: " + message).c_str(), std::invalid_argument);
+    CHECK(s.invalid() == message);
+  };
+  refused({.base_lr = -1, .min_lr = 0, .warmup = 0, .total = 10},
+          "base_lr -1 is out of range: expected a finite value >= 0");
+  refused({.base_lr = std::numeric_limits<double>::infinity(), .min_lr = 0, .warmup = 0, .total = 10},
+          "base_lr inf is out of range: expected a finite value >= 0");
+  refused({.base_lr = 0.1, .min_lr = std::nan(""), .warmup = 0, .total = 10},
+          "min_lr nan is out of range: expected a finite value >= 0");
+  refused({.base_lr = 0.1, .min_lr = 0.5, .warmup = 0, .total = 10},
+          "min_lr 0.5 is out of range: expected 0 <= min_lr <= base_lr (0.10000000000000001)");
+  refused({.base_lr = 0.1, .min_lr = 0, .warmup = 0, .total = 0},
+          "total 0 is out of range: expected total >= 1 (the step at which the decay ends)");
+  refused({.base_lr = 0.1, .min_lr = 0, .warmup = 20, .total = 10},
+          "warmup 20 is out of range: expected warmup <= total (10)");
+  // A refused schedule changes nothing.
+  CHECK_FALSE(opt.schedule().has_value());
+  CHECK(opt.lr() == 0.1);
 }

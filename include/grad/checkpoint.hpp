@@ -12,7 +12,10 @@
 // and both moments. Parameters never added to the optimizer are not saved:
 // they are the program's to rebuild. Loading restores the settings too, so
 // that a resumed run continues bit for bit; call set_lr() afterwards to
-// change the rate.
+// change the rate. A learning-rate schedule (opt.set_schedule) is not in the
+// file: attach the same one to the optimizer the checkpoint is loaded into,
+// before or after loading; it continues from the restored step count (the
+// saved lr is then the schedule's next rate, and is recomputed from it).
 //
 // Saving writes a temporary file of its own ("<path>.tmp.XXXXXX", unique, in
 // the same directory), fsyncs it, renames it over `path` and fsyncs the
@@ -339,6 +342,8 @@ struct CheckpointAccess {
   }
   static void restore(Opt& o, const Settings& s) {
     each_setting(o, s, [](const auto& from, auto& to) { to = from; });
+    // An attached schedule continues from the restored step count.
+    if (o.schedule_) o.lr_ = static_cast<T>(o.schedule_->at(o.steps_ + 1));
   }
   static std::vector<typename Optimizer<T>::Entry>& entries(Opt& o) { return o.entries_; }
   static std::vector<T>* moments(Opt& o, int which) {

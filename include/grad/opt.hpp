@@ -7,6 +7,12 @@
 // elements go through them, in which order.
 //
 // One optimizer step, exactly:
+//   0. The rate. Without a schedule it is lr (set_lr). With one
+//      (set_schedule), the step that makes steps() == t uses
+//      lr = T(schedule.at(t)): the first step() is t = 1. LrSchedule::at is
+//      the one function that computes it (in double, from + - * / alone),
+//      for these optimizers and the device ones alike, so both use the same
+//      bits. lr() is always the rate the next step() will use.
 //   1. Parameters the latest backward did not reach (tp.has_grad(w) false)
 //      are skipped entirely: no decay, moments untouched, no norm share.
 //   2. Clipping (when max_norm > 0) looks at the RAW gradients, before L2,
@@ -42,6 +48,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -61,7 +68,7 @@ enum class OptimizerKind : std::uint32_t { sgd = 1, adam = 2 };
 // plus NaN and infinities, which would only turn every weight into NaN).
 // Constructors and setters throw std::invalid_argument with this message;
 // load_checkpoint refuses a file whose settings fall outside them.
-//   lr, eps, l2      finite and >= 0
+//   lr, eps, l2      finite and >= 0 (also a schedule's base_lr and min_lr)
 //   beta1, beta2     0 <= beta < 1 (beta = 1 divides by 1 - beta^t = 0)
 //   clip             >= 0; 0 turns clipping off, +inf never clips
 //   beta1^t, beta2^t 0 <= power <= 1 (a checkpoint's running powers)
@@ -74,6 +81,8 @@ inline std::string invalid_setting(std::string_view setting, double value) {
   };
   static constexpr Rule rules[] = {
       {"lr", [](double x) { return std::isfinite(x) && x >= 0; }, "a finite value >= 0"},
+      {"base_lr", [](double x) { return std::isfinite(x) && x >= 0; }, "a finite value >= 0"},
+      {"min_lr", [](double x) { return std::isfinite(x) && x >= 0; }, "a finite value >= 0"},
       {"eps", [](double x) { return std::isfinite(x) && x >= 0; }, "a finite value >= 0"},
       {"l2", [](double x) { return std::isfinite(x) && x >= 0; }, "a finite value >= 0"},
       {"beta1", [](double x) { return x >= 0 && x < 1; }, "0 <= beta1 < 1"},
@@ -91,6 +100,67 @@ inline std::string invalid_setting(std::string_view setting, double value) {
   }
   return "unknown setting '" + std::string(setting) + "'";
 }
+
+namespace detail {
+
+// cos(pi * p) for 0 <= p <= 1, from + - * / alone: sin(x) at x = pi * (1/2 - p)
+// in [-pi/2, pi/2] as its Taylor polynomial to x^23 (truncation below 1e-18),
+// in Horner form. Within a few ulp of cos; no libm, whose cos may differ
+// between machines or instruction sets (glibc picks an FMA variant at run
+// time), so a schedule's rate is the same bits everywhere.
+inline double cos_pi(double p) {
+  const double x = 3.141592653589793 * (0.5 - p);
+  const double x2 = x * x;
+  double s = 1.0;
+  for (int k = 11; k >= 1; --k) s = 1.0 - x2 / static_cast<double>((2 * k) * (2 * k + 1)) * s;
+  return x * s;
+}
+
+}  // namespace detail
+
+// A learning-rate schedule: linear warm-up from 0, then a cosine decay.
+// Step t (the t-th step() call, t >= 1; t = steps() after that step) uses
+//   t <= warmup         base_lr * t / warmup  (base_lr / warmup at t = 1, base_lr at t = warmup)
+//   warmup < t < total  min_lr + (base_lr - min_lr) * (0.5 * (1 + cos(pi * p))), p = (t - warmup) / (total - warmup)
+//   t >= total          min_lr (constant after the decay; t > warmup)
+// all in double (cos as detail::cos_pi). warmup = 0: no warm-up, the decay
+// starts at t = 1 (p = 1 / total); warmup = total: no decay, min_lr after
+// the warm-up. Valid settings (invalid() says which one is not): base_lr and
+// min_lr finite, 0 <= min_lr <= base_lr; total >= 1; warmup <= total.
+//
+//   grad::Adam opt(1e-3);
+//   opt.set_schedule({.base_lr = 1e-3, .min_lr = 1e-5, .warmup = 100, .total = 10000});
+struct LrSchedule {
+  double base_lr = 0;
+  double min_lr = 0;
+  std::uint64_t warmup = 0;
+  std::uint64_t total = 1;
+
+  // The rate of step t (t >= 1). Only for a schedule whose invalid() is "".
+  double at(std::uint64_t t) const {
+    if (t <= warmup) return base_lr * static_cast<double>(t) / static_cast<double>(warmup);
+    if (t >= total) return min_lr;
+    const double p = static_cast<double>(t - warmup) / static_cast<double>(total - warmup);
+    return min_lr + (base_lr - min_lr) * (0.5 * (1.0 + detail::cos_pi(p)));
+  }
+
+  // "" when every setting is in range; otherwise what is wrong, as invalid_setting words it.
+  std::string invalid() const {
+    if (std::string why = invalid_setting("base_lr", base_lr); !why.empty()) return why;
+    if (std::string why = invalid_setting("min_lr", min_lr); !why.empty()) return why;
+    char a[32], b[32];
+    if (min_lr > base_lr) {
+      std::snprintf(a, sizeof a, "%.17g", min_lr);
+      std::snprintf(b, sizeof b, "%.17g", base_lr);
+      return std::string("min_lr ") + a + " is out of range: expected 0 <= min_lr <= base_lr (" + b + ")";
+    }
+    if (total < 1) return "total 0 is out of range: expected total >= 1 (the step at which the decay ends)";
+    if (warmup > total)
+      return "warmup " + std::to_string(warmup) + " is out of range: expected warmup <= total (" +
+             std::to_string(total) + ")";
+    return {};
+  }
+};
 
 // What SGD and Adam share: the parameter list, L2 coefficients, clipping.
 template <class T>
@@ -136,9 +206,31 @@ class Optimizer {
   // std::invalid_argument for a negative or NaN threshold.
   void set_clip(T max_norm) { clip_ = checked("clip", max_norm); }
   T clip() const { return clip_; }
+  // The rate the next step() uses (with a schedule: T(schedule.at(steps() + 1))).
   T lr() const { return lr_; }
-  // Throws std::invalid_argument for a negative, infinite or NaN rate.
-  void set_lr(T lr) { lr_ = checked("lr", lr); }
+  // A constant rate from now on, replacing any schedule. Throws
+  // std::invalid_argument for a negative, infinite or NaN rate.
+  void set_lr(T lr) {
+    lr_ = checked("lr", lr);
+    schedule_.reset();
+  }
+  // From now on step t (the step that makes steps() == t) uses
+  // T(schedule.at(t)); a schedule attached after k steps continues at t = k + 1.
+  // Throws std::invalid_argument naming the setting out of range
+  // (LrSchedule::invalid). Not saved by save_checkpoint: attach the same
+  // schedule to the optimizer a checkpoint is loaded into (before or after
+  // loading); it continues from the restored step count.
+  void set_schedule(const LrSchedule& schedule) {
+    if (std::string why = schedule.invalid(); !why.empty())
+      throw std::invalid_argument(std::string(kind_) + ".set_schedule: " + why);
+    schedule_ = schedule;
+    lr_ = static_cast<T>(schedule.at(steps_ + 1));
+  }
+  // Back to a constant rate: lr() as the schedule would have set the next step.
+  void clear_schedule() { schedule_.reset(); }
+  const std::optional<LrSchedule>& schedule() const { return schedule_; }
+  // Completed steps.
+  std::uint64_t steps() const { return steps_; }
 
   std::span<const Entry> params() const { return entries_; }
   std::size_t elements() const { return elements_; }
@@ -197,6 +289,17 @@ class Optimizer {
   virtual const char* kind_name() const = 0;
   virtual void on_add(std::size_t) {}
 
+  // The rate of the step about to run (a schedule's value for t = steps() + 1).
+  T begin_step() {
+    if (schedule_) lr_ = static_cast<T>(schedule_->at(steps_ + 1));
+    return lr_;
+  }
+  // Counts the step; lr() becomes the next step's rate.
+  void end_step() {
+    ++steps_;
+    if (schedule_) lr_ = static_cast<T>(schedule_->at(steps_ + 1));
+  }
+
   bool fail(Tape<T>& tp, std::string message) {
     tp.poison(std::move(message));
     return false;
@@ -220,6 +323,8 @@ class Optimizer {
   std::string_view kind_;
   T lr_;
   T clip_ = T(0);
+  std::optional<LrSchedule> schedule_;
+  std::uint64_t steps_ = 0;
   bool warned_poisoned_ = false;  // the poisoned-step message is printed once
 
   template <class U, class Opt>
@@ -237,15 +342,15 @@ class SGD : public Optimizer<T> {
   // False on a poisoned tape, or one that dropped a parameter (nothing changes).
   bool step() {
     if (!this->ready()) return false;
+    const T lr = this->begin_step();
     this->for_each_reached([&](const auto& e, std::span<T> w, std::span<const T> g, T scale) {
       parallel_ranges(e.size, elementwise_grain, [&](std::size_t lo, std::size_t hi) {  // elements are independent
-        sgd_loop(w.data() + lo, g.data() + lo, hi - lo, scale, e.l2, this->lr_);
+        sgd_loop(w.data() + lo, g.data() + lo, hi - lo, scale, e.l2, lr);
       });
     });
-    ++steps_;
+    this->end_step();
     return true;
   }
-  std::uint64_t steps() const { return steps_; }
 
  private:
   // Explicit vector code for the best instruction set (update.hpp; in the
@@ -254,7 +359,6 @@ class SGD : public Optimizer<T> {
     kernels::sgd_update<ClipRule, SgdRule>(w, g, n, scale, l2, lr);
   }
   const char* kind_name() const override { return "sgd"; }
-  std::uint64_t steps_ = 0;
   template <class U, class Opt>
   friend struct CheckpointAccess;
 };
@@ -270,14 +374,14 @@ class Adam : public Optimizer<T> {
         beta2_(this->checked("beta2", beta2)),
         eps_(this->checked("eps", eps)) {}
 
-  // Advances the step count and the running powers, then updates every
-  // reached parameter. False on a poisoned tape, or one that dropped a
+  // Takes the step's rate (step 0 of the header), advances the running
+  // powers, updates every reached parameter, then counts the step. False on a poisoned tape, or one that dropped a
   // parameter (nothing changes).
   bool step() {
     if (!this->ready()) return false;
+    const T lr = this->begin_step();
     AdamRule::advance(beta1_power_, beta2_power_, beta1_, beta2_);
-    ++steps_;
-    const AdamStepConstants<T> c = AdamRule::constants(this->lr_, beta1_, beta2_, beta1_power_, beta2_power_);
+    const AdamStepConstants<T> c = AdamRule::constants(lr, beta1_, beta2_, beta1_power_, beta2_power_);
     this->for_each_reached([&](const auto& e, std::span<T> w, std::span<const T> g, T scale) {
       T* m = m_.data() + e.offset;
       T* v = v_.data() + e.offset;
@@ -285,10 +389,10 @@ class Adam : public Optimizer<T> {
         adam_loop(w.data() + lo, m + lo, v + lo, g.data() + lo, hi - lo, scale, e.l2, beta1_, beta2_, eps_, c);
       });
     });
+    this->end_step();
     return true;
   }
 
-  std::uint64_t steps() const { return steps_; }
   T beta1() const { return beta1_; }
   T beta2() const { return beta2_; }
   T eps() const { return eps_; }
@@ -312,7 +416,6 @@ class Adam : public Optimizer<T> {
 
   T beta1_, beta2_, eps_;
   T beta1_power_ = T(1), beta2_power_ = T(1);
-  std::uint64_t steps_ = 0;
   std::vector<T> m_, v_;
   template <class U, class Opt>
   friend struct CheckpointAccess;

@@ -133,6 +133,11 @@ class Program {
   std::uint64_t launches() {
     return with_engine([](auto& e, auto) { return e.launches(); });
   }
+  // Graph / fused modes: graphs captured so far (Engine::graph_captures). A
+  // learning-rate schedule changes the rate every step without adding any.
+  std::uint64_t graph_captures() {
+    return with_engine([](auto& e, auto) { return e.graph_captures(); });
+  }
   // Graph / fused modes: why the program fell back to per-node launches ("" if it did not).
   std::string fallback_reason() {
     return with_engine([](auto& e, auto) { return e.fallback_reason(); });

@@ -106,6 +106,8 @@ class Engine {
   // over the parameters a step updates, in add order.
   virtual void set_optimizer(std::span<const ParamSlot> params, bool adam) = 0;
   // Clip factor, per-step constants and every update, all on the backend.
+  // The settings go to one record in device memory (uploaded when they
+  // change), which the kernels read: no graph is captured again for them.
   virtual void optimizer_step(const OptimizerSettings& s) = 0;
 
   // Graph and fused modes queue forward/backward/optimizer_step and run the
@@ -116,6 +118,12 @@ class Engine {
   // Kernels run so far (a replayed graph counts the kernels inside it): the
   // launch count per step is the difference over a step.
   virtual std::uint64_t launches() const = 0;
+  // Graph and fused modes: graphs captured so far (the CPU backend counts the
+  // captures it emulates; per-node mode captures none). A step whose phases
+  // were seen before replays its graph; new hyperparameters (lr, betas, eps,
+  // clip) are an upload and capture nothing, a new parameter set
+  // (set_optimizer) drops the graphs and the next step captures again.
+  virtual std::uint64_t graph_captures() const = 0;
 };
 
 struct FusionPlan;  // plan.hpp

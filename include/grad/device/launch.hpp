@@ -71,6 +71,10 @@ struct ParamView {
   S l2 = S(0);
 };
 
+// The hyperparameters of a step. They live in device memory (one record per
+// program, ReplayEngine::optimizer_step uploads a change), and the kernels
+// read them through a pointer: a captured graph keeps reading the record, so
+// a new rate needs no new graph.
 template <class S>
 struct OptimizerHyper {
   S lr, beta1, beta2, eps, clip;

@@ -12,8 +12,16 @@
 //             optimizer's updates share one grid
 //
 // Uploads never happen inside a capture: they flush the queue first, so a
-// replayed graph reads the fresh inputs from the buffers it captured. A
-// capture (or fused launch) that fails falls back to per-node launches with
+// replayed graph reads the fresh inputs from the buffers it captured. The
+// optimizer's hyperparameters (OptimizerHyper: lr, betas, eps, clip) are
+// such a buffer too, one record in device memory that the optimizer kernels
+// read through a pointer: a new rate is an upload before the step, never a
+// new graph (it flushes first only when a queued optimizer phase would read
+// the record). What still re-captures: a new parameter set (set_optimizer
+// drops the graphs), and a sequence of phases not seen before.
+// graph_captures() counts the captures (the CPU backend emulates them).
+//
+// A capture (or fused launch) that fails falls back to per-node launches with
 // a message on stderr and in fallback_reason(), never silently; a device
 // fault (DeviceFault: an illegal address, a failed launch) is never a reason
 // to fall back and propagates as is. With GRAD_REQUIRE_CUDA=1 in the
@@ -25,10 +33,11 @@
 //   forward<Op>(NodeArgs<S>, S* y, items)     backward<Op, In>(NodeArgs<S>, y, g, dx, items)
 //   accumulate(S* grad, const S* scratch, n)
 //   rows(const Launch<S>* device, count, rows, threads)   serial(device, count)   batch(device, count, host copy)
-//   optimizer_prepare(const ParamView<S>* params, count, hyper, state*)
-//   optimizer_update(ParamView<S>, hyper, const state*)
-//   optimizer_update_all(device views, count, host views, hyper, const state*)  (fused: one grid)
-//   graph(key, record): runs record() under graph `key` (captured on first use); drop_graphs()
+//   optimizer_prepare(const ParamView<S>* params, count, const hyper*, state*)
+//   optimizer_update(ParamView<S>, const hyper*, const state*)
+//   optimizer_update_all(device views, count, host views, const hyper*, const state*)  (fused: one grid)
+//   graph(key, record): runs record() under graph `key`, captured on its
+//     first use since the last drop_graphs(), replayed after
 #pragma once
 
 #include <algorithm>
@@ -88,8 +97,11 @@ class ReplayEngine final : public Engine<S> {
   void backward() override { queue(Phase::backward); }
 
   void set_optimizer(std::span<const ParamSlot> params, bool adam) override {
-    flush();
-    run_.drop_graphs();  // captured updates point at the old views
+    // A queued optimizer phase runs with the old views and state; queued
+    // forward and backward phases never read them and stay queued, so the
+    // first step is still one graph.
+    flush_if_optimizer_queued();
+    drop_graphs();  // captured updates point at the old views
     std::size_t moments = 0;
     for (const ParamSlot& p : params) moments += p.size;
     // State buffers are allocated once per program and grown if needed.
@@ -122,6 +134,7 @@ class ReplayEngine final : public Engine<S> {
     }
     if (!params_.empty()) run_.upload(views_, params_.data(), params_.size() * sizeof(ParamView<S>));
     if (!state_) state_ = run_.template allocate<OptimizerState<S>>(1);
+    if (!hyper_device_) hyper_device_ = run_.template allocate<OptimizerHyper<S>>(1);
     const OptimizerState<S> fresh{};
     run_.upload(state_, &fresh, sizeof fresh);
   }
@@ -130,36 +143,46 @@ class ReplayEngine final : public Engine<S> {
     if (!state_) return;
     const OptimizerHyper<S> h{static_cast<S>(s.lr),  static_cast<S>(s.beta1), static_cast<S>(s.beta2),
                               static_cast<S>(s.eps), static_cast<S>(s.clip),  s.adam};
-    // Hyperparameters are kernel arguments, captured by value: new ones need new graphs.
-    const bool same = h.lr == hyper_.lr && h.beta1 == hyper_.beta1 && h.beta2 == hyper_.beta2 && h.eps == hyper_.eps &&
-                      h.clip == hyper_.clip && h.adam == hyper_.adam;
-    if (mode_ != Mode::per_node && !same) {
-      flush();
-      run_.drop_graphs();
+    // The kernels read the record in device memory: a change is an upload,
+    // and the graphs stay. A queued optimizer phase must still see the old
+    // record, so it runs first; forward and backward never read it.
+    const bool same = hyper_uploaded_ && h.lr == hyper_.lr && h.beta1 == hyper_.beta1 && h.beta2 == hyper_.beta2 &&
+                      h.eps == hyper_.eps && h.clip == hyper_.clip && h.adam == hyper_.adam;
+    if (!same) {
+      flush_if_optimizer_queued();
+      run_.upload(hyper_device_, &h, sizeof h);
+      hyper_ = h;
+      hyper_uploaded_ = true;
     }
-    hyper_ = h;
     queue(Phase::optimizer);
   }
 
   const std::string& fallback_reason() const override { return fallback_; }
   std::uint64_t launches() const override { return launched_; }
+  std::uint64_t graph_captures() const override { return captures_; }
   void flush() override {
     if (pending_.empty()) return;
     const std::vector<Phase> phases = std::move(pending_);
     pending_.clear();
     if (fallback_.empty()) {
       try {
-        auto [it, fresh] = keys_.try_emplace(phases, keys_.size());
+        const std::size_t key = keys_.try_emplace(phases, keys_.size()).first->second;
+        if (captured_.size() <= key) captured_.resize(key + 1, false);
+        const bool capturing = !captured_[key];  // the launcher captures a key on its first use since a drop
         const std::uint64_t before = launched_;
-        run_.graph(it->second, [&] {
+        run_.graph(key, [&] {
           for (Phase p : phases) enqueue(p, fused_);
         });
+        if (capturing) {
+          captured_[key] = true;
+          ++captures_;
+        }
         // A replayed graph runs the kernels its capture counted.
-        if (graph_kernels_.size() <= it->second) graph_kernels_.resize(it->second + 1, 0);
+        if (graph_kernels_.size() <= key) graph_kernels_.resize(key + 1, 0);
         if (launched_ != before)
-          graph_kernels_[it->second] = launched_ - before;
+          graph_kernels_[key] = launched_ - before;
         else
-          launched_ += graph_kernels_[it->second];
+          launched_ += graph_kernels_[key];
         return;
       } catch (const DeviceFault&) {
         throw;  // the context is broken: per-node launches would only fail again
@@ -168,8 +191,9 @@ class ReplayEngine final : public Engine<S> {
                     " mode could not run the step as a graph (" + e.what() + "); falling back to per-node launches";
         std::fprintf(stderr, "%s\n", fallback_.c_str());
         if (strict_) throw std::runtime_error(fallback_ + " [refused: GRAD_REQUIRE_CUDA=1]");
-        run_.drop_graphs();
+        drop_graphs();
         keys_.clear();
+        captured_.clear();
         graph_kernels_.clear();
       }
     }
@@ -183,6 +207,16 @@ class ReplayEngine final : public Engine<S> {
     std::size_t first, count, rows, threads;
   };
 
+  void flush_if_optimizer_queued() {
+    if (std::find(pending_.begin(), pending_.end(), Phase::optimizer) != pending_.end()) flush();
+  }
+
+  // Drops every captured graph; each key is captured again on its next use.
+  void drop_graphs() {
+    run_.drop_graphs();
+    captured_.assign(captured_.size(), false);
+  }
+
   void queue(Phase phase) {
     if (mode_ == Mode::per_node)
       enqueue(phase, false);
@@ -193,13 +227,13 @@ class ReplayEngine final : public Engine<S> {
   void enqueue(Phase phase, bool fused) {
     if (phase == Phase::optimizer) {
       if (!state_) return;
-      run_.optimizer_prepare(views_, params_.size(), hyper_, state_);
+      run_.optimizer_prepare(views_, params_.size(), hyper_device_, state_);
       ++launched_;
       if (fused && params_.size() > 1) {
-        run_.optimizer_update_all(views_, params_.size(), params_.data(), hyper_, state_);
+        run_.optimizer_update_all(views_, params_.size(), params_.data(), hyper_device_, state_);
         ++launched_;
       } else {
-        for (const ParamView<S>& p : params_) run_.optimizer_update(p, hyper_, state_);
+        for (const ParamView<S>& p : params_) run_.optimizer_update(p, hyper_device_, state_);
         launched_ += params_.size();
       }
       return;
@@ -319,9 +353,12 @@ class ReplayEngine final : public Engine<S> {
   std::vector<Phase> pending_;
   std::map<std::vector<Phase>, std::size_t> keys_;
   std::vector<std::uint64_t> graph_kernels_;  // kernels per graph key
-  std::uint64_t launched_ = 0;
+  std::vector<bool> captured_;                // per graph key: captured since the last drop
+  std::uint64_t launched_ = 0, captures_ = 0;
   std::string fallback_;
-  OptimizerHyper<S> hyper_{};
+  OptimizerHyper<S> hyper_{};  // host copy of *hyper_device_ (valid once hyper_uploaded_)
+  OptimizerHyper<S>* hyper_device_ = nullptr;
+  bool hyper_uploaded_ = false;
   std::vector<ParamView<S>> params_;
   ParamView<S>* views_ = nullptr;
   std::size_t views_capacity_ = 0, moment_capacity_ = 0;
