@@ -71,6 +71,7 @@ std::vector<OpCase<T>> op_cases() {
   add("relu", {nz({3, 3})}, [](Tp, V v) { return relu(v[0]); });
   add("sigmoid", {r({3, 3})}, [](Tp, V v) { return sigmoid(v[0]); });
   add("tanh", {r({3, 3})}, [](Tp, V v) { return grad::tanh(v[0]); });
+  add("gelu", {r({3, 3})}, [](Tp, V v) { return gelu(v[0] * T(2)); });
   add("exp", {r({3, 3})}, [](Tp, V v) { return grad::exp(v[0]); });
   add("log", {pos({3, 3})}, [](Tp, V v) { return grad::log(v[0]); });
   add("sqrt", {pos({3, 3})}, [](Tp, V v) { return grad::sqrt(v[0]); });

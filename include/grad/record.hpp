@@ -112,6 +112,10 @@ Var<T> tanh(Var<T> a) {
   return record_op<Tanh>(a);
 }
 template <class T>
+Var<T> gelu(Var<T> a) {
+  return record_op<Gelu>(a);
+}
+template <class T>
 Var<T> exp(Var<T> a) {
   return record_op<Exp>(a);
 }

@@ -30,7 +30,7 @@ struct Const {
 using OpList = boost::mp11::mp_list<Param, Const,                                           //
                                     Add, Sub, Mul, Div, Neg,                                //
                                     AddScalar, MulScalar, DivScalar, ScalarSub, ScalarDiv,  //
-                                    Relu, Sigmoid, Tanh, Exp, Log, Sqrt,                    //
+                                    Relu, Sigmoid, Tanh, Gelu, Exp, Log, Sqrt,              //
                                     Sum, Mean, Matmul, Bmm, Transpose,                      //
                                     Reshape, Slice, Concat, Softmax,                        //
                                     RowSum>;

@@ -84,6 +84,30 @@ struct Tanh : Unary<Tanh> {
   }
 };
 
+// GELU, tanh form (as torch's approximate='tanh'):
+//   y = 0.5 x (1 + t),  t = tanh(c (x + k x^3)),  c = sqrt(2/pi), k = 0.044715
+//   dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3k x^2)
+// Backward recomputes t from x (one exact_tanh) rather than keeping it.
+struct Gelu : Unary<Gelu> {
+  static constexpr std::string_view name = "gelu";
+  static constexpr std::string_view torch = "torch.nn.functional.gelu(a, approximate='tanh')";
+  static constexpr bool packs = true;
+  template <class T>
+  GRAD_HD GRAD_INLINE static T inner(T x) {
+    return T(0.7978845608028654) * (x + T(0.044715) * (x * x * x));
+  }
+  template <class T>
+  GRAD_HD GRAD_INLINE static T forward(T x, T) {
+    return T(0.5) * x * (T(1) + exact_tanh(inner(x)));
+  }
+  template <class T>
+  GRAD_HD GRAD_INLINE static T backward(T x, T, T g, T) {
+    const T t = exact_tanh(inner(x));
+    const T slope = T(0.7978845608028654) * (T(1) + T(0.134145) * (x * x));
+    return g * (T(0.5) * (T(1) + t) + T(0.5) * x * ((T(1) - t * t) * slope));
+  }
+};
+
 struct Exp : Unary<Exp> {
   static constexpr std::string_view name = "exp";
   static constexpr std::string_view torch = "torch.exp(a)";
