@@ -106,6 +106,38 @@ std::vector<OpCase<T>> op_cases() {
   });
   // a constant operand: no gradient buffer, still replayed
   add("constant operand", {r({2, 2})}, [](Tp, V v) { return matmul(v[1], v[0]) * v[1]; }, {r({2, 2})});
+  // Composite graphs (once test_oracle's, now checked like every case):
+  // broadcasting on either operand and on both, the scalar forms on both
+  // sides, fan-out, and every op in one episode.
+  auto u = [&](Shape s, double lo, double hi) { return random_tensor<T>(std::move(s), rng, lo, hi); };
+  add(
+      "graph mlp", {u({3, 5}, -1, 1), u({5}, -0.5, 0.5), u({5, 2}, -1, 1), u({1, 2}, -0.5, 0.5)},
+      [](Tp, V v) {
+        Var<T> z1 = matmul(v[4], v[0]) + v[1];  // [4,5] + [5]
+        Var<T> h = grad::tanh(z1), a = relu(z1);  // fan-out of z1
+        Var<T> m = T(0.5) * h + a * T(0.25) + T(0.125);
+        Var<T> o = sigmoid(matmul(m, v[2]) + v[3]);  // [4,2] + [1,2]
+        return mse(o, v[5]) + sum(v[0] * v[0]) * T(0.01);
+      },
+      {u({4, 3}, -1, 1), u({4, 2}, 0.2, 0.8)});
+  add("graph attention",
+      {u({2, 3, 4}, -1, 1), u({2, 3, 4}, -1, 1), u({2, 3, 4}, -1, 1), u({2, 1, 4}, -1.5, -0.5), u({3, 1}, -1.5, -0.5)},
+      [](Tp, V v) {
+        Var<T> attn = softmax(bmm(v[0], transpose(v[1])) / T(2), -1);
+        Var<T> y = bmm(attn, v[2]) - (v[3] + v[4]);  // [2,1,4] + [3,1] -> [2,3,4]
+        Var<T> flat = reshape(y, {6, 4});
+        Var<T> joined = concat(slice(flat, {0, 0}, {3, 4}), slice(flat, {3, 1}, {6, 4}), 1);
+        return mean(joined * joined) + mean(row_sum(y)) * T(0.1);
+      });
+  add("graph pointwise", {u({3, 4}, 0.5, 2), u({4}, 0.5, 1.5), u({3, 1}, -1, 1)}, [](Tp, V v) {
+    Var<T> a = v[0], b = v[1], c = v[2];
+    Var<T> e1 = grad::log(a + T(0.5)) + grad::sqrt(T(1) + a);
+    Var<T> e2 = grad::exp(-a) * (T(3) - a);
+    Var<T> e3 = a / b + T(2) / a;    // [3,4] / [4]
+    Var<T> e4 = b / (a - T(0.25));   // [4] / [3,4]
+    Var<T> e5 = softmax(c * a, 0);   // [3,1] * [3,4], softmax down the columns
+    return mean(e1 * e2 + e3 + e4 * e5 + e4 / T(3)) + gelu(c);
+  });
   // Sized so that the host loops take their threaded, vector and blocked paths
   // (elementwise_grain, gemm's tiles): finite differences skip these.
   add_large("large broadcast add and tanh", {r({300, 260}), r({260})},

@@ -382,7 +382,7 @@ TEST_CASE("capture refuses an op without per-item bodies, naming it") {
   CHECK(
       dev::capture_detail::missing_kernel(7, "gelu") ==
       "grad::device::capture: node 7 is a 'gelu' op, whose tag has no per-item bodies (forward_item and "
-      "backward_item, grad/tags/family.hpp)");
+      "backward_item, grad/tags/contract.hpp)");
 }
 
 // ---- a learning-rate schedule on the device: same bits, no re-capture ----

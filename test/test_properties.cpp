@@ -203,9 +203,11 @@ class Generator {
         },
         [](Generator& g) {  // the smooth pointwise ops
           const std::size_t a = g.pick();
-          switch (g.rng_.next() % 5) {
+          switch (g.rng_.next() % 6) {
             case 0:
               return g.unary_at(a, "sigmoid", [](Var<T> x) { return sigmoid(x); });
+            case 4:
+              return g.unary_at(a, "gelu", [](Var<T> x) { return gelu(x); });
             case 1:
               return g.unary_at(a, "tanh", [](Var<T> x) { return grad::tanh(x); });
             case 2:

@@ -1,18 +1,20 @@
 // grad: reverse-mode automatic differentiation on a define-by-run tape.
 // Everything of the CPU library, in dependency order:
 //
-//   config.hpp       GRAD_HD, max_rank                      (host and device)
+//   config.hpp       GRAD_HD, max_rank, no_node                (host and device)
 //   tensor.hpp       Tensor<T>, Shape, Dims, broadcasting
-//   ops/             one tag per op: GRAD_HD forward/backward functors and host loops;
-//                    op_list.hpp lists them all (OpList, op_code, with_op)
-//   simd.hpp         the vector packs the host loops are written in
-//   isa.hpp          run-time instruction-set choice for host loops (with_best_isa, GRAD_ISA)
-//   parallel.hpp     the thread pool (set_num_threads, parallel_ranges)
+//   numerics/        what the host loops are built from: simd.hpp (vector packs),
+//                    isa.hpp (run-time instruction set, GRAD_ISA), parallel.hpp
+//                    (the thread pool), gemm.hpp, exact_math.hpp, fixed_order.hpp
+//   tags/            one tag per op: its shape rule, GRAD_HD per-item bodies and
+//                    host loops (contract.hpp says what a tag is; family.hpp the
+//                    Unary/Binary families); op_list.hpp lists them (OpList, with_op)
 //   arena.hpp        the chunked allocator behind the tape
 //   tape.hpp         Tape<T>, Var<T>: nodes, poisoning, requires-grad, mark/reset
-//   ops.hpp          a + b, matmul(a, b), softmax(a, axis), ...: checks shapes, records a node
+//   record.hpp       a + b, matmul(a, b), softmax(a, axis), ...: record_op<Op>, one node each
 //   backward.hpp     the one reverse walk
-//   opt.hpp          SGD, Adam: per-parameter L2, global-norm clipping (loops in update.hpp)
+//   opt.hpp          SGD, Adam, LrSchedule: per-parameter L2, global-norm clipping
+//                    (element rules in update_rules.hpp, loops in update.hpp)
 //   random.hpp       a portable deterministic generator
 //   core.hpp         all of the above: what a training program needs
 //   checkpoint.hpp   save/load parameters and optimizer state
@@ -38,8 +40,9 @@
 // loops and the reverse walk come precompiled at -O3 (kernels_extern.hpp,
 // core.hpp) and the consumer's units compile much faster.
 //
-// The device engine (capture, CPU and CUDA backends) links a library:
-// #include <grad/device/device.hpp> and depend on grad_device_dep.
+// The device engine (capture -> plan -> replay -> launch on the CPU or CUDA
+// backend, kernels/) links a library: #include <grad/device/device.hpp> and
+// depend on grad_device_dep.
 #pragma once
 
 #include "grad/checkpoint.hpp"

@@ -225,7 +225,7 @@ inline std::size_t aligned(std::size_t n, std::size_t elem) {
 // The refusal for an op whose tag has no per-item bodies.
 inline std::string missing_kernel(std::uint32_t node, std::string_view op) {
   return "grad::device::capture: node " + std::to_string(node) + " is a '" + std::string(op) +
-         "' op, whose tag has no per-item bodies (forward_item and backward_item, grad/tags/family.hpp)";
+         "' op, whose tag has no per-item bodies (forward_item and backward_item, grad/tags/contract.hpp)";
 }
 
 template <class S, class T>

@@ -11,7 +11,7 @@
 //   optimizers.hpp  device::SGD, device::Adam
 // The backends and the bodies they run are in kernels/ (cpu_backend.cpp,
 // cuda_backend.cu, work_items.hpp, block_reduce.hpp, optimizer_steps.hpp);
-// each op's own math is its tag's per-item bodies (grad/tags/family.hpp).
+// each op's own math is its tag's per-item bodies (grad/tags/contract.hpp).
 #pragma once
 
 #include "grad/device/capture.hpp"

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <map>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -107,8 +108,11 @@ inline std::size_t rows_of(const Dims& d) { return d.rank >= 2 && d.back() > 0 ?
 // One buffer access: value / gradient of a node, or scratch. A row-wise
 // access (width > 0) reads or writes, for row r, exactly elements
 // [r * width, (r + 1) * width); width 0 = any element.
+// What a launch reads a buffer as.
+enum class Role : std::uint8_t { a, b, value, grad, scratch };
 struct Access {
   std::size_t buffer = 0, width = 0;
+  Role role = Role::a;
 };
 
 struct Class {
@@ -116,6 +120,12 @@ struct Class {
   std::size_t rows = 0;
   Access write;
   std::vector<Access> reads;
+  // The read in `role` (every launch kind has the roles the classifier asks for).
+  Access& read(Role role) {
+    for (Access& r : reads)
+      if (r.role == role) return r;
+    throw std::logic_error("plan: a launch has no read in the role asked for");
+  }
   std::string why;
 };
 
@@ -142,21 +152,20 @@ Class classify(const Layout<S>& L, const LaunchSpec& s) {
   auto G = [&](std::uint32_t i) { return N + i; };
   const DeviceNode<S>& n = L.nodes[s.node];
   const std::string op{op_name(s.op)};
-  const std::uint32_t inputs[2] = {n.a, n.b};
   Class c;
   if (s.kind == LaunchKind::accumulate) {
     c.write = {G(s.input), s.out.back()};
-    c.reads = {{scratch, s.out.back()}, {G(s.input), s.out.back()}};
+    c.reads = {{scratch, s.out.back(), Role::scratch}, {G(s.input), s.out.back(), Role::grad}};
   } else if (s.kind == LaunchKind::forward) {
     c.write = {V(s.node), 0};
-    for (const std::uint32_t in : inputs)
-      if (in != no_node) c.reads.push_back({V(in), 0});
+    if (n.a != no_node) c.reads.push_back({V(n.a), 0, Role::a});
+    if (n.b != no_node) c.reads.push_back({V(n.b), 0, Role::b});
   } else {
     c.write = {s.to_scratch ? scratch : G(s.input), 0};
-    for (const std::uint32_t in : inputs)
-      if (in != no_node) c.reads.push_back({V(in), 0});
-    c.reads.push_back({V(s.node), 0});
-    c.reads.push_back({G(s.node), 0});
+    if (n.a != no_node) c.reads.push_back({V(n.a), 0, Role::a});
+    if (n.b != no_node) c.reads.push_back({V(n.b), 0, Role::b});
+    c.reads.push_back({V(s.node), 0, Role::value});
+    c.reads.push_back({G(s.node), 0, Role::grad});
   }
   const Family f = with_op(s.op, [](auto o) { return family_of<decltype(o)>(); });
   if (s.items == 1 && (f != Family::none || s.kind == LaunchKind::accumulate)) {
@@ -196,8 +205,8 @@ Class classify(const Layout<S>& L, const LaunchSpec& s) {
   }
   const std::size_t width = s.out.back();
   const Dims& out = n.dims;
-  auto row_wise_if_same = [&](std::size_t k, const Dims& d) {
-    if (d == out) c.reads[k].width = out.back();
+  auto row_wise_if_same = [&](Role role, const Dims& d) {
+    if (d == out) c.read(role).width = out.back();
   };
   switch (f) {
     case Family::unary:
@@ -205,17 +214,17 @@ Class classify(const Layout<S>& L, const LaunchSpec& s) {
       for (Access& r : c.reads) r.width = out.back();  // a, y, g all have the output's shape
       break;
     case Family::binary: {
-      row_wise_if_same(0, L.nodes[n.a].dims);
-      row_wise_if_same(1, L.nodes[n.b].dims);
-      if (s.kind != LaunchKind::forward) c.reads[2].width = c.reads[3].width = out.back();
+      row_wise_if_same(Role::a, L.nodes[n.a].dims);
+      row_wise_if_same(Role::b, L.nodes[n.b].dims);
+      if (s.kind != LaunchKind::forward) c.read(Role::value).width = c.read(Role::grad).width = out.back();
       c.kind = SegmentKind::rows;
       break;
     }
     case Family::matmul:
       if (s.kind == LaunchKind::forward) {
-        c.reads[0].width = L.nodes[n.a].dims.back();  // activation row r; W read whole
+        c.read(Role::a).width = L.nodes[n.a].dims.back();  // activation row r; W read whole
       } else {
-        c.reads[3].width = out.back();  // dA row r = G row r · Wᵀ (dW was classified above)
+        c.read(Role::grad).width = out.back();  // dA row r = G row r · Wᵀ (dW was classified above)
       }
       c.kind = SegmentKind::rows;
       break;

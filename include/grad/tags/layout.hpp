@@ -15,14 +15,17 @@ struct Reshape : ItemLoops<Reshape> {
   static constexpr std::string_view torch = "a.reshape(dims)";
   static constexpr int arity = 1;
   static std::string output_dims(const Dims& a, const Dims&, OpAttrs& at, Dims& out) {
-    const std::string what = "cannot reshape " + shape_string(a);
+    // Messages are built only on failure: recording allocates nothing.
+    auto from = [&] {
+      return "cannot reshape " + shape_string(a) + " (" + std::to_string(a.size()) + " elements) to " +
+             shape_string(at.sizes);
+    };
     if (at.sizes.size() > max_rank || at.sizes.empty())
-      return what + " to " + shape_string(at.sizes) + ": the target shape must have rank 1 to " +
-             std::to_string(max_rank);
+      return "cannot reshape " + shape_string(a) + " to " + shape_string(at.sizes) +
+             ": the target shape must have rank 1 to " + std::to_string(max_rank);
     const std::optional<std::size_t> count = checked_element_count(at.sizes);
-    const std::string from = what + " (" + std::to_string(a.size()) + " elements) to " + shape_string(at.sizes);
-    if (!count) return from + ": its element count overflows";
-    if (*count != a.size()) return from + " (" + std::to_string(*count) + " elements)";
+    if (!count) return from() + ": its element count overflows";
+    if (*count != a.size()) return from() + " (" + std::to_string(*count) + " elements)";
     out = Dims::of(at.sizes);
     return {};
   }

@@ -1,0 +1,128 @@
+// What an op tag is: the contract every tag in OpList meets, what its
+// bodies see of a node (NodeArgs), and the generic pieces built on the
+// contract (the item counts, ItemLoops). The families that give many tags
+// their bodies at once are in family.hpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "grad/config.hpp"
+#include "grad/tensor.hpp"
+
+namespace grad {
+
+template <class T>
+struct Operand {
+  const T* data = nullptr;
+  Dims dims;
+};
+
+// Everything an op's kernels read besides the output and gradient buffers.
+template <class T>
+struct NodeArgs {
+  Operand<T> a, b;
+  Dims out;
+  T scalar = T(0);
+  std::uint32_t axis = 0;              // softmax, concat
+  const std::size_t* extra = nullptr;  // slice starts, one per axis
+};
+
+// ---- what an op tag is ----
+//
+//   name          the op's name in every message
+//   torch         the op as a float64 PyTorch expression of a, b (the
+//                 operands), s (the scalar), axis, dims (the output shape)
+//                 and extra (slice starts): the oracle test replays the case
+//                 table's tapes through it (test/oracle/cases.py)
+//   arity         1 or 2 (0: the leaves, Param and Const)
+//   output_dims   the shape rule (below)
+//   forward_item, backward_item   the math (below); host loops forward_tensor
+//                 and backward_tensor (ItemLoops, or a faster variant)
+//
+// ---- the shape rule every op tag owns ----
+//
+//   static std::string output_dims(const Dims& a, const Dims& b, OpAttrs& at, Dims& out)
+//
+// sets `out` to the output shape for operands of shapes a (and b: empty for
+// one-operand ops) and returns "", or returns why there is none; the one
+// recorder (record.hpp) prefixes the op's name and poisons the tape with it.
+// It may resolve the attributes (a negative axis). A tag that keeps
+// at.sizes on the tape (slice's starts) says `keeps_sizes = true`.
+
+// What a recording function passes its tag besides the operands.
+struct OpAttrs {
+  std::ptrdiff_t axis = 0;              // softmax, concat (negative: from the end)
+  std::span<const std::size_t> sizes;  // reshape: the new shape; slice: the starts
+  std::span<const std::size_t> stops;  // slice
+};
+
+// Resolves a numpy-style axis of `d` in place; the reason when it is out of
+// range (`operands()` names them: "shape [2, 3]", built only on failure).
+template <class Operands>
+std::string resolve_axis(const Dims& d, std::ptrdiff_t& axis, Operands operands) {
+  const auto rank = static_cast<std::ptrdiff_t>(d.rank);
+  const std::ptrdiff_t resolved = axis < 0 ? axis + rank : axis;
+  if (resolved < 0 || resolved >= rank)
+    return "axis " + std::to_string(axis) + " is out of range for " + operands() + " (rank " + std::to_string(rank) +
+           ")";
+  axis = resolved;
+  return {};
+}
+
+// ---- the per-item contract every op tag meets ----
+//
+// An op's math is its per-item bodies, GRAD_HD, called by every engine: the
+// tape's host loops (directly, or through a faster variant that the suites
+// check bit for bit against them), the device engine's CPU backend and CUDA.
+//
+//   forward_item(x, y, w)              computes item w of the output
+//   backward_item<In>(x, y, g, dx, w)  computes item w of operand In's gradient
+//                                      contribution dx, whole (gather form:
+//                                      it sums its own terms from zero, in
+//                                      ascending output index)
+//   forward_items(x), backward_items<In>(x)
+//                                      optional: how many items (default:
+//                                      one per output element, one per
+//                                      element of the operand)
+//
+// An item is one element unless the tag says otherwise (softmax: a lane,
+// row_sum: a row, sum/mean forward: the whole reduction).
+template <class Op>
+concept has_item_bodies = requires(const NodeArgs<double>& x, double* y, std::size_t w) {
+  Op::forward_item(x, y, w);
+};
+
+template <class Op, class T>
+GRAD_HD std::size_t forward_items(const NodeArgs<T>& x) {
+  if constexpr (requires { Op::forward_items(x); })
+    return Op::forward_items(x);
+  else
+    return x.out.size();
+}
+template <class Op, int In, class T>
+GRAD_HD std::size_t backward_items(const NodeArgs<T>& x) {
+  if constexpr (requires { Op::template backward_items<In>(x); })
+    return Op::template backward_items<In>(x);
+  else
+    return (In == 0 ? x.a.dims : x.b.dims).size();
+}
+
+// Host loops made of the per-item bodies, for tags that need no faster variant.
+template <class Derived>
+struct ItemLoops {
+  template <class T>
+  static void forward_tensor(const NodeArgs<T>& x, T* y) {
+    const std::size_t n = forward_items<Derived>(x);
+    for (std::size_t w = 0; w < n; ++w) Derived::forward_item(x, y, w);
+  }
+  template <int In, class T>
+  static void backward_tensor(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
+    const std::size_t n = backward_items<Derived, In>(x);
+    for (std::size_t w = 0; w < n; ++w) Derived::template backward_item<In>(x, y, g, dx, w);
+  }
+};
+
+}  // namespace grad
