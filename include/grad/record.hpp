@@ -204,4 +204,50 @@ Var<T> softmax(Var<T> a, std::ptrdiff_t axis) {
   return record_op<Softmax>(a, {}, OpAttrs{axis, {}, {}});
 }
 
+// ---- token ids (embedding.hpp, cross_entropy.hpp) ----
+// Ids are a constant (tape.constant) of exact integers held in T, refreshed
+// per batch like any input (Program::set_input on a device). Each op checks
+// the ids' values when it records: an id out of range, or not an integer,
+// poisons the tape naming the op, the id, its position and the valid range.
+// Ids that require a gradient (a parameter, or computed from one) are refused.
+
+// Rows of table [vocab, d] gathered by ids (any shape): ids' shape + [d].
+template <class T>
+Var<T> embedding(Var<T> table, Var<T> ids) {
+  Tape<T>& tp = detail::tape_of(Embedding::name, table);
+  if (!tp.accept(Embedding::name, {table, ids})) return tp.rejected();
+  Dims out;
+  if (std::string why = Embedding::output_dims(tp.dims(table), tp.dims(ids), out); !why.empty())
+    return tp.invalid(std::move(why));
+  if (tp.requires_grad(ids))
+    return tp.invalid("embedding: the ids require a gradient (a parameter, or computed from one); expected a "
+                      "constant of integer ids (tape.constant)");
+  const View<T> v = tp.value(ids);
+  if (std::string why = Embedding::check_ids(v.data.data(), v.size(), tp.dims(table)[0]); !why.empty())
+    return tp.invalid(std::move(why));
+  return tp.template record<Embedding>(table, ids, out);
+}
+
+// Mean over rows of -log softmax(logits)[id], one node: logits [rows, classes],
+// ids [rows] (or [rows, 1]) integer class ids; rows whose id equals `ignore`
+// (padding) are left out of the mean. nn::cross_entropy(logits, onehot) is
+// the one-hot form, recorded as ordinary ops; classify.hpp's
+// cross_entropy(logits, labels) takes the labels as a host span (it records
+// the log-sum-exp as ordinary ops and allocates no ids constant).
+template <class T>
+Var<T> cross_entropy(Var<T> logits, Var<T> ids, std::type_identity_t<T> ignore) {
+  Tape<T>& tp = detail::tape_of(CrossEntropy::name, logits);
+  if (!tp.accept(CrossEntropy::name, {logits, ids})) return tp.rejected();
+  Dims out;
+  if (std::string why = CrossEntropy::output_dims(tp.dims(logits), tp.dims(ids), out); !why.empty())
+    return tp.invalid(std::move(why));
+  if (tp.requires_grad(ids))
+    return tp.invalid("cross_entropy: the ids require a gradient (a parameter, or computed from one); expected a "
+                      "constant of integer class ids (tape.constant)");
+  const View<T> v = tp.value(ids);
+  if (std::string why = CrossEntropy::check_ids(v.data.data(), v.size(), tp.dims(logits)[1], ignore); !why.empty())
+    return tp.invalid(std::move(why));
+  return tp.template record<CrossEntropy>(logits, ids, out, ignore);
+}
+
 }  // namespace grad
