@@ -10,6 +10,7 @@
 #include <grad/device/device.hpp>
 #include <grad/lm.hpp>
 
+#include "golden.hpp"
 #include "support.hpp"
 
 using namespace grad;
@@ -482,4 +483,57 @@ TEST_CASE("the device engine captures the LM training step and trains bit-equal 
     worst = std::max(worst, std::abs(narrow.losses[i] - want.losses[i]) / std::abs(want.losses[i]));
   MESSAGE("f32 capture: worst relative loss difference over 20 steps " << worst);
   CHECK(worst < 1e-4);
+}
+
+// ----------------------------------------------------------- the oracle --
+
+TEST_CASE("the LM matches PyTorch float64 (test/oracle/lm_oracle.py): logits, loss and every gradient") {
+  auto g = load_golden(oracle_dir() + "/lm_golden.txt");
+  const Tensor<double>& sz = g.at("sizes");
+  auto n = [&](std::size_t i) { return static_cast<std::size_t>(sz[i]); };
+  nn::LmConfig c;
+  c.vocab = n(0);
+  c.d_model = n(1);
+  c.layers = n(2);
+  c.heads = n(3);
+  c.kv_heads = n(4);
+  c.ffn = n(5);
+  const std::size_t B = n(6), t = n(7);
+  c.max_seq = t;
+  c.eps = g.at("scalars")[0];
+  c.rope_base = g.at("scalars")[1];
+  Tape<double> tp;
+  nn::Lm<double> m(tp, c, 1);
+  for (const auto& p : m.named()) {
+    CAPTURE(p.name);
+    const Tensor<double>& want = g.at(p.name);
+    const std::span<double> to = tp.leaf_value(p.var);
+    REQUIRE(to.size() == want.size());
+    std::copy(want.data().begin(), want.data().end(), to.begin());
+  }
+  std::vector<int> ids, targets;
+  for (double x : g.at("ids").data()) ids.push_back(static_cast<int>(x));
+  for (double x : g.at("targets").data()) targets.push_back(static_cast<int>(x));
+  auto r = m.forward(m.ids(ids, B, t), m.ids(targets, B * t, 0), -100.0);
+  REQUIRE(tp.ok());
+  REQUIRE(tp.backward(r.loss));
+  auto worst_relative = [](std::span<const double> got, std::span<const double> want) {
+    double largest = 0, worst = 0;
+    for (double w : want) largest = std::max(largest, std::abs(w));
+    for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
+    return worst / largest;
+  };
+  const double loss_err = std::abs(tp.scalar(r.loss) - g.at("loss")[0]) / std::abs(g.at("loss")[0]);
+  const double logit_err = worst_relative(tp.value(r.logits).data, g.at("logits").data());
+  MESSAGE("loss relative error " << loss_err << ", logits " << logit_err);
+  CHECK(loss_err < 1e-14);
+  CHECK(logit_err < 1e-13);
+  double grad_worst = 0;
+  for (const auto& p : m.named()) {
+    CAPTURE(p.name);
+    const double e = worst_relative(tp.grad(p.var).data, g.at("grad." + p.name).data());
+    grad_worst = std::max(grad_worst, e);
+    CHECK(e < 1e-12);
+  }
+  MESSAGE("worst gradient error (relative to each tensor's largest) " << grad_worst);
 }
