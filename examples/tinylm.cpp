@@ -6,6 +6,7 @@
 //   tinylm generate [--model tinylm_merged.model] [--prompt TEXT | --prompt-file F [--prompt-bytes 16]]
 //                   [--count N] [--temperature 0] [--top-k 0] [--seed 1]
 //   tinylm all      the four above with their defaults
+//   tinylm bench    training and generation tokens/s at the default size (bench/peer_torch_lm.py)
 //
 // train: pretrains on a text file (the last tenth held out), printing loss,
 // bits per byte and tokens/s, and reports validation bits per byte against
@@ -343,6 +344,46 @@ int generate(const Args& a) {
   return 0;
 }
 
+
+// Speed at the default size, one thread: training steps (forward, backward,
+// Adam) on batch x seq windows, and greedy KV-cache generation.
+int bench(const Args& a) {
+  nn::LmConfig c;  // the example's default size (train)
+  c.max_seq = 256;
+  const std::size_t seq = static_cast<std::size_t>(a.num("seq", 256)), batch = static_cast<std::size_t>(a.num("batch", 4));
+  const long steps = a.num("steps", 20);
+  grad::Tape<T> tp;
+  nn::Lm<T> model(tp, c, 1);
+  grad::Adam<T> opt(T(1e-3));
+  for (const auto& p : model.trainable()) opt.add(p.var);
+  const auto mark = tp.mark();
+  grad::SplitMix64 rng(5);
+  std::vector<int> in(batch * seq), out(batch * seq);
+  for (int& x : in) x = static_cast<int>(rng.next() % 256);
+  for (int& x : out) x = static_cast<int>(rng.next() % 256);
+  double seconds = 0;
+  for (long s = -2; s < steps; ++s) {
+    const auto t0 = Clock::now();
+    auto r = model.forward(model.ids(in, batch, seq), model.ids(out, batch * seq, 0));
+    if (!tp.backward(r.loss) || !opt.step()) throw std::runtime_error(tp.error());
+    tp.reset_to(mark);
+    if (s >= 0) seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  const double train_rate = static_cast<double>(batch * seq) * static_cast<double>(steps) / seconds;
+  nn::KvDecoder<T> dec(model);
+  const std::size_t gen = c.max_seq - 1;
+  const std::vector<int> prompt = {84};
+  nn::generate(dec, prompt, gen);  // warm
+  const auto t0 = Clock::now();
+  const int reps = 3;
+  for (int i = 0; i < reps; ++i) nn::generate(dec, prompt, gen);
+  const double gen_rate = static_cast<double>(reps * (gen + 1)) / std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf("tinylm bench: %s, %zu parameters, float32, 1 thread\n", c.describe().c_str(), model.parameter_count());
+  std::printf("train_tokens_per_s %.0f (batch %zu x %zu, forward + backward + Adam)\n", train_rate, batch, seq);
+  std::printf("generate_tokens_per_s %.0f (greedy, KV cache, %zu positions)\n", gen_rate, gen + 1);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -366,6 +407,7 @@ int main(int argc, char** argv) {
     if (cmd == "finetune") return finetune(a);
     if (cmd == "merge") return merge(a);
     if (cmd == "generate") return generate(a);
+    if (cmd == "bench") return bench(a);
     if (cmd == "all") {
       if (int r = train(a); r != 0) return r;
       if (int r = finetune(Args{}); r != 0) return r;
