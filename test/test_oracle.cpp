@@ -88,6 +88,12 @@ std::vector<OracleGraph> oracle_graphs() {
          V e5 = softmax(c * a, 0);  // [3,1] * [3,4], softmax down the columns
          return mean(e1 * e2 + e3 + e4 * e5 + e4 / 3.0);
        }},
+      {"tokens",
+       [](const Inputs& in) {
+         V x = reshape(embedding(in["E"], in["ids"]), {6, 3});  // ids [2, 3], id 1 and 4 twice
+         V logits = matmul(grad::tanh(x), in["W"]) * 2.0;
+         return grad::cross_entropy(logits, in["targets"], -1.0);  // row 1 ignored
+       }},
   };
 }
 

@@ -132,7 +132,28 @@ def pointwise(rng):
     return const, param, build
 
 
-GRAPHS = [("mlp", mlp, 0x6D6C70), ("attention", attention, 0x617474), ("pointwise", pointwise, 0x707477)]
+def tokens(rng):
+    """embedding by integer ids (a repeated id sums its rows' gradients) and
+    cross_entropy with integer class ids, one row ignored (id -1)."""
+    const = {
+        "ids": torch.tensor([[1.0, 4.0, 1.0], [0.0, 4.0, 2.0]], dtype=torch.float64),
+        "targets": torch.tensor([2.0, -1.0, 0.0, 3.0, 3.0, 1.0], dtype=torch.float64),
+    }
+    param = {
+        "E": rng.tensor([5, 3], -1.0, 1.0),
+        "W": rng.tensor([3, 4], -1.0, 1.0),
+    }
+
+    def build(c, p):
+        x = p["E"][c["ids"].long()].reshape(6, 3)
+        logits = torch.tanh(x) @ p["W"] * 2.0
+        return torch.nn.functional.cross_entropy(logits, c["targets"].long(), ignore_index=-1)
+
+    return const, param, build
+
+
+GRAPHS = [("mlp", mlp, 0x6D6C70), ("attention", attention, 0x617474), ("pointwise", pointwise, 0x707477),
+          ("tokens", tokens, 0x746F6B)]
 
 
 def main():
