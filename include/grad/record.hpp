@@ -206,26 +206,38 @@ Var<T> softmax(Var<T> a, std::ptrdiff_t axis) {
 
 // ---- token ids (embedding.hpp, cross_entropy.hpp) ----
 // Ids are a constant (tape.constant) of exact integers held in T, refreshed
-// per batch like any input (Program::set_input on a device). Each op checks
-// the ids' values when it records: an id out of range, or not an integer,
+// per batch like any input (Program::set_input on a device). These two ops
+// have a value rule besides the shape rule: each checks the ids' values when
+// it records (the tag's check_ids); an id out of range, or not an integer,
 // poisons the tape naming the op, the id, its position and the valid range.
 // Ids that require a gradient (a parameter, or computed from one) are refused.
+
+namespace detail {
+// The value rule of an op whose operand b holds ids: "" (then record_op
+// records it, or words the shape refusal) or why not.
+template <class Op, class T>
+std::string refuse_ids(Tape<T>& tp, Var<T> a, Var<T> ids, std::size_t range_axis, T ignore) {
+  OpAttrs at;
+  Dims out;
+  if (!tp.accept(Op::name, {a, ids}) || !Op::output_dims(tp.dims(a), tp.dims(ids), at, out).empty()) return "";
+  if (tp.requires_grad(ids))
+    return "the ids require a gradient (a parameter, or computed from one); expected a constant of integer ids "
+           "(tape.constant)";
+  const View<T> v = tp.value(ids);
+  if constexpr (std::is_same_v<Op, Embedding>)
+    return Op::check_ids(v.data.data(), v.size(), tp.dims(a)[range_axis]);
+  else
+    return Op::check_ids(v.data.data(), v.size(), tp.dims(a)[range_axis], ignore);
+}
+}  // namespace detail
 
 // Rows of table [vocab, d] gathered by ids (any shape): ids' shape + [d].
 template <class T>
 Var<T> embedding(Var<T> table, Var<T> ids) {
   Tape<T>& tp = detail::tape_of(Embedding::name, table);
-  if (!tp.accept(Embedding::name, {table, ids})) return tp.rejected();
-  Dims out;
-  if (std::string why = Embedding::output_dims(tp.dims(table), tp.dims(ids), out); !why.empty())
-    return tp.invalid(std::move(why));
-  if (tp.requires_grad(ids))
-    return tp.invalid("embedding: the ids require a gradient (a parameter, or computed from one); expected a "
-                      "constant of integer ids (tape.constant)");
-  const View<T> v = tp.value(ids);
-  if (std::string why = Embedding::check_ids(v.data.data(), v.size(), tp.dims(table)[0]); !why.empty())
-    return tp.invalid(std::move(why));
-  return tp.template record<Embedding>(table, ids, out);
+  if (std::string why = detail::refuse_ids<Embedding>(tp, table, ids, 0, T(0)); !why.empty())
+    return tp.invalid(std::string(Embedding::name) + ": " + why);
+  return record_op<Embedding>(table, ids);
 }
 
 // Mean over rows of -log softmax(logits)[id], one node: logits [rows, classes],
@@ -237,17 +249,9 @@ Var<T> embedding(Var<T> table, Var<T> ids) {
 template <class T>
 Var<T> cross_entropy(Var<T> logits, Var<T> ids, std::type_identity_t<T> ignore) {
   Tape<T>& tp = detail::tape_of(CrossEntropy::name, logits);
-  if (!tp.accept(CrossEntropy::name, {logits, ids})) return tp.rejected();
-  Dims out;
-  if (std::string why = CrossEntropy::output_dims(tp.dims(logits), tp.dims(ids), out); !why.empty())
-    return tp.invalid(std::move(why));
-  if (tp.requires_grad(ids))
-    return tp.invalid("cross_entropy: the ids require a gradient (a parameter, or computed from one); expected a "
-                      "constant of integer class ids (tape.constant)");
-  const View<T> v = tp.value(ids);
-  if (std::string why = CrossEntropy::check_ids(v.data.data(), v.size(), tp.dims(logits)[1], ignore); !why.empty())
-    return tp.invalid(std::move(why));
-  return tp.template record<CrossEntropy>(logits, ids, out, ignore);
+  if (std::string why = detail::refuse_ids<CrossEntropy>(tp, logits, ids, 1, ignore); !why.empty())
+    return tp.invalid(std::string(CrossEntropy::name) + ": " + why);
+  return record_op<CrossEntropy>(logits, ids, {}, ignore);
 }
 
 }  // namespace grad

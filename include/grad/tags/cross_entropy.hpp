@@ -32,27 +32,27 @@ struct CrossEntropy {
       "torch.nn.functional.cross_entropy(a, b.reshape(-1).long(), ignore_index=int(s)).reshape(1)";
   static constexpr int arity = 2;
 
-  static std::string output_dims(const Dims& logits, const Dims& ids, Dims& out) {
-    if (logits.rank != 2 || logits[1] == 0)
-      return "cross_entropy: logits " + shape_string(logits) + ": expected [rows, classes]";
+  // The shape rule (family.hpp): a single element.
+  static std::string output_dims(const Dims& logits, const Dims& ids, OpAttrs&, Dims& out) {
+    if (logits.rank != 2 || logits[1] == 0) return "logits " + shape_string(logits) + ": expected [rows, classes]";
     const bool fits = (ids.rank == 1 && ids[0] == logits[0]) || (ids.rank == 2 && ids[0] == logits[0] && ids[1] == 1);
     if (!fits)
-      return "cross_entropy: logits " + shape_string(logits) + " and ids " + shape_string(ids) + ": expected ids [" +
+      return "logits " + shape_string(logits) + " and ids " + shape_string(ids) + ": expected ids [" +
              std::to_string(logits[0]) + "] (one class id per row)";
     out = Dims::of(std::array<std::size_t, 1>{1});
     return "";
   }
 
-  // Every id an integer in [0, classes) or the ignore id; "" or the first
-  // offender, by row.
+  // The value rule, checked when recorded (record.hpp): every id an integer
+  // in [0, classes) or the ignore id; "" or the first offender, by row.
   template <class T>
   static std::string check_ids(const T* ids, std::size_t rows, std::size_t classes, T ignore) {
     if (!(ignore == ignore) || static_cast<T>(static_cast<long long>(ignore)) != ignore)
-      return "cross_entropy: ignore id " + Embedding::number(ignore) + " is not an integer";
+      return "ignore id " + Embedding::number(ignore) + " is not an integer";
     for (std::size_t r = 0; r < rows; ++r) {
       if (ids[r] == ignore) continue;
       if (Embedding::row_of(ids[r], classes) == classes)
-        return "cross_entropy: id " + Embedding::number(ids[r]) + " at row " + std::to_string(r) +
+        return "id " + Embedding::number(ids[r]) + " at row " + std::to_string(r) +
                " is out of range: expected an integer in [0, " + std::to_string(classes) + ") or the ignore id " +
                Embedding::number(ignore);
     }

@@ -32,33 +32,32 @@ struct Embedding {
   static constexpr std::string_view torch = "torch.nn.functional.embedding(b.long(), a)";
   static constexpr int arity = 2;
 
-  // The output shape for a table of shape `table` and ids of shape `ids`;
-  // "" or why not.
-  static std::string output_dims(const Dims& table, const Dims& ids, Dims& out) {
+  // The shape rule (family.hpp): ids' shape with d appended.
+  static std::string output_dims(const Dims& table, const Dims& ids, OpAttrs&, Dims& out) {
     if (table.rank != 2 || table[0] == 0 || table[1] == 0)
-      return "embedding: table " + shape_string(table) + ": expected [vocab, d]";
+      return "table " + shape_string(table) + ": expected [vocab, d]";
     if (ids.rank + 1 > max_rank)
-      return "embedding: ids " + shape_string(ids) + " have rank " + std::to_string(ids.rank) + "; at most " +
+      return "ids " + shape_string(ids) + " have rank " + std::to_string(ids.rank) + "; at most " +
              std::to_string(max_rank - 1) + " (the output appends d)";
     out = ids;
     out.d[out.rank++] = table[1];
     return "";
   }
 
-  // Every id an exact integer in [0, vocab); "" or the first offender, by
-  // position. T's integers are exact up to 2^(digits): a larger vocabulary is
-  // refused.
+  // The value rule, checked when recorded (record.hpp): every id an exact
+  // integer in [0, vocab); "" or the first offender, by position. T's
+  // integers are exact up to 2^(digits): a larger vocabulary is refused.
   template <class T>
-  static std::string check_ids(const T* ids, std::size_t n, std::size_t vocab, std::string_view op = name) {
+  static std::string check_ids(const T* ids, std::size_t n, std::size_t vocab) {
     constexpr double exact = static_cast<double>(std::uint64_t{1} << std::numeric_limits<T>::digits);
     if (static_cast<double>(vocab) > exact)
-      return std::string(op) + ": a vocabulary of " + std::to_string(vocab) +
+      return "a vocabulary of " + std::to_string(vocab) +
              " ids cannot be held exactly in this element type (at most 2^" +
              std::to_string(std::numeric_limits<T>::digits) + ")";
     for (std::size_t p = 0; p < n; ++p) {
       const T id = ids[p];
       if (!(id >= T(0) && id < static_cast<T>(vocab) && static_cast<T>(static_cast<std::uint64_t>(id)) == id))
-        return std::string(op) + ": id " + number(id) + " at position " + std::to_string(p) +
+        return "id " + number(id) + " at position " + std::to_string(p) +
                " is out of range: expected an integer in [0, " + std::to_string(vocab) + ")";
     }
     return "";
