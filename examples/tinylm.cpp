@@ -126,7 +126,8 @@ struct Curve {
       std::ofstream f(csv);
       f << "step,train_bits_per_byte,val_bits_per_byte\n";
       for (std::size_t i = 0; i < step.size(); ++i)
-        f << step[i] << "," << train_bpb[i] << "," << (std::isnan(val_bpb[i]) ? std::string() : std::to_string(val_bpb[i])) << "\n";
+        f << step[i] << "," << train_bpb[i] << ","
+          << (std::isnan(val_bpb[i]) ? std::string() : std::to_string(val_bpb[i])) << "\n";
     }
     if (!svg.empty()) {
       report::Plot p{title, "step", "bits per byte", false, {}, {}};
@@ -158,7 +159,8 @@ int train(const Args& a) {
   c.kv_heads = static_cast<std::size_t>(a.num("kv-heads", 2));
   c.ffn = static_cast<std::size_t>(a.num("ffn", 176));
   c.max_seq = static_cast<std::size_t>(a.num("max-seq", 256));
-  const std::size_t seq = static_cast<std::size_t>(a.num("seq", 256)), batch = static_cast<std::size_t>(a.num("batch", 4));
+  const std::size_t seq = static_cast<std::size_t>(a.num("seq", 256)),
+                    batch = static_cast<std::size_t>(a.num("batch", 4));
   const long steps = a.num("steps", 600);
   const double lr = a.real("lr", 3e-3);
   const std::uint64_t seed = static_cast<std::uint64_t>(a.num("seed", 1));
@@ -175,8 +177,9 @@ int train(const Args& a) {
   grad::Adam<T> opt(static_cast<T>(lr));
   opt.set_clip(T(1));
   for (const auto& p : model.trainable()) opt.add(p.var);
-  std::printf("tinylm train: %s (%zu bytes; last %zu held out)\nmodel: %s, %zu parameters; batch %zu x %zu, %ld steps\n",
-              path.c_str(), tokens.size(), held, c.describe().c_str(), model.parameter_count(), batch, seq, steps);
+  std::printf(
+      "tinylm train: %s (%zu bytes; last %zu held out)\nmodel: %s, %zu parameters; batch %zu x %zu, %ld steps\n",
+      path.c_str(), tokens.size(), held, c.describe().c_str(), model.parameter_count(), batch, seq, steps);
   const auto mark = tp.mark();
   grad::SplitMix64 rng(seed + 1000);
   std::vector<int> in(batch * seq), out(batch * seq);
@@ -217,8 +220,8 @@ int train(const Args& a) {
   const double val = curve.val_bpb.back();
   std::printf("validation: %.3f bits/byte (uniform 8.000, unigram %.3f); training %.0f tokens/s, %.1f s\n", val,
               unigram, tokens_done / seconds, seconds);
-  curve.write(a.get("csv", "tinylm_train.csv"), a.get("svg", "tinylm_train.svg"),
-              "tinylm pretraining on " + path, unigram);
+  curve.write(a.get("csv", "tinylm_train.csv"), a.get("svg", "tinylm_train.svg"), "tinylm pretraining on " + path,
+              unigram);
   const std::string to = a.get("out", "tinylm_base.model");
   check_saved(nn::save_lm(to, model));
   std::printf("saved %s\n", to.c_str());
@@ -283,10 +286,11 @@ int finetune(const Args& a) {
   for (const auto& p : model.base()) base_bytes += tp.value(p.var).size() * sizeof(T);
   std::printf("finetuned %ld steps in %.1f s (%.0f tokens/s); greedy from the first %zu bytes %s the rest\n", done,
               seconds, tokens_done / seconds, prompt, exact ? "reproduces" : "does NOT reproduce");
-  std::printf("gradient buffers: adapters %zu bytes (the whole tape %zu), base weights 0 bytes (full finetuning: %zu)\n",
-              adapter_elements * sizeof(T), grad_bytes, base_bytes);
-  curve.write(a.get("csv", "tinylm_finetune.csv"), a.get("svg", "tinylm_finetune.svg"), "tinylm LoRA finetune on " + path,
-              0);
+  std::printf(
+      "gradient buffers: adapters %zu bytes (the whole tape %zu), base weights 0 bytes (full finetuning: %zu)\n",
+      adapter_elements * sizeof(T), grad_bytes, base_bytes);
+  curve.write(a.get("csv", "tinylm_finetune.csv"), a.get("svg", "tinylm_finetune.svg"),
+              "tinylm LoRA finetune on " + path, 0);
   const std::string to = a.get("out", "tinylm_lora.model");
   check_saved(nn::save_lm(to, model));
   std::printf("saved %s\n", to.c_str());
@@ -325,7 +329,8 @@ int generate(const Args& a) {
     prompt = text.substr(0, k);
     expected = text.substr(k);
   }
-  const std::size_t count = static_cast<std::size_t>(a.num("count", expected.empty() ? 200 : static_cast<long>(expected.size())));
+  const std::size_t count =
+      static_cast<std::size_t>(a.num("count", expected.empty() ? 200 : static_cast<long>(expected.size())));
   nn::SampleOptions o;
   o.temperature = a.real("temperature", 0);
   o.top_k = static_cast<std::size_t>(a.num("top-k", 0));
@@ -340,17 +345,18 @@ int generate(const Args& a) {
   std::fprintf(stderr, "[%zu tokens in %.3f s: %.0f tokens/s, KV cache, %s]\n", p.size() + out.size(), s,
                static_cast<double>(p.size() + out.size()) / s, o.temperature > 0 ? "sampled" : "greedy");
   if (!expected.empty() && o.temperature <= 0 && count == expected.size())
-    std::fprintf(stderr, "[the rest of the prompt file: %s]\n", text == expected ? "reproduced exactly" : "NOT reproduced");
+    std::fprintf(stderr, "[the rest of the prompt file: %s]\n",
+                 text == expected ? "reproduced exactly" : "NOT reproduced");
   return 0;
 }
-
 
 // Speed at the default size, one thread: training steps (forward, backward,
 // Adam) on batch x seq windows, and greedy KV-cache generation.
 int bench(const Args& a) {
   nn::LmConfig c;  // the example's default size (train)
   c.max_seq = 256;
-  const std::size_t seq = static_cast<std::size_t>(a.num("seq", 256)), batch = static_cast<std::size_t>(a.num("batch", 4));
+  const std::size_t seq = static_cast<std::size_t>(a.num("seq", 256)),
+                    batch = static_cast<std::size_t>(a.num("batch", 4));
   const long steps = a.num("steps", 20);
   grad::Tape<T> tp;
   nn::Lm<T> model(tp, c, 1);
@@ -377,7 +383,8 @@ int bench(const Args& a) {
   const auto t0 = Clock::now();
   const int reps = 3;
   for (int i = 0; i < reps; ++i) nn::generate(dec, prompt, gen);
-  const double gen_rate = static_cast<double>(reps * (gen + 1)) / std::chrono::duration<double>(Clock::now() - t0).count();
+  const double gen_rate =
+      static_cast<double>(reps * (gen + 1)) / std::chrono::duration<double>(Clock::now() - t0).count();
   std::printf("tinylm bench: %s, %zu parameters, float32, 1 thread\n", c.describe().c_str(), model.parameter_count());
   std::printf("train_tokens_per_s %.0f (batch %zu x %zu, forward + backward + Adam)\n", train_rate, batch, seq);
   std::printf("generate_tokens_per_s %.0f (greedy, KV cache, %zu positions)\n", gen_rate, gen + 1);
@@ -388,7 +395,8 @@ int bench(const Args& a) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: tinylm train|finetune|merge|generate|all [--option value ...] (see examples/tinylm.cpp)\n");
+    std::fprintf(stderr,
+                 "usage: tinylm train|finetune|merge|generate|all [--option value ...] (see examples/tinylm.cpp)\n");
     return 2;
   }
   const std::string cmd = argv[1];

@@ -107,7 +107,8 @@ TEST_CASE("cross_entropy with ids equals the one-hot and label forms, and leaves
   Tensor<double> ids3 = ids;
   ids3[3] = -1;
   const double three = tp.scalar(grad::cross_entropy(x, tp.constant(ids3), -1.0));
-  const double want = tp.scalar(nn::cross_entropy(slice(x, {0, 0}, {3, 6}), slice(tp.constant(onehot), {0, 0}, {3, 6})));
+  const double want =
+      tp.scalar(nn::cross_entropy(slice(x, {0, 0}, {3, 6}), slice(tp.constant(onehot), {0, 0}, {3, 6})));
   CHECK(three == doctest::Approx(want).epsilon(1e-14));
   // Every row ignored: loss 0, gradient 0.
   Tape<double> t2;
@@ -260,7 +261,8 @@ TEST_CASE("LoRA training: base weights are constants with no gradient buffer; on
       if (t.requires_grad(p.var)) n += t.value(p.var).size() * sizeof(double);
     return n;
   };
-  const std::size_t full_bytes = tensor_grad_bytes(full_tp, full.named()), lora_bytes = tensor_grad_bytes(tp, m.named());
+  const std::size_t full_bytes = tensor_grad_bytes(full_tp, full.named()),
+                    lora_bytes = tensor_grad_bytes(tp, m.named());
   MESSAGE("weight gradient bytes: full finetune " << full_bytes << ", LoRA " << lora_bytes << "; whole tape "
                                                   << full_tp.grad_bytes() << " vs " << tp.grad_bytes());
   CHECK(lora_bytes * 4 < full_bytes);

@@ -306,9 +306,8 @@ class Generator {
           const Dims d = g.dims(g.values_[a]);
           Tensor<T> ids({d[0]});
           for (T& x : ids.data()) x = g.rng_.next() % 5 == 0 ? T(-1) : static_cast<T>(g.rng_.next() % d[1]);
-          g.push([a, ids](Tape<T>& tp, const auto&, const auto& v) {
-                   return grad::cross_entropy(v[a], tp.constant(ids), T(-1));
-                 },
+          g.push([a, ids](Tape<T>& tp, const auto&,
+                          const auto& v) { return grad::cross_entropy(v[a], tp.constant(ids), T(-1)); },
                  "cross_entropy(" + g.name(a) + ", ids)");
         },
     };

@@ -72,14 +72,12 @@ inline std::uint32_t parse_projections(std::string_view list) {
 struct LmConfig {
   std::size_t vocab = 256, d_model = 64, layers = 2, heads = 4, kv_heads = 2, ffn = 176, max_seq = 128;
   double rope_base = 10000.0, eps = 1e-6;
-  std::size_t lora_rank = 0;      // 0: no adapters
-  double lora_scale = 1.0;        // alpha / r, as PEFT
+  std::size_t lora_rank = 0;  // 0: no adapters
+  double lora_scale = 1.0;    // alpha / r, as PEFT
   std::uint32_t lora_targets = all_projections;
 
   std::size_t head_dim() const { return heads == 0 ? 0 : d_model / heads; }
-  bool has_adapter(Proj p) const {
-    return lora_rank > 0 && (lora_targets >> static_cast<unsigned>(p) & 1u) != 0;
-  }
+  bool has_adapter(Proj p) const { return lora_rank > 0 && (lora_targets >> static_cast<unsigned>(p) & 1u) != 0; }
   // The projection's [in, out].
   std::array<std::size_t, 2> proj_shape(Proj p) const {
     const std::size_t hd = head_dim();
@@ -116,8 +114,8 @@ struct LmConfig {
   }
   std::string describe() const {
     auto n = [](std::size_t v) { return std::to_string(v); };
-    std::string s = "vocab " + n(vocab) + ", d_model " + n(d_model) + ", layers " + n(layers) + ", heads " +
-                    n(heads) + ", kv_heads " + n(kv_heads) + ", ffn " + n(ffn) + ", max_seq " + n(max_seq);
+    std::string s = "vocab " + n(vocab) + ", d_model " + n(d_model) + ", layers " + n(layers) + ", heads " + n(heads) +
+                    ", kv_heads " + n(kv_heads) + ", ffn " + n(ffn) + ", max_seq " + n(max_seq);
     if (lora_rank > 0) {
       s += ", LoRA rank " + n(lora_rank) + " on";
       for (std::size_t p = 0; p < proj_count; ++p)
@@ -129,8 +127,9 @@ struct LmConfig {
   static constexpr std::size_t stored_fields = 12;
   static constexpr std::size_t base_fields = 9;  // the ones the base weights depend on (or that change them)
   std::array<double, stored_fields> stored() const {
-    return {double(vocab), double(d_model), double(layers), double(heads), double(kv_heads), double(ffn),
-            double(max_seq), rope_base, eps, double(lora_rank), lora_scale, double(lora_targets)};
+    return {double(vocab), double(d_model),     double(layers), double(heads), double(kv_heads),
+            double(ffn),   double(max_seq),     rope_base,      eps,           double(lora_rank),
+            lora_scale,    double(lora_targets)};
   }
   static LmConfig from_stored(std::span<const double> v) {
     LmConfig c;
@@ -238,8 +237,8 @@ class Lm {
       layers_.push_back(L);
     }
     final_norm_ = leaf("final_norm", Tensor<T>::full({c_.d_model}, T(1)), ParamKind::norm, false);
-    head_ = leaf("head", uniform({c_.d_model, c_.vocab}, s3 / std::sqrt(double(c_.d_model)), base),
-                 ParamKind::weight, false);
+    head_ = leaf("head", uniform({c_.d_model, c_.vocab}, s3 / std::sqrt(double(c_.d_model)), base), ParamKind::weight,
+                 false);
     const auto stored = c_.stored();
     Tensor<T> cfg({LmConfig::stored_fields});
     for (std::size_t i = 0; i < stored.size(); ++i) cfg[i] = static_cast<T>(stored[i]);
@@ -332,8 +331,7 @@ class Lm {
   const Tables& tables(std::size_t t) {
     auto it = tables_.find(t);
     if (it == tables_.end())
-      it = tables_.emplace(t, Tables{rope_tables<T>(t, c_.head_dim(), static_cast<T>(c_.rope_base)),
-                                     causal_mask<T>(t)})
+      it = tables_.emplace(t, Tables{rope_tables<T>(t, c_.head_dim(), static_cast<T>(c_.rope_base)), causal_mask<T>(t)})
                .first;
     return it->second;
   }
@@ -341,7 +339,7 @@ class Lm {
   // [B*t, n*hd] -> [B*n, t, hd] (heads lead) and back.
   static Var<T> heads_major(Var<T> m, std::size_t B, std::size_t t, std::size_t n, std::size_t hd) {
     Var<T> x = transpose(reshape(m, {B, t, n * hd}));  // [B, n*hd, t]
-    return transpose(reshape(x, {B * n, hd, t}));       // [B*n, t, hd]
+    return transpose(reshape(x, {B * n, hd, t}));      // [B*n, t, hd]
   }
   static Var<T> rows_major(Var<T> c, std::size_t B, std::size_t t, std::size_t n, std::size_t hd) {
     Var<T> x = transpose(reshape(transpose(c), {B, n * hd, t}));  // [B, t, n*hd]
@@ -445,11 +443,12 @@ ModelFileResult save_lm(const std::string& path, const Lm<T>& model) {
 inline std::string read_lm_config(const std::string& path, LmConfig& out) {
   std::vector<unsigned char> bytes;
   grad::detail::Frame f;
-  if (std::string why = grad::detail::read_framed(path, grad::detail::model_magic, model_file_version, "model", bytes, f);
+  if (std::string why =
+          grad::detail::read_framed(path, grad::detail::model_magic, model_file_version, "model", bytes, f);
       !why.empty())
     return "grad: model file '" + path + "': " + why;
-  grad::detail::ByteReader r{std::span<const unsigned char>(bytes).subspan(grad::detail::checkpoint_header_bytes,
-                                                                           f.payload_bytes)};
+  grad::detail::ByteReader r{
+      std::span<const unsigned char>(bytes).subspan(grad::detail::checkpoint_header_bytes, f.payload_bytes)};
   const auto count = r.get<std::uint64_t>();
   const std::size_t elem = f.dtype == 1 ? 8 : 4;
   std::size_t before = 0, found = 0;
@@ -469,7 +468,8 @@ inline std::string read_lm_config(const std::string& path, LmConfig& out) {
     before += n;
   }
   if (r.short_read || !have)
-    return "grad: model file '" + path + "': no language-model config ('lm.config') in it: not a model saved by save_lm";
+    return "grad: model file '" + path +
+           "': no language-model config ('lm.config') in it: not a model saved by save_lm";
   const auto values = r.template take<unsigned char>(found * elem + LmConfig::stored_fields * elem);
   if (r.short_read) return "grad: model file '" + path + "': corrupted: the payload ends inside 'lm.config'";
   std::array<double, LmConfig::stored_fields> v{};
@@ -741,10 +741,9 @@ std::vector<int> generate(KvDecoder<T>& dec, std::span<const int> prompt, std::s
       order.resize(logits.size());
       for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
       const std::size_t k = o.top_k == 0 || o.top_k > order.size() ? order.size() : o.top_k;
-      std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
-                        [&](std::size_t a, std::size_t b) {
-                          return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-                        });
+      std::partial_sort(
+          order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+          [&](std::size_t a, std::size_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
       w.assign(k, 0.0);
       const double top = static_cast<double>(logits[order[0]]);
       double total = 0;
