@@ -176,6 +176,11 @@ int train(const Args& a) {
   nn::Lm<T> model(tp, c, seed);
   grad::Adam<T> opt(static_cast<T>(lr));
   opt.set_clip(T(1));
+  // Linear warm-up over the first 5% of the steps, then cosine decay to a tenth (grad::LrSchedule).
+  opt.set_schedule({.base_lr = lr,
+                    .min_lr = lr / 10,
+                    .warmup = static_cast<std::uint64_t>(steps / 20),
+                    .total = static_cast<std::uint64_t>(std::max(1L, steps))});
   for (const auto& p : model.trainable()) opt.add(p.var);
   std::printf(
       "tinylm train: %s (%zu bytes; last %zu held out)\nmodel: %s, %zu parameters; batch %zu x %zu, %ld steps\n",
@@ -196,9 +201,6 @@ int train(const Args& a) {
         out[b * seq + i] = train_part[at + i + 1];
       }
     }
-    // Linear warmup over the first 5%, then linear decay to a tenth.
-    const double warm = std::min(1.0, static_cast<double>(step) / std::max(1.0, 0.05 * static_cast<double>(steps)));
-    opt.set_lr(static_cast<T>(lr * warm * (1.0 - 0.9 * static_cast<double>(step - 1) / static_cast<double>(steps))));
     auto r = model.forward(model.ids(in, batch, seq), model.ids(out, batch * seq, 0));
     if (!tp.backward(r.loss) || !opt.step()) throw std::runtime_error(tp.error());
     const double loss = static_cast<double>(tp.scalar(r.loss));
