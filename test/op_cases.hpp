@@ -146,6 +146,16 @@ std::vector<OpCase<T>> op_cases() {
   add_large("large matmul", {r({70, 130}), r({130, 90})}, [](Tp, V v) { return matmul(v[0], v[1]); });
   add_large("large sum over chunks", {r({300, 260})}, [](Tp, V v) { return sum(v[0] * v[0]) * v[0]; });
   add_large("large softmax and row_sum", {r({200, 330})}, [](Tp, V v) { return row_sum(softmax(v[0], -1)) + v[0]; });
+  // token ids: constants of exact integers (after the large cases, so that
+  // adding them left every earlier case's random draws as they were)
+  add("embedding", {r({7, 5})}, [](Tp, V v) { return grad::tanh(embedding(v[0], v[1])); },
+      {Tensor<T>({3, 4}, {1, 6, 1, 0, 6, 2, 3, 3, 0, 5, 4, 1})});
+  add("cross_entropy with ids and an ignored row", {r({6, 9})},
+      [](Tp, V v) { return grad::cross_entropy(v[0] * T(3), v[1], T(-100)); },
+      {Tensor<T>({6}, {2, 8, -100, 0, 8, 5})});
+  add("cross_entropy through embedding", {r({6, 4}), r({4, 6})},
+      [](Tp, V v) { return grad::cross_entropy(matmul(embedding(v[0], v[2]), v[1]), v[3], T(-1)); },
+      {Tensor<T>({5}, {3, 0, 5, 3, 1}), Tensor<T>({5, 1}, {0, 5, 3, 1, 2})});
   return t;
 }
 

@@ -295,6 +295,23 @@ class Generator {
           const auto axis = static_cast<std::ptrdiff_t>(g.rng_.next() % g.dims(g.values_[a]).rank);
           g.unary_at(a, "softmax axis " + std::to_string(axis), [axis](Var<T> x) { return softmax(x, axis); });
         },
+        [](Generator& g) {  // embedding: a value's rows gathered by constant ids (repeats sum their gradients)
+          const std::size_t a = g.as_matrix(g.pick());
+          const std::size_t vocab = g.dims(g.values_[a])[0];
+          Tensor<T> ids(g.rng_.next() % 2 ? Shape{1 + g.rng_.next() % 5} : Shape{2, 1 + g.rng_.next() % 3});
+          for (T& x : ids.data()) x = static_cast<T>(g.rng_.next() % vocab);
+          g.push([a, ids](Tape<T>& tp, const auto&, const auto& v) { return embedding(v[a], tp.constant(ids)); },
+                 "embedding(" + g.name(a) + ", ids " + shape_string(ids.shape()) + ")");
+        },
+        [](Generator& g) {  // cross_entropy of a value's rows against constant class ids, one ignored now and then
+          const std::size_t a = g.as_matrix(g.pick());
+          const Dims d = g.dims(g.values_[a]);
+          Tensor<T> ids({d[0]});
+          for (T& x : ids.data()) x = g.rng_.next() % 5 == 0 ? T(-1) : static_cast<T>(g.rng_.next() % d[1]);
+          g.push([a, ids](Tape<T>& tp, const auto&,
+                          const auto& v) { return grad::cross_entropy(v[a], tp.constant(ids), T(-1)); },
+                 "cross_entropy(" + g.name(a) + ", ids)");
+        },
     };
     return all;
   }

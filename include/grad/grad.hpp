@@ -27,6 +27,7 @@
 //   modules.hpp      nn::Linear, norms, LoRALinear, Sequential: parameters with names
 //   model_file.hpp   save_model / load_model by name
 //   classify.hpp     cross_entropy with integer labels, argmax, accuracy, confusion matrix
+//   lm.hpp           a byte-level transformer language model: config, LoRA, merge, model files, KV-cache decoding
 //   data.hpp         Batches (seeded shuffling, short-batch policy), predict under InferenceGuard
 //   csv.hpp          read_csv / read_labeled_csv
 //   print.hpp        operator<< for tensors and views

@@ -204,4 +204,54 @@ Var<T> softmax(Var<T> a, std::ptrdiff_t axis) {
   return record_op<Softmax>(a, {}, OpAttrs{axis, {}, {}});
 }
 
+// ---- token ids (embedding.hpp, cross_entropy.hpp) ----
+// Ids are a constant (tape.constant) of exact integers held in T, refreshed
+// per batch like any input (Program::set_input on a device). These two ops
+// have a value rule besides the shape rule: each checks the ids' values when
+// it records (the tag's check_ids); an id out of range, or not an integer,
+// poisons the tape naming the op, the id, its position and the valid range.
+// Ids that require a gradient (a parameter, or computed from one) are refused.
+
+namespace detail {
+// The value rule of an op whose operand b holds ids: "" (then record_op
+// records it, or words the shape refusal) or why not.
+template <class Op, class T>
+std::string refuse_ids(Tape<T>& tp, Var<T> a, Var<T> ids, std::size_t range_axis, T ignore) {
+  OpAttrs at;
+  Dims out;
+  if (!tp.accept(Op::name, {a, ids}) || !Op::output_dims(tp.dims(a), tp.dims(ids), at, out).empty()) return "";
+  if (tp.requires_grad(ids))
+    return "the ids require a gradient (a parameter, or computed from one); expected a constant of integer ids "
+           "(tape.constant)";
+  const View<T> v = tp.value(ids);
+  if constexpr (std::is_same_v<Op, Embedding>)
+    return Op::check_ids(v.data.data(), v.size(), tp.dims(a)[range_axis]);
+  else
+    return Op::check_ids(v.data.data(), v.size(), tp.dims(a)[range_axis], ignore);
+}
+}  // namespace detail
+
+// Rows of table [vocab, d] gathered by ids (any shape): ids' shape + [d].
+template <class T>
+Var<T> embedding(Var<T> table, Var<T> ids) {
+  Tape<T>& tp = detail::tape_of(Embedding::name, table);
+  if (std::string why = detail::refuse_ids<Embedding>(tp, table, ids, 0, T(0)); !why.empty())
+    return tp.invalid(std::string(Embedding::name) + ": " + why);
+  return record_op<Embedding>(table, ids);
+}
+
+// Mean over rows of -log softmax(logits)[id], one node: logits [rows, classes],
+// ids [rows] (or [rows, 1]) integer class ids; rows whose id equals `ignore`
+// (padding) are left out of the mean. nn::cross_entropy(logits, onehot) is
+// the one-hot form, recorded as ordinary ops; classify.hpp's
+// cross_entropy(logits, labels) takes the labels as a host span (it records
+// the log-sum-exp as ordinary ops and allocates no ids constant).
+template <class T>
+Var<T> cross_entropy(Var<T> logits, Var<T> ids, std::type_identity_t<T> ignore) {
+  Tape<T>& tp = detail::tape_of(CrossEntropy::name, logits);
+  if (std::string why = detail::refuse_ids<CrossEntropy>(tp, logits, ids, 1, ignore); !why.empty())
+    return tp.invalid(std::string(CrossEntropy::name) + ": " + why);
+  return record_op<CrossEntropy>(logits, ids, {}, ignore);
+}
+
 }  // namespace grad

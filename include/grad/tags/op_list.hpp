@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <string_view>
 
+#include "grad/tags/cross_entropy.hpp"
 #include "grad/tags/elementwise.hpp"
+#include "grad/tags/embedding.hpp"
 #include "grad/tags/layout.hpp"
 #include "grad/tags/linalg.hpp"
 #include "grad/tags/reduce.hpp"
@@ -33,7 +35,8 @@ using OpList = boost::mp11::mp_list<Param, Const,                               
                                     Relu, Sigmoid, Tanh, Gelu, Exp, Log, Sqrt,              //
                                     Sum, Mean, Matmul, Bmm, Transpose,                      //
                                     Reshape, Slice, Concat, Softmax,                        //
-                                    RowSum>;
+                                    RowSum,                                                 //
+                                    Embedding, CrossEntropy>;
 
 inline constexpr std::size_t op_count = boost::mp11::mp_size<OpList>::value;
 static_assert(op_count <= 256, "op codes are one byte");

@@ -1,0 +1,159 @@
+// cross_entropy(logits, ids, ignore): the mean over rows of
+// -log softmax(logits row)[id], one node. Operand a: logits [rows, V];
+// operand b: class ids, a constant of exact integers held in T, shape [rows]
+// or [rows, 1]; the node's scalar is the `ignore` id: a row whose id equals
+// it (padding) adds nothing and is not counted. The output is [1].
+//
+// Per row, with the row's maximum m and s = sum over j ascending of
+// exp(x_j - m):  loss = log(s) - (x_id - m)  (stable: nothing overflows).
+// Forward is one item: the rows' losses summed from zero in ascending row,
+// divided by the number of counted rows (all rows ignored: 0, and zero
+// gradients, where PyTorch would give NaN).
+// Backward (to the logits) is one item per row:
+//   dx_j = (exp(x_j - m) / s - [j == id]) * (g / count),
+// computed afresh from the logits (the node keeps no softmax). The ids get
+// no gradient. exp and log are exact_math's: no libm.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "grad/numerics/exact_math.hpp"
+#include "grad/numerics/parallel.hpp"
+#include "grad/tags/embedding.hpp"
+#include "grad/tags/family.hpp"
+
+namespace grad {
+
+struct CrossEntropy {
+  static constexpr std::string_view name = "cross_entropy";
+  static constexpr std::string_view torch =
+      "torch.nn.functional.cross_entropy(a, b.reshape(-1).long(), ignore_index=int(s)).reshape(1)";
+  static constexpr int arity = 2;
+
+  // The shape rule (family.hpp): a single element.
+  static std::string output_dims(const Dims& logits, const Dims& ids, OpAttrs&, Dims& out) {
+    if (logits.rank != 2 || logits[1] == 0) return "logits " + shape_string(logits) + ": expected [rows, classes]";
+    const bool fits = (ids.rank == 1 && ids[0] == logits[0]) || (ids.rank == 2 && ids[0] == logits[0] && ids[1] == 1);
+    if (!fits)
+      return "logits " + shape_string(logits) + " and ids " + shape_string(ids) + ": expected ids [" +
+             std::to_string(logits[0]) + "] (one class id per row)";
+    out = Dims::of(std::array<std::size_t, 1>{1});
+    return "";
+  }
+
+  // The value rule, checked when recorded (record.hpp): every id an integer
+  // in [0, classes) or the ignore id; "" or the first offender, by row.
+  template <class T>
+  static std::string check_ids(const T* ids, std::size_t rows, std::size_t classes, T ignore) {
+    if (!(ignore == ignore) || static_cast<T>(static_cast<long long>(ignore)) != ignore)
+      return "ignore id " + Embedding::number(ignore) + " is not an integer";
+    for (std::size_t r = 0; r < rows; ++r) {
+      if (ids[r] == ignore) continue;
+      if (Embedding::row_of(ids[r], classes) == classes)
+        return "id " + Embedding::number(ids[r]) + " at row " + std::to_string(r) +
+               " is out of range: expected an integer in [0, " + std::to_string(classes) + ") or the ignore id " +
+               Embedding::number(ignore);
+    }
+    return "";
+  }
+
+  // How many rows count (their id is not the ignore id).
+  template <class T>
+  GRAD_HD static std::size_t counted(const NodeArgs<T>& x) {
+    std::size_t n = 0;
+    for (std::size_t r = 0, rows = x.a.dims.d[0]; r < rows; ++r) n += x.b.data[r] != x.scalar;
+    return n;
+  }
+
+  // One row: its maximum and the sum of exp(x_j - max), ascending j.
+  template <class T>
+  struct RowStats {
+    T hi, total;
+  };
+  template <class T>
+  GRAD_HD static RowStats<T> row_stats(const T* xr, std::size_t n) {
+    T hi = xr[0];
+    for (std::size_t j = 1; j < n; ++j) hi = xr[j] > hi ? xr[j] : hi;
+    T total = T(0);
+    for (std::size_t j = 0; j < n; ++j) total = total + exact_exp(xr[j] - hi);
+    return {hi, total};
+  }
+
+  // -log softmax(row)[id]; NaN for an id out of range (set on a device after capture).
+  template <class T>
+  GRAD_HD static T row_loss(const T* xr, std::size_t n, T id) {
+    const std::size_t t = Embedding::row_of(id, n);
+    const RowStats<T> s = row_stats(xr, n);
+    if (t == n) return Embedding::quiet_nan<T>();
+    return exact_log(s.total) - (xr[t] - s.hi);
+  }
+
+  // ---- per-item bodies ----
+  template <class T>
+  GRAD_HD static std::size_t forward_items(const NodeArgs<T>&) {
+    return 1;
+  }
+  template <class T>
+  GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t) {
+    const std::size_t rows = x.a.dims.d[0], n = x.a.dims.d[1];
+    T total = T(0);
+    std::size_t count = 0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      if (x.b.data[r] == x.scalar) continue;
+      total = total + row_loss(x.a.data + r * n, n, x.b.data[r]);
+      ++count;
+    }
+    y[0] = count == 0 ? T(0) : total / static_cast<T>(count);
+  }
+
+  template <int In, class T>
+  GRAD_HD static std::size_t backward_items(const NodeArgs<T>& x) {
+    return In == 0 ? x.a.dims.d[0] : x.b.dims.size();
+  }
+  // Row w of the logits' gradient, given the number of counted rows.
+  template <class T>
+  GRAD_HD static void backward_row(const NodeArgs<T>& x, const T* g, T* dx, std::size_t w, std::size_t count) {
+    const std::size_t n = x.a.dims.d[1];
+    const T* xr = x.a.data + w * n;
+    T* d = dx + w * n;
+    if (x.b.data[w] == x.scalar) {
+      for (std::size_t j = 0; j < n; ++j) d[j] = T(0);
+      return;
+    }
+    const T scale = g[0] / static_cast<T>(count);
+    const std::size_t t = Embedding::row_of(x.b.data[w], n);
+    const RowStats<T> s = row_stats(xr, n);
+    for (std::size_t j = 0; j < n; ++j) {
+      const T p = exact_exp(xr[j] - s.hi) / s.total;
+      d[j] = (j == t ? p - T(1) : p) * scale;
+    }
+  }
+  template <int In, class T>
+  GRAD_HD static void backward_item(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
+    if constexpr (In == 0)
+      backward_row(x, g, dx, w, counted(x));
+    else
+      dx[w] = T(0);
+  }
+
+  // ---- host loops: the same bodies; backward counts once and splits rows over the pool ----
+  template <class T>
+  static void forward_tensor(const NodeArgs<T>& x, T* y) {
+    forward_item(x, y, 0);
+  }
+  template <int In, class T>
+  static void backward_tensor(const NodeArgs<T>& x, const T*, const T* g, T* dx) {
+    if constexpr (In == 0) {
+      const std::size_t count = counted(x), n = x.a.dims[1];
+      parallel_ranges(x.a.dims[0], row_grain(n), [&](std::size_t lo, std::size_t hi) {
+        for (std::size_t r = lo; r < hi; ++r) backward_row(x, g, dx, r, count);
+      });
+    } else {
+      for (std::size_t i = 0, n = x.b.dims.size(); i < n; ++i) dx[i] = T(0);
+    }
+  }
+};
+
+}  // namespace grad

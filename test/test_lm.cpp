@@ -1,0 +1,541 @@
+// The language-model ladder: the embedding and id cross-entropy ops (bad
+// input, host loops against the per-item bodies), then nn::Lm (forward,
+// LoRA without base gradients, merge, model files), the KV-cache decoder
+// (bitwise the tape's logits), memorisation through finetune + merge, and
+// the device engine's capture of a training step.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <grad/classify.hpp>
+#include <grad/device/device.hpp>
+#include <grad/lm.hpp>
+
+#include "golden.hpp"
+#include "support.hpp"
+
+using namespace grad;
+using namespace grad::testing;
+namespace dev = grad::device;
+
+namespace {
+
+void expect_poisoned(const Tape<double>& tp, std::initializer_list<const char*> fragments) {
+  REQUIRE_FALSE(tp.ok());
+  CAPTURE(tp.error());
+  for (const char* f : fragments) CHECK(tp.error().find(f) != std::string::npos);
+}
+
+bool same_bits(std::span<const double> a, std::span<const double> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------ the two ops --
+
+TEST_CASE("embedding refuses ids out of range, non-integer ids, bad shapes and ids with a gradient") {
+  Rng rng(1);
+  const Tensor<double> table = random_tensor<double>({5, 3}, rng);
+  {
+    Tape<double> tp;
+    embedding(tp.param(table), tp.constant(Tensor<double>({3}, {1, 5, 0})));
+    expect_poisoned(tp, {"embedding", "id 5", "position 1", "[0, 5)"});
+  }
+  {
+    Tape<double> tp;
+    embedding(tp.param(table), tp.constant(Tensor<double>({2}, {-1, 0})));
+    expect_poisoned(tp, {"embedding", "id -1", "position 0"});
+  }
+  {
+    Tape<double> tp;
+    embedding(tp.param(table), tp.constant(Tensor<double>({2}, {0, 2.5})));
+    expect_poisoned(tp, {"embedding", "2.5", "position 1", "integer"});
+  }
+  {
+    Tape<double> tp;
+    embedding(tp.param(Tensor<double>({15}, std::vector<double>(15, 0.0))), tp.constant(Tensor<double>({1}, {0})));
+    expect_poisoned(tp, {"embedding", "table [15]", "[vocab, d]"});
+  }
+  {
+    Tape<double> tp;
+    Var<double> p = tp.param(Tensor<double>({1}, {0}));
+    embedding(tp.param(table), p);
+    expect_poisoned(tp, {"embedding", "ids require a gradient"});
+  }
+}
+
+TEST_CASE("cross_entropy with ids refuses ids out of range, non-integer ids and mismatched shapes") {
+  Rng rng(2);
+  const Tensor<double> logits = random_tensor<double>({3, 4}, rng);
+  {
+    Tape<double> tp;
+    grad::cross_entropy(tp.param(logits), tp.constant(Tensor<double>({3}, {0, 4, 1})), -100.0);
+    expect_poisoned(tp, {"cross_entropy", "id 4", "row 1", "[0, 4)", "-100"});
+  }
+  {
+    Tape<double> tp;
+    grad::cross_entropy(tp.param(logits), tp.constant(Tensor<double>({3}, {0, 1, 0.5})), -100.0);
+    expect_poisoned(tp, {"cross_entropy", "0.5", "row 2"});
+  }
+  {
+    Tape<double> tp;
+    grad::cross_entropy(tp.param(logits), tp.constant(Tensor<double>({2}, {0, 1})), -100.0);
+    expect_poisoned(tp, {"cross_entropy", "[3, 4]", "ids [2]", "expected ids [3]"});
+  }
+  {
+    Tape<double> tp;
+    grad::cross_entropy(tp.param(logits), tp.constant(Tensor<double>({3}, {0, 1, 2})), 0.5);
+    expect_poisoned(tp, {"cross_entropy", "ignore id 0.5"});
+  }
+}
+
+TEST_CASE("cross_entropy with ids equals the one-hot and label forms, and leaves ignored rows out") {
+  Rng rng(3);
+  const Tensor<double> logits = random_tensor<double>({4, 6}, rng, -3, 3);
+  const std::vector<int> labels = {5, 0, 2, 2};
+  Tape<double> tp;
+  Var<double> x = tp.param(logits);
+  Tensor<double> ids({4}), onehot({4, 6});
+  for (std::size_t r = 0; r < 4; ++r) {
+    ids[r] = labels[r];
+    onehot[r * 6 + static_cast<std::size_t>(labels[r])] = 1;
+  }
+  const double fused = tp.scalar(grad::cross_entropy(x, tp.constant(ids), -1.0));
+  CHECK(fused == doctest::Approx(tp.scalar(nn::cross_entropy(x, tp.constant(onehot)))).epsilon(1e-14));
+  CHECK(fused == doctest::Approx(tp.scalar(grad::cross_entropy(x, labels))).epsilon(1e-14));
+  // The last row ignored: the mean of the first three.
+  Tensor<double> ids3 = ids;
+  ids3[3] = -1;
+  const double three = tp.scalar(grad::cross_entropy(x, tp.constant(ids3), -1.0));
+  const double want =
+      tp.scalar(nn::cross_entropy(slice(x, {0, 0}, {3, 6}), slice(tp.constant(onehot), {0, 0}, {3, 6})));
+  CHECK(three == doctest::Approx(want).epsilon(1e-14));
+  // Every row ignored: loss 0, gradient 0.
+  Tape<double> t2;
+  Var<double> y = t2.param(logits);
+  Var<double> none = grad::cross_entropy(y, t2.constant(Tensor<double>::full({4}, -1)), -1.0);
+  CHECK(t2.scalar(none) == 0);
+  REQUIRE(t2.backward(none));
+  for (double g : t2.grad(y)) CHECK(g == 0);
+}
+
+TEST_CASE("the host loops of embedding and cross_entropy give the per-item bodies' bits") {
+  Rng rng(4);
+  const Tensor<double> table = random_tensor<double>({7, 5}, rng), g = random_tensor<double>({4, 3, 5}, rng);
+  const Tensor<double> ids({4, 3}, {1, 6, 1, 0, 6, 2, 3, 3, 0, 5, 4, 1});
+  NodeArgs<double> x;
+  x.a = {table.data().data(), Dims::of(table.shape())};
+  x.b = {ids.data().data(), Dims::of(ids.shape())};
+  x.out = Dims::of(g.shape());
+  std::vector<double> y1(60), y2(60), d1(35), d2(35);
+  Embedding::forward_tensor(x, y1.data());
+  for (std::size_t w = 0; w < forward_items<Embedding>(x); ++w) Embedding::forward_item(x, y2.data(), w);
+  CHECK(same_bits(y1, y2));
+  Embedding::backward_tensor<0>(x, y1.data(), g.data().data(), d1.data());
+  for (std::size_t w = 0; w < backward_items<Embedding, 0>(x); ++w)
+    Embedding::backward_item<0>(x, y1.data(), g.data().data(), d2.data(), w);
+  CHECK(same_bits(d1, d2));
+
+  const Tensor<double> logits = random_tensor<double>({6, 9}, rng, -4, 4), targets({6}, {2, 8, -100, 0, 8, 5});
+  NodeArgs<double> c;
+  c.a = {logits.data().data(), Dims::of(logits.shape())};
+  c.b = {targets.data().data(), Dims::of(targets.shape())};
+  c.out = Dims::of(std::array<std::size_t, 1>{1});
+  c.scalar = -100;
+  double loss1 = 0, loss2 = 0, up = 0.7;
+  CrossEntropy::forward_tensor(c, &loss1);
+  CrossEntropy::forward_item(c, &loss2, 0);
+  CHECK(std::memcmp(&loss1, &loss2, sizeof loss1) == 0);
+  std::vector<double> e1(54), e2(54);
+  CrossEntropy::backward_tensor<0>(c, &loss1, &up, e1.data());
+  for (std::size_t w = 0; w < backward_items<CrossEntropy, 0>(c); ++w)
+    CrossEntropy::backward_item<0>(c, &loss1, &up, e2.data(), w);
+  CHECK(same_bits(e1, e2));
+}
+
+// ------------------------------------------------------------- the model --
+
+namespace {
+
+nn::LmConfig small_config(std::size_t lora_rank = 0) {
+  nn::LmConfig c;
+  c.vocab = 256;
+  c.d_model = 12;
+  c.layers = 2;
+  c.heads = 3;
+  c.kv_heads = 1;
+  c.ffn = 20;
+  c.max_seq = 16;
+  c.lora_rank = lora_rank;
+  c.lora_scale = 0.75;
+  return c;
+}
+
+std::vector<int> some_tokens(std::size_t n, std::uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int> t(n);
+  for (int& x : t) x = static_cast<int>(rng.next() % 256);
+  return t;
+}
+
+// Random values into every adapter B (they start at zero), so that the adapters matter.
+template <class T>
+void randomize_adapters(nn::Lm<T>& m, std::uint64_t seed) {
+  Rng rng(seed);
+  for (const auto& p : m.adapters())
+    for (T& x : m.tape().leaf_value(p.var)) x = static_cast<T>(rng.uniform(-0.3, 0.3));
+}
+
+}  // namespace
+
+TEST_CASE("Lm records logits [batch * seq, vocab] and a loss near ln(vocab) at initialisation") {
+  Tape<double> tp;
+  nn::Lm<double> m(tp, small_config(), 7);
+  const std::vector<int> in = some_tokens(2 * 9, 1), out = some_tokens(2 * 9, 2);
+  auto r = m.forward(m.ids(in, 2, 9), m.ids(out, 18, 0));
+  REQUIRE(tp.ok());
+  CHECK(tp.value(r.logits).shape[0] == 18);
+  CHECK(tp.value(r.logits).shape[1] == 256);
+  CHECK(std::abs(tp.scalar(r.loss) - std::log(256.0)) < 1.0);
+  REQUIRE(tp.backward(r.loss));
+  for (const auto& p : m.named())
+    if (p.name != "lm.config") CHECK(tp.has_grad(p.var));
+}
+
+TEST_CASE("Lm refuses a window longer than max_seq, tokens out of range and a wrong token count") {
+  {
+    Tape<double> tp;
+    nn::Lm<double> m(tp, small_config(), 7);
+    m.forward(m.ids(some_tokens(17, 1), 1, 17));
+    expect_poisoned(tp, {"nn::Lm::forward", "17 positions", "max_seq 16"});
+  }
+  {
+    Tape<double> tp;
+    nn::Lm<double> m(tp, small_config(), 7);
+    std::vector<int> in = some_tokens(8, 1);
+    in[5] = 300;
+    m.forward(m.ids(in, 1, 8));
+    expect_poisoned(tp, {"embedding", "id 300", "position 5", "[0, 256)"});
+  }
+  {
+    Tape<double> tp;
+    nn::Lm<double> m(tp, small_config(), 7);
+    m.ids(some_tokens(7, 1), 2, 4);
+    expect_poisoned(tp, {"nn::Lm::ids", "7 tokens", "[2, 4]"});
+  }
+  nn::LmConfig bad = small_config();
+  bad.kv_heads = 2;
+  Tape<double> tp;
+  CHECK_THROWS_WITH_AS(nn::Lm<double>(tp, bad, 1), doctest::Contains("kv_heads 2"), std::invalid_argument);
+}
+
+TEST_CASE("LoRA training: base weights are constants with no gradient buffer; only adapters get gradients") {
+  const std::vector<int> in = some_tokens(2 * 12, 3), out = some_tokens(2 * 12, 4);
+  Tape<double> full_tp;
+  nn::Lm<double> full(full_tp, small_config(), 7);
+  auto rf = full.forward(full.ids(in, 2, 12), full.ids(out, 24, 0));
+  REQUIRE(full_tp.backward(rf.loss));
+
+  Tape<double> tp;
+  nn::Lm<double> m(tp, small_config(4), 7, nn::Lm<double>::Train::lora);
+  auto r = m.forward(m.ids(in, 2, 12), m.ids(out, 24, 0));
+  REQUIRE(tp.backward(r.loss));
+  for (const auto& p : m.base()) {
+    CAPTURE(p.name);
+    CHECK_FALSE(tp.has_grad(p.var));
+    CHECK_FALSE(tp.requires_grad(p.var));
+  }
+  for (const auto& p : m.adapters()) {
+    CAPTURE(p.name);
+    CHECK(tp.has_grad(p.var));
+  }
+  CHECK(m.trainable().size() == m.adapters().size());
+  // With B = 0 the LoRA model is exactly the base model.
+  CHECK(tp.scalar(r.loss) == full_tp.scalar(rf.loss));
+  // Gradient buffers of the model's own tensors: every weight in full
+  // training, the adapters alone under LoRA. (The activations' buffers are
+  // the tape's grad_bytes less these; LoRA adds the adapter branches' nodes.)
+  auto tensor_grad_bytes = [](const Tape<double>& t, const auto& named) {
+    std::size_t n = 0;
+    for (const auto& p : named)
+      if (t.requires_grad(p.var)) n += t.value(p.var).size() * sizeof(double);
+    return n;
+  };
+  const std::size_t full_bytes = tensor_grad_bytes(full_tp, full.named()),
+                    lora_bytes = tensor_grad_bytes(tp, m.named());
+  MESSAGE("weight gradient bytes: full finetune " << full_bytes << ", LoRA " << lora_bytes << "; whole tape "
+                                                  << full_tp.grad_bytes() << " vs " << tp.grad_bytes());
+  CHECK(lora_bytes * 4 < full_bytes);
+}
+
+TEST_CASE("the KV-cache decoder's logits are bitwise the tape's at every position (base and LoRA, batched)") {
+  for (std::size_t rank : {std::size_t{0}, std::size_t{3}}) {
+    CAPTURE(rank);
+    Tape<double> tp;
+    nn::LmConfig c = small_config(rank);
+    c.lora_targets = nn::parse_projections("q,v,o,down");
+    nn::Lm<double> m(tp, c, 11);
+    randomize_adapters(m, 5);
+    const std::size_t t = 16, B = 2;
+    const std::vector<int> in = some_tokens(B * t, 9);
+    auto r = m.forward(m.ids(in, B, t));
+    REQUIRE(tp.ok());
+    const View<double> logits = tp.value(r.logits);
+    nn::KvDecoder<double> dec(m);
+    for (std::size_t b = 0; b < B; ++b) {
+      dec.reset();
+      for (std::size_t p = 0; p < t; ++p) {
+        CAPTURE(b);
+        CAPTURE(p);
+        const std::span<const double> got = dec.step(in[b * t + p]);
+        CHECK(same_bits(got, logits.data.subspan((b * t + p) * 256, 256)));
+      }
+    }
+    CHECK_THROWS_AS(dec.step(1), std::out_of_range);  // full
+    dec.reset();
+    CHECK_THROWS_WITH_AS(dec.step(256), doctest::Contains("token 256"), std::out_of_range);
+  }
+}
+
+TEST_CASE("merge folds every adapter into its base weight: logits within 1e-12 relative at f64") {
+  Tape<double> tp;
+  nn::Lm<double> lora(tp, small_config(4), 13, nn::Lm<double>::Train::lora);
+  randomize_adapters(lora, 6);
+  Tape<double> tp2;
+  nn::Lm<double> merged(tp2, small_config(), 99);
+  nn::merge_lora(lora, merged);
+  const std::vector<int> in = some_tokens(2 * 10, 12);
+  const View<double> a = tp.value(lora.forward(lora.ids(in, 2, 10)).logits);
+  const View<double> b = tp2.value(merged.forward(merged.ids(in, 2, 10)).logits);
+  double worst = 0, largest = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, std::abs(a[i] - b[i]));
+    largest = std::max(largest, std::abs(a[i]));
+  }
+  MESSAGE("merged vs base+adapters: max |diff| " << worst << " of max |logit| " << largest);
+  CHECK(worst <= 1e-12 * largest);
+  Tape<double> tp3;
+  nn::Lm<double> other(tp3, small_config(2), 1);
+  CHECK_THROWS_WITH_AS(nn::merge_lora(lora, other), doctest::Contains("no adapters"), std::invalid_argument);
+}
+
+TEST_CASE("model files: round trip, a base file into a LoRA model, another config refused with nothing loaded") {
+  ScratchDir dir("lm");
+  Tape<double> tp;
+  nn::Lm<double> m(tp, small_config(), 21);
+  REQUIRE(nn::save_lm(dir.file("base.model"), m));
+  nn::LmConfig read;
+  REQUIRE(nn::read_lm_config(dir.file("base.model"), read) == "");
+  CHECK(read.stored() == small_config().stored());
+
+  Tape<double> tp2;
+  nn::Lm<double> m2(tp2, small_config(), 22);
+  const ModelFileResult loaded = nn::load_lm(dir.file("base.model"), m2);
+  CAPTURE(loaded.error);
+  REQUIRE(loaded.ok());
+  for (const auto& p : m.base()) CHECK(same_bits(tp.value(p.var).data, tp2.value(m2.tensor(p.name)).data));
+
+  Tape<double> tp3;
+  nn::Lm<double> lora(tp3, small_config(2), 23, nn::Lm<double>::Train::lora);
+  REQUIRE(nn::load_lm(dir.file("base.model"), lora));
+  CHECK(same_bits(tp.value(m.head()).data, tp3.value(lora.head()).data));
+
+  nn::LmConfig other = small_config();
+  other.ffn = 24;
+  Tape<double> tp4;
+  nn::Lm<double> wrong(tp4, other, 24);
+  const std::vector<double> before(tp4.value(wrong.head()).begin(), tp4.value(wrong.head()).end());
+  const ModelFileResult r = nn::load_lm(dir.file("base.model"), wrong);
+  REQUIRE_FALSE(r);
+  CHECK(r.error.find("another model config") != std::string::npos);
+  CHECK(r.error.find("ffn 20") != std::string::npos);
+  CHECK(r.error.find("ffn 24") != std::string::npos);
+  CHECK(r.error.find("nothing loaded") != std::string::npos);
+  CHECK(same_bits(before, tp4.value(wrong.head()).data));
+}
+
+// ------------------------------------------------- finetune, merge, recall --
+
+TEST_CASE("after a LoRA finetune and the merge, greedy generation from 16 bytes reproduces the text") {
+  const std::string text = "grad keeps every step on its tape; LoRA learns this line.";
+  const std::vector<int> tokens = nn::ByteTokenizer::encode(text);
+  nn::LmConfig c = small_config(8);
+  c.d_model = 16;
+  c.heads = 2;
+  c.kv_heads = 1;
+  c.ffn = 32;
+  c.max_seq = 64;
+  c.lora_scale = 2.0;
+  Tape<double> tp;
+  nn::Lm<double> m(tp, c, 31, nn::Lm<double>::Train::lora);
+  Adam<double> opt(0.02);
+  for (const auto& p : m.trainable()) opt.add(p.var);
+  const std::size_t n = tokens.size() - 1, prompt = 16;
+  const std::span<const int> all(tokens);
+  auto recalled = [&](const nn::Lm<double>& model) {
+    nn::KvDecoder<double> dec(model);
+    return nn::ByteTokenizer::decode(nn::generate(dec, all.first(prompt), tokens.size() - prompt));
+  };
+  const auto mark = tp.mark();
+  int step = 0;
+  for (; step < 400; ++step) {
+    auto r = m.forward(m.ids(all.first(n), 1, n), m.ids(all.subspan(1, n), n, 0));
+    REQUIRE(tp.backward(r.loss));
+    REQUIRE(opt.step());
+    tp.reset_to(mark);
+    if (step % 20 == 19 && recalled(m) == text.substr(prompt)) break;
+  }
+  MESSAGE("recalled after " << step + 1 << " LoRA steps");
+  CHECK(recalled(m) == text.substr(prompt));
+  nn::LmConfig b = c;
+  b.lora_rank = 0;
+  Tape<double> tp2;
+  nn::Lm<double> merged(tp2, b, 1);
+  nn::merge_lora(m, merged);
+  CHECK(recalled(merged) == text.substr(prompt));
+  // Seeded sampling is reproducible.
+  nn::KvDecoder<double> d1(merged), d2(merged);
+  const nn::SampleOptions o{.temperature = 0.8, .top_k = 5, .seed = 9};
+  CHECK(nn::generate(d1, all.first(4), 30, o) == nn::generate(d2, all.first(4), 30, o));
+}
+
+// ------------------------------------------------------------ the device --
+
+namespace {
+
+struct LmRun {
+  std::vector<double> losses, params;
+};
+
+constexpr std::size_t dev_batch = 2, dev_seq = 8;
+constexpr int dev_steps = 20;
+
+std::pair<std::vector<int>, std::vector<int>> dev_window(int step) {
+  const std::vector<int> s = some_tokens(dev_batch * dev_seq + 1, 100 + static_cast<std::uint64_t>(step));
+  return {std::vector<int>(s.begin(), s.end() - 1), std::vector<int>(s.begin() + 1, s.end())};
+}
+
+LmRun tape_lm_run() {
+  Tape<double> tp;
+  nn::Lm<double> m(tp, small_config(), 41);
+  Adam<double> opt(0.01);
+  opt.set_clip(1.0);
+  for (const auto& p : m.trainable()) opt.add(p.var);
+  const auto mark = tp.mark();
+  LmRun r;
+  for (int s = 0; s < dev_steps; ++s) {
+    const auto [in, out] = dev_window(s);
+    auto o = m.forward(m.ids(in, dev_batch, dev_seq), m.ids(out, dev_batch * dev_seq, 0));
+    REQUIRE(tp.backward(o.loss));
+    r.losses.push_back(tp.scalar(o.loss));
+    REQUIRE(opt.step());
+    tp.reset_to(mark);
+  }
+  for (const auto& p : m.named()) r.params.insert(r.params.end(), tp.value(p.var).begin(), tp.value(p.var).end());
+  return r;
+}
+
+LmRun device_lm_run(dev::Mode mode, bool f32) {
+  Tape<double> tp;
+  nn::Lm<double> m(tp, small_config(), 41);
+  const auto [in0, out0] = dev_window(0);
+  const Var<double> ids = m.ids(in0, dev_batch, dev_seq), targets = m.ids(out0, dev_batch * dev_seq, 0);
+  const Var<double> loss = m.forward(ids, targets).loss;
+  REQUIRE(tp.ok());
+  auto prog = dev::capture(tp, loss, {.backend = dev::Backend::cpu, .mode = mode, .f32 = f32});
+  dev::Adam<double> opt(prog, 0.01);
+  opt.set_clip(1.0);
+  for (const auto& p : m.trainable()) opt.add(p.var);
+  LmRun r;
+  for (int s = 0; s < dev_steps; ++s) {
+    const auto [in, out] = dev_window(s);
+    Tensor<double> a({dev_batch, dev_seq}), b({dev_batch * dev_seq});
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      a[i] = in[i];
+      b[i] = out[i];
+    }
+    prog.set_input(ids, a);
+    prog.set_input(targets, b);
+    prog.forward();
+    prog.backward();
+    opt.step();
+    r.losses.push_back(prog.loss());
+  }
+  CHECK(prog.fallback_reason() == "");
+  prog.sync_params_to(tp);
+  for (const auto& p : m.named()) r.params.insert(r.params.end(), tp.value(p.var).begin(), tp.value(p.var).end());
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("the device engine captures the LM training step and trains bit-equal to the tape for 20 Adam steps") {
+  const LmRun want = tape_lm_run();
+  CHECK(want.losses.back() < want.losses.front());
+  for (dev::Mode mode : {dev::Mode::per_node, dev::Mode::graph, dev::Mode::fused}) {
+    CAPTURE(dev::mode_name(mode));
+    const LmRun got = device_lm_run(mode, false);
+    CHECK(same_bits(want.losses, got.losses));
+    CHECK(same_bits(want.params, got.params));
+  }
+  // f32 capture of the f64 tape: the same run within a stated tolerance.
+  const LmRun narrow = device_lm_run(dev::Mode::per_node, true);
+  double worst = 0;
+  for (std::size_t i = 0; i < want.losses.size(); ++i)
+    worst = std::max(worst, std::abs(narrow.losses[i] - want.losses[i]) / std::abs(want.losses[i]));
+  MESSAGE("f32 capture: worst relative loss difference over 20 steps " << worst);
+  CHECK(worst < 1e-4);
+}
+
+// ----------------------------------------------------------- the oracle --
+
+TEST_CASE("the LM matches PyTorch float64 (test/oracle/lm_oracle.py): logits, loss and every gradient") {
+  auto g = load_golden(oracle_dir() + "/lm_golden.txt");
+  const Tensor<double>& sz = g.at("sizes");
+  auto n = [&](std::size_t i) { return static_cast<std::size_t>(sz[i]); };
+  nn::LmConfig c;
+  c.vocab = n(0);
+  c.d_model = n(1);
+  c.layers = n(2);
+  c.heads = n(3);
+  c.kv_heads = n(4);
+  c.ffn = n(5);
+  const std::size_t B = n(6), t = n(7);
+  c.max_seq = t;
+  c.eps = g.at("scalars")[0];
+  c.rope_base = g.at("scalars")[1];
+  Tape<double> tp;
+  nn::Lm<double> m(tp, c, 1);
+  for (const auto& p : m.named()) {
+    CAPTURE(p.name);
+    const Tensor<double>& want = g.at(p.name);
+    const std::span<double> to = tp.leaf_value(p.var);
+    REQUIRE(to.size() == want.size());
+    std::copy(want.data().begin(), want.data().end(), to.begin());
+  }
+  std::vector<int> ids, targets;
+  for (double x : g.at("ids").data()) ids.push_back(static_cast<int>(x));
+  for (double x : g.at("targets").data()) targets.push_back(static_cast<int>(x));
+  auto r = m.forward(m.ids(ids, B, t), m.ids(targets, B * t, 0), -100.0);
+  REQUIRE(tp.ok());
+  REQUIRE(tp.backward(r.loss));
+  auto worst_relative = [](std::span<const double> got, std::span<const double> want) {
+    double largest = 0, worst = 0;
+    for (double w : want) largest = std::max(largest, std::abs(w));
+    for (std::size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
+    return worst / largest;
+  };
+  const double loss_err = std::abs(tp.scalar(r.loss) - g.at("loss")[0]) / std::abs(g.at("loss")[0]);
+  const double logit_err = worst_relative(tp.value(r.logits).data, g.at("logits").data());
+  MESSAGE("loss relative error " << loss_err << ", logits " << logit_err);
+  CHECK(loss_err < 1e-14);
+  CHECK(logit_err < 1e-13);
+  double grad_worst = 0;
+  for (const auto& p : m.named()) {
+    CAPTURE(p.name);
+    const double e = worst_relative(tp.grad(p.var).data, g.at("grad." + p.name).data());
+    grad_worst = std::max(grad_worst, e);
+    CHECK(e < 1e-12);
+  }
+  MESSAGE("worst gradient error (relative to each tensor's largest) " << grad_worst);
+}
