@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "grad/device/replay.hpp"
+#include "grad/random.hpp"
 #include "optimizer_steps.hpp"
 #include "work_items.hpp"
-#include "grad/random.hpp"
 
 namespace grad::device {
 

@@ -28,7 +28,7 @@ template <class T>
 struct OpCase {
   std::string name;
   std::vector<Tensor<T>> params;
-  std::vector<Tensor<T>> constants;                        // after the params in the Var list
+  std::vector<Tensor<T>> constants;                                   // after the params in the Var list
   std::function<Var<T>(Tape<T>&, const std::vector<Var<T>>&)> build;  // the op's output
   bool large = false;  // sized for the threaded and vector paths: too big for finite differences
 };
@@ -110,10 +110,9 @@ std::vector<OpCase<T>> op_cases() {
   // broadcasting on either operand and on both, the scalar forms on both
   // sides, fan-out, and every op in one episode.
   auto u = [&](Shape s, double lo, double hi) { return random_tensor<T>(std::move(s), rng, lo, hi); };
-  add(
-      "graph mlp", {u({3, 5}, -1, 1), u({5}, -0.5, 0.5), u({5, 2}, -1, 1), u({1, 2}, -0.5, 0.5)},
+  add("graph mlp", {u({3, 5}, -1, 1), u({5}, -0.5, 0.5), u({5, 2}, -1, 1), u({1, 2}, -0.5, 0.5)},
       [](Tp, V v) {
-        Var<T> z1 = matmul(v[4], v[0]) + v[1];  // [4,5] + [5]
+        Var<T> z1 = matmul(v[4], v[0]) + v[1];    // [4,5] + [5]
         Var<T> h = grad::tanh(z1), a = relu(z1);  // fan-out of z1
         Var<T> m = T(0.5) * h + a * T(0.25) + T(0.125);
         Var<T> o = sigmoid(matmul(m, v[2]) + v[3]);  // [4,2] + [1,2]
@@ -133,9 +132,9 @@ std::vector<OpCase<T>> op_cases() {
     Var<T> a = v[0], b = v[1], c = v[2];
     Var<T> e1 = grad::log(a + T(0.5)) + grad::sqrt(T(1) + a);
     Var<T> e2 = grad::exp(-a) * (T(3) - a);
-    Var<T> e3 = a / b + T(2) / a;    // [3,4] / [4]
-    Var<T> e4 = b / (a - T(0.25));   // [4] / [3,4]
-    Var<T> e5 = softmax(c * a, 0);   // [3,1] * [3,4], softmax down the columns
+    Var<T> e3 = a / b + T(2) / a;   // [3,4] / [4]
+    Var<T> e4 = b / (a - T(0.25));  // [4] / [3,4]
+    Var<T> e5 = softmax(c * a, 0);  // [3,1] * [3,4], softmax down the columns
     return mean(e1 * e2 + e3 + e4 * e5 + e4 / T(3)) + gelu(c);
   });
   // Sized so that the host loops take their threaded, vector and blocked paths
@@ -151,8 +150,7 @@ std::vector<OpCase<T>> op_cases() {
   add("embedding", {r({7, 5})}, [](Tp, V v) { return grad::tanh(embedding(v[0], v[1])); },
       {Tensor<T>({3, 4}, {1, 6, 1, 0, 6, 2, 3, 3, 0, 5, 4, 1})});
   add("cross_entropy with ids and an ignored row", {r({6, 9})},
-      [](Tp, V v) { return grad::cross_entropy(v[0] * T(3), v[1], T(-100)); },
-      {Tensor<T>({6}, {2, 8, -100, 0, 8, 5})});
+      [](Tp, V v) { return grad::cross_entropy(v[0] * T(3), v[1], T(-100)); }, {Tensor<T>({6}, {2, 8, -100, 0, 8, 5})});
   add("cross_entropy through embedding", {r({6, 4}), r({4, 6})},
       [](Tp, V v) { return grad::cross_entropy(matmul(embedding(v[0], v[2]), v[1]), v[3], T(-1)); },
       {Tensor<T>({5}, {3, 0, 5, 3, 1}), Tensor<T>({5, 1}, {0, 5, 3, 1, 2})});

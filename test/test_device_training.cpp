@@ -153,9 +153,7 @@ TEST_CASE("40 SGD + L2 + clip episodes on the CPU backend are bit-equal to the t
   check_bit_equal(tape_run(false), device_run(dev::Backend::cpu, false, false));
 }
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE("the same run on CUDA") {
   if (!testing::cuda_case("the autoencoder run on CUDA")) return;
@@ -379,10 +377,9 @@ TEST_CASE("capture refuses an op without per-item bodies, naming it") {
     CAPTURE(Op::name);
     CHECK((Op::arity == 0 || has_item_bodies<Op>));
   });
-  CHECK(
-      dev::capture_detail::missing_kernel(7, "gelu") ==
-      "grad::device::capture: node 7 is a 'gelu' op, whose tag has no per-item bodies (forward_item and "
-      "backward_item, grad/tags/contract.hpp)");
+  CHECK(dev::capture_detail::missing_kernel(7, "gelu") ==
+        "grad::device::capture: node 7 is a 'gelu' op, whose tag has no per-item bodies (forward_item and "
+        "backward_item, grad/tags/contract.hpp)");
 }
 
 // ---- a learning-rate schedule on the device: same bits, no re-capture ----
@@ -400,9 +397,7 @@ Var<double> relu_model(Tape<double>& tp, Var<double>& w1, Var<double>& w2) {
   w2 = tp.param(testing::random_tensor<double>({16, 6}, init));
   return tp.constant(testing::random_tensor<double>({50, 6}, init));
 }
-Var<double> relu_loss(Var<double> x, Var<double> w1, Var<double> w2) {
-  return mse(matmul(relu(matmul(x, w1)), w2), x);
-}
+Var<double> relu_loss(Var<double> x, Var<double> w1, Var<double> w2) { return mse(matmul(relu(matmul(x, w1)), w2), x); }
 
 }  // namespace
 

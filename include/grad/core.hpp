@@ -11,9 +11,9 @@
 
 #include "grad/backward.hpp"
 #include "grad/config.hpp"
-#include "grad/record.hpp"
 #include "grad/opt.hpp"
 #include "grad/random.hpp"
+#include "grad/record.hpp"
 #include "grad/tape.hpp"
 #include "grad/tensor.hpp"
 

@@ -12,8 +12,8 @@
 // the data-movement ops, and the backward walk's gradient additions.
 #pragma once
 
-#include "grad/tags/family.hpp"
 #include "grad/numerics/gemm.hpp"
+#include "grad/tags/family.hpp"
 #include "grad/update.hpp"
 
 namespace grad {

@@ -21,9 +21,9 @@
 #include <cstddef>
 #include <string>
 
-#include "grad/tags/family.hpp"
 #include "grad/numerics/gemm.hpp"
 #include "grad/numerics/parallel.hpp"
+#include "grad/tags/family.hpp"
 #include "grad/tape.hpp"
 
 namespace grad {

@@ -400,8 +400,7 @@ std::pair<std::vector<LaunchSpec>, std::vector<LaunchSpec>> launch_list(const La
     s.out = L.nodes[s.input].dims;
     s.items = with_op(n.op, [&](auto op) -> std::size_t {
       using Op = decltype(op);
-      if constexpr (has_item_bodies<Op>)
-        return b.input == 0 ? backward_items<Op, 0>(x) : backward_items<Op, 1>(x);
+      if constexpr (has_item_bodies<Op>) return b.input == 0 ? backward_items<Op, 0>(x) : backward_items<Op, 1>(x);
       return 0;
     });
     out.second.push_back(s);

@@ -54,7 +54,7 @@ struct NodeArgs {
 
 // What a recording function passes its tag besides the operands.
 struct OpAttrs {
-  std::ptrdiff_t axis = 0;              // softmax, concat (negative: from the end)
+  std::ptrdiff_t axis = 0;             // softmax, concat (negative: from the end)
   std::span<const std::size_t> sizes;  // reshape: the new shape; slice: the starts
   std::span<const std::size_t> stops;  // slice
 };

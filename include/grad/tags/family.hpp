@@ -13,10 +13,10 @@
 #include <type_traits>
 
 #include "grad/config.hpp"
-#include "grad/tags/contract.hpp"
 #include "grad/numerics/isa.hpp"
 #include "grad/numerics/parallel.hpp"
 #include "grad/numerics/simd.hpp"
+#include "grad/tags/contract.hpp"
 #include "grad/tensor.hpp"
 
 namespace grad {

@@ -9,8 +9,8 @@
 #include <string_view>
 #include <utility>
 
-#include "grad/tags/family.hpp"
 #include "grad/numerics/gemm.hpp"  // gemm_nn, gemm_nt, gemm_tn: blocked, same order as grad::reference
+#include "grad/tags/family.hpp"
 
 namespace grad {
 

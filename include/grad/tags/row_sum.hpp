@@ -7,8 +7,8 @@
 
 #include <string_view>
 
-#include "grad/tags/family.hpp"
 #include "grad/numerics/fixed_order.hpp"
+#include "grad/tags/family.hpp"
 
 namespace grad {
 
