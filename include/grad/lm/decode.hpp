@@ -1,0 +1,268 @@
+// Inference without the tape: a KV-cache decoder over a grad::nn::Lm's
+// weights, calling the op tags' own bodies in the tape's order (its logits
+// are bitwise the tape forward's), and greedy / seeded top-k sampling.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "grad/lm/model.hpp"
+
+namespace grad::nn {
+
+// ---- inference without the tape ----
+
+// A KV-cache decoder over an Lm's weights (read in place from its tape, so
+// keep the model alive and its tensors unchanged while decoding). Each
+// step() runs the same op functors, on the same operands in the same order,
+// as Lm::forward records for that position (the tags' host loops on one
+// row: matmul accumulates ascending k, softmax over the positions so far,
+// whose masked tail the tape adds as exact zeros), so its logits are
+// bitwise the tape's logits at that position.
+template <class T>
+class KvDecoder {
+ public:
+  explicit KvDecoder(const Lm<T>& model) : m_(&model), c_(model.config()) {
+    const std::size_t hd = c_.head_dim();
+    rope_ = rope_tables<T>(c_.max_seq, hd, static_cast<T>(c_.rope_base));
+    keys_.assign(c_.layers * c_.kv_heads * c_.max_seq * hd, T(0));
+    values_.assign(keys_.size(), T(0));
+    const std::size_t widest = std::max({c_.d_model, c_.heads * hd, c_.ffn, c_.vocab});
+    for (auto* b : {&x_, &h_, &t1_, &t2_, &t3_, &q_, &k_, &v_, &ctx_, &gate_, &up_})
+      b->assign(std::max(widest, c_.max_seq * hd), T(0));
+    scores_.assign(c_.max_seq, T(0));
+    probs_.assign(c_.max_seq, T(0));
+    zeros_.assign(c_.max_seq, T(0));
+    kt_.assign(c_.max_seq * hd, T(0));
+    logits_.assign(c_.vocab, T(0));
+  }
+
+  std::size_t position() const { return pos_; }
+  std::size_t max_seq() const { return c_.max_seq; }
+  void reset() { pos_ = 0; }
+
+  // Feeds one token at the next position; the logits for the token after it.
+  // Throws std::out_of_range for a token outside the vocabulary or a full
+  // cache (max_seq positions).
+  std::span<const T> step(int token) {
+    if (token < 0 || static_cast<std::size_t>(token) >= c_.vocab)
+      throw std::out_of_range("nn::KvDecoder::step: token " + std::to_string(token) + " is out of range [0, " +
+                              std::to_string(c_.vocab) + ")");
+    if (pos_ >= c_.max_seq)
+      throw std::out_of_range("nn::KvDecoder::step: the cache is full (max_seq " + std::to_string(c_.max_seq) +
+                              " positions); reset() and feed a shorter context");
+    const std::size_t d = c_.d_model, hd = c_.head_dim(), H = c_.heads, KV = c_.kv_heads, group = H / KV;
+    const std::size_t p = pos_;
+    const T id = static_cast<T>(token);
+    run2<Embedding>(val(m_->embed()), dims({c_.vocab, d}), &id, dims({1}), x_.data(), dims({1, d}));
+    for (std::size_t l = 0; l < c_.layers; ++l) {
+      const LmLayer<T>& L = m_->layer(l);
+      rmsnorm_row(x_.data(), val(L.attn_norm), h_.data());
+      project(L, Proj::q, h_.data(), q_.data());
+      project(L, Proj::k, h_.data(), k_.data());
+      project(L, Proj::v, h_.data(), v_.data());
+      for (std::size_t j = 0; j < KV; ++j) {
+        T* kc = key(l, j, p);
+        rope_row(k_.data() + j * hd, p, kc);
+        std::copy(v_.data() + j * hd, v_.data() + (j + 1) * hd, value(l, j, p));
+      }
+      const T scale = T(1) / std::sqrt(static_cast<T>(hd));
+      const std::size_t n = p + 1;
+      for (std::size_t i = 0; i < H; ++i) {
+        const std::size_t j = i / group;
+        rope_row(q_.data() + i * hd, p, t1_.data());
+        for (std::size_t e = 0; e < hd; ++e)  // keys transposed: [hd, n]
+          for (std::size_t s = 0; s < n; ++s) kt_[e * n + s] = key(l, j, s)[e];
+        run2<Bmm>(t1_.data(), dims({1, 1, hd}), kt_.data(), dims({1, hd, n}), scores_.data(), dims({1, 1, n}));
+        run1<MulScalar>(scores_.data(), dims({1, 1, n}), t2_.data(), scale);
+        run2<Add>(t2_.data(), dims({1, 1, n}), zeros_.data(), dims({1, 1, n}), scores_.data(), dims({1, 1, n}));
+        Softmax::forward_lane(scores_.data(), probs_.data(), n, std::size_t{1});
+        run2<Bmm>(probs_.data(), dims({1, 1, n}), value(l, j, 0), dims({1, n, hd}), ctx_.data() + i * hd,
+                  dims({1, 1, hd}));
+      }
+      project(L, Proj::o, ctx_.data(), t1_.data());
+      run2<Add>(x_.data(), dims({1, d}), t1_.data(), dims({1, d}), t2_.data(), dims({1, d}));
+      std::copy(t2_.begin(), t2_.begin() + static_cast<std::ptrdiff_t>(d), x_.begin());
+      rmsnorm_row(x_.data(), val(L.mlp_norm), h_.data());
+      project(L, Proj::gate, h_.data(), gate_.data());
+      project(L, Proj::up, h_.data(), up_.data());
+      const Dims f = dims({1, c_.ffn});
+      run1<Sigmoid>(gate_.data(), f, t1_.data());
+      run2<Mul>(gate_.data(), f, t1_.data(), f, t2_.data(), f);
+      run2<Mul>(t2_.data(), f, up_.data(), f, t3_.data(), f);
+      project(L, Proj::down, t3_.data(), t1_.data());
+      run2<Add>(x_.data(), dims({1, d}), t1_.data(), dims({1, d}), t2_.data(), dims({1, d}));
+      std::copy(t2_.begin(), t2_.begin() + static_cast<std::ptrdiff_t>(d), x_.begin());
+    }
+    rmsnorm_row(x_.data(), val(m_->final_norm()), h_.data());
+    run2<Matmul>(h_.data(), dims({1, d}), val(m_->head()), dims({d, c_.vocab}), logits_.data(), dims({1, c_.vocab}));
+    ++pos_;
+    return logits_;
+  }
+
+ private:
+  static Dims dims(std::initializer_list<std::size_t> s) {
+    return Dims::of(std::span<const std::size_t>(s.begin(), s.size()));
+  }
+  const T* val(Var<T> v) const { return m_->tape().value(v).data.data(); }
+  T* key(std::size_t l, std::size_t j, std::size_t s) {
+    return keys_.data() + ((l * c_.kv_heads + j) * c_.max_seq + s) * c_.head_dim();
+  }
+  T* value(std::size_t l, std::size_t j, std::size_t s) {
+    return values_.data() + ((l * c_.kv_heads + j) * c_.max_seq + s) * c_.head_dim();
+  }
+
+  template <class Op>
+  static void run1(const T* a, const Dims& da, T* y, T scalar = T(0), const Dims* out = nullptr) {
+    NodeArgs<T> x;
+    x.a = {a, da};
+    x.out = out ? *out : da;
+    x.scalar = scalar;
+    Op::forward_tensor(x, y);
+  }
+  template <class Op>
+  static void run2(const T* a, const Dims& da, const T* b, const Dims& db, T* y, const Dims& out) {
+    NodeArgs<T> x;
+    x.a = {a, da};
+    x.b = {b, db};
+    x.out = out;
+    Op::forward_tensor(x, y);
+  }
+
+  // nn::rmsnorm on one row: x / sqrt(row_sum(x * x) / cols + eps) * w.
+  void rmsnorm_row(const T* x, const T* w, T* out) {
+    const std::size_t d = c_.d_model;
+    const Dims row = dims({1, d}), one = dims({1, 1});
+    T ss, ms, me, rt;
+    run2<Mul>(x, row, x, row, t3_.data(), row);
+    run1<RowSum>(t3_.data(), row, &ss, T(0), &one);
+    run1<DivScalar>(&ss, one, &ms, static_cast<T>(d));
+    run1<AddScalar>(&ms, one, &me, static_cast<T>(c_.eps));
+    run1<Sqrt>(&me, one, &rt);
+    run2<Div>(x, row, &rt, one, t3_.data(), row);
+    run2<Mul>(t3_.data(), row, w, dims({d}), out, row);
+  }
+  // The projection p of one row (with its adapter, as nn::lora_linear).
+  void project(const LmLayer<T>& L, Proj p, const T* h, T* out) {
+    const std::size_t i = static_cast<std::size_t>(p);
+    const auto [in, o] = c_.proj_shape(p);
+    const Dims hin = dims({1, in}), ho = dims({1, o});
+    if (!L.lora_a[i].valid()) {
+      run2<Matmul>(h, hin, val(L.w[i]), dims({in, o}), out, ho);
+      return;
+    }
+    const std::size_t r = c_.lora_rank;
+    std::vector<T>& base = lora_base_;
+    base.resize(o);
+    lora_mid_.resize(std::max(r, o));
+    lora_low_.resize(o);
+    run2<Matmul>(h, hin, val(L.w[i]), dims({in, o}), base.data(), ho);
+    run2<Matmul>(h, hin, val(L.lora_a[i]), dims({in, r}), lora_mid_.data(), dims({1, r}));
+    run2<Matmul>(lora_mid_.data(), dims({1, r}), val(L.lora_b[i]), dims({r, o}), lora_low_.data(), ho);
+    run1<MulScalar>(lora_low_.data(), ho, lora_mid_.data(), static_cast<T>(c_.lora_scale));
+    run2<Add>(base.data(), ho, lora_mid_.data(), ho, out, ho);
+  }
+  // nn::rope on one head's row at position p: h * cos + rotate_half(h) * sin.
+  void rope_row(const T* h, std::size_t p, T* out) {
+    const std::size_t hd = c_.head_dim(), half = hd / 2;
+    const Dims row = dims({1, hd});
+    rope_rot_.resize(3 * hd);
+    T* rotated = rope_rot_.data();
+    T* a = rotated + hd;
+    T* b = rotated + 2 * hd;
+    run1<Neg>(h + half, dims({1, half}), rotated);  // -h2, then h1
+    std::copy(h, h + half, rotated + half);
+    const T* cos = rope_.cos.data().data() + p * hd;
+    const T* sin = rope_.sin.data().data() + p * hd;
+    run2<Mul>(h, row, cos, row, a, row);
+    run2<Mul>(rotated, row, sin, row, b, row);
+    run2<Add>(a, row, b, row, out, row);
+  }
+
+  const Lm<T>* m_;
+  LmConfig c_;
+  RopeTables<T> rope_;
+  std::size_t pos_ = 0;
+  std::vector<T> keys_, values_;
+  std::vector<T> x_, h_, t1_, t2_, t3_, q_, k_, v_, ctx_, gate_, up_, scores_, probs_, zeros_, kt_, logits_;
+  std::vector<T> lora_base_, lora_mid_, lora_low_, rope_rot_;
+};
+
+// ---- sampling ----
+
+struct SampleOptions {
+  double temperature = 0;  // 0: greedy (the first largest logit)
+  std::size_t top_k = 0;   // 0: every token
+  std::uint64_t seed = 1;
+};
+
+template <class T>
+int argmax_token(std::span<const T> logits) {
+  std::size_t best = 0;
+  for (std::size_t i = 1; i < logits.size(); ++i)
+    if (logits[i] > logits[best]) best = i;
+  return static_cast<int>(best);
+}
+
+// Continues `prompt` by `count` tokens. When the context reaches max_seq,
+// the decoder restarts on the latest max_seq / 2 tokens.
+template <class T>
+std::vector<int> generate(KvDecoder<T>& dec, std::span<const int> prompt, std::size_t count,
+                          const SampleOptions& o = {}) {
+  if (prompt.empty()) throw std::invalid_argument("nn::generate: the prompt is empty (give at least one token)");
+  std::vector<int> all(prompt.begin(), prompt.end());
+  SplitMix64 rng(o.seed);
+  const std::size_t cap = dec.max_seq();
+  // (Re)starts the decoder on the latest tokens: all of them while they fit.
+  auto refill = [&] {
+    dec.reset();
+    std::span<const T> l;
+    const std::size_t from = all.size() > cap ? all.size() - cap / 2 : 0;
+    for (std::size_t i = from; i < all.size(); ++i) l = dec.step(all[i]);
+    return l;
+  };
+  std::span<const T> logits = refill();
+  std::vector<double> w;
+  std::vector<std::size_t> order;
+  for (std::size_t n = 0; n < count; ++n) {
+    int next;
+    if (o.temperature <= 0) {
+      next = argmax_token(logits);
+    } else {
+      order.resize(logits.size());
+      for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+      const std::size_t k = o.top_k == 0 || o.top_k > order.size() ? order.size() : o.top_k;
+      std::partial_sort(
+          order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+          [&](std::size_t a, std::size_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+      w.assign(k, 0.0);
+      const double top = static_cast<double>(logits[order[0]]);
+      double total = 0;
+      for (std::size_t i = 0; i < k; ++i)
+        total += w[i] = exact_exp((static_cast<double>(logits[order[i]]) - top) / o.temperature);
+      double u = rng.uniform(0, total);
+      next = static_cast<int>(order[k - 1]);
+      for (std::size_t i = 0; i < k; ++i) {
+        if (u < w[i]) {
+          next = static_cast<int>(order[i]);
+          break;
+        }
+        u -= w[i];
+      }
+    }
+    all.push_back(next);
+    if (n + 1 < count) logits = dec.position() >= cap ? refill() : dec.step(next);
+  }
+  return std::vector<int>(all.begin() + static_cast<std::ptrdiff_t>(prompt.size()), all.end());
+}
+
+}  // namespace grad::nn

@@ -1,0 +1,406 @@
+// grad::nn::Lm: the language model's configuration, byte tokenizer, named
+// parameters, seeded initialisation, the forward that records it on a tape,
+// and merging LoRA adapters into the base (grad/lm.hpp has the overview).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "grad/model_file.hpp"
+#include "grad/nn.hpp"
+#include "grad/random.hpp"
+
+namespace grad::nn {
+
+// The projections of a block, in the order of LmLayer::w.
+enum class Proj : std::uint8_t { q, k, v, o, gate, up, down };
+inline constexpr std::size_t proj_count = 7;
+inline constexpr std::array<std::string_view, proj_count> proj_names = {"q", "k", "v", "o", "gate", "up", "down"};
+inline constexpr std::uint32_t all_projections = (1u << proj_count) - 1;
+
+// "q,v" -> the bits of q and v; "all" -> every projection. Throws on an unknown name.
+inline std::uint32_t parse_projections(std::string_view list) {
+  if (list == "all") return all_projections;
+  std::uint32_t bits = 0;
+  while (!list.empty()) {
+    const std::size_t comma = list.find(',');
+    const std::string_view name = list.substr(0, comma);
+    const auto it = std::find(proj_names.begin(), proj_names.end(), name);
+    if (it == proj_names.end())
+      throw std::invalid_argument("nn::parse_projections: unknown projection '" + std::string(name) +
+                                  "' (expected a comma-separated list of q, k, v, o, gate, up, down, or all)");
+    bits |= 1u << (it - proj_names.begin());
+    list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+  }
+  return bits;
+}
+
+struct LmConfig {
+  std::size_t vocab = 256, d_model = 64, layers = 2, heads = 4, kv_heads = 2, ffn = 176, max_seq = 128;
+  double rope_base = 10000.0, eps = 1e-6;
+  std::size_t lora_rank = 0;  // 0: no adapters
+  double lora_scale = 1.0;    // alpha / r, as PEFT
+  std::uint32_t lora_targets = all_projections;
+
+  std::size_t head_dim() const { return heads == 0 ? 0 : d_model / heads; }
+  bool has_adapter(Proj p) const { return lora_rank > 0 && (lora_targets >> static_cast<unsigned>(p) & 1u) != 0; }
+  // The projection's [in, out].
+  std::array<std::size_t, 2> proj_shape(Proj p) const {
+    const std::size_t hd = head_dim();
+    switch (p) {
+      case Proj::q:
+        return {d_model, heads * hd};
+      case Proj::k:
+      case Proj::v:
+        return {d_model, kv_heads * hd};
+      case Proj::o:
+        return {heads * hd, d_model};
+      case Proj::gate:
+      case Proj::up:
+        return {d_model, ffn};
+      case Proj::down:
+        return {ffn, d_model};
+    }
+    return {0, 0};
+  }
+  // "" or what is wrong.
+  std::string check() const {
+    auto n = [](std::size_t v) { return std::to_string(v); };
+    if (vocab == 0 || d_model == 0 || layers == 0 || ffn == 0 || max_seq == 0)
+      return "vocab, d_model, layers, ffn and max_seq must all be at least 1";
+    if (heads == 0 || kv_heads == 0 || heads % kv_heads != 0)
+      return "heads " + n(heads) + " and kv_heads " + n(kv_heads) + ": expected kv_heads >= 1 dividing heads";
+    if (d_model % heads != 0 || head_dim() % 2 != 0)
+      return "d_model " + n(d_model) + " over " + n(heads) + " heads: expected an even head width dividing d_model";
+    if (!(rope_base > 1) || !(eps > 0)) return "rope_base must exceed 1 and eps be positive";
+    if (lora_rank > 0 && (lora_targets & all_projections) == 0)
+      return "lora_rank " + n(lora_rank) + " but no projection is targeted";
+    if (lora_rank > 0 && !(lora_scale == lora_scale)) return "lora_scale is NaN";
+    return "";
+  }
+  std::string describe() const {
+    auto n = [](std::size_t v) { return std::to_string(v); };
+    std::string s = "vocab " + n(vocab) + ", d_model " + n(d_model) + ", layers " + n(layers) + ", heads " + n(heads) +
+                    ", kv_heads " + n(kv_heads) + ", ffn " + n(ffn) + ", max_seq " + n(max_seq);
+    if (lora_rank > 0) {
+      s += ", LoRA rank " + n(lora_rank) + " on";
+      for (std::size_t p = 0; p < proj_count; ++p)
+        if (lora_targets >> p & 1u) s += " " + std::string(proj_names[p]);
+    }
+    return s;
+  }
+  // The values a model file keeps under "lm.config", in this order.
+  static constexpr std::size_t stored_fields = 12;
+  static constexpr std::size_t base_fields = 9;  // the ones the base weights depend on (or that change them)
+  std::array<double, stored_fields> stored() const {
+    return {double(vocab), double(d_model),     double(layers), double(heads), double(kv_heads),
+            double(ffn),   double(max_seq),     rope_base,      eps,           double(lora_rank),
+            lora_scale,    double(lora_targets)};
+  }
+  static LmConfig from_stored(std::span<const double> v) {
+    LmConfig c;
+    auto z = [](double x) { return x >= 0 && x < 1e15 ? static_cast<std::size_t>(x) : std::size_t{0}; };
+    c.vocab = z(v[0]);
+    c.d_model = z(v[1]);
+    c.layers = z(v[2]);
+    c.heads = z(v[3]);
+    c.kv_heads = z(v[4]);
+    c.ffn = z(v[5]);
+    c.max_seq = z(v[6]);
+    c.rope_base = v[7];
+    c.eps = v[8];
+    c.lora_rank = z(v[9]);
+    c.lora_scale = v[10];
+    c.lora_targets = static_cast<std::uint32_t>(z(v[11]));
+    return c;
+  }
+};
+
+// ---- byte-level tokenizer: vocab 256, any text ----
+struct ByteTokenizer {
+  static constexpr std::size_t vocab = 256;
+  static std::vector<int> encode(std::string_view text) {
+    std::vector<int> ids(text.size());
+    for (std::size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
+    return ids;
+  }
+  static std::string decode(std::span<const int> ids) {
+    std::string s(ids.size(), '\0');
+    for (std::size_t i = 0; i < ids.size(); ++i) s[i] = static_cast<char>(static_cast<unsigned char>(ids[i]));
+    return s;
+  }
+};
+
+// One block's tensors; an adapter is invalid (default Var) where there is none.
+template <class T>
+struct LmLayer {
+  Var<T> attn_norm, mlp_norm;
+  std::array<Var<T>, proj_count> w, lora_a, lora_b;
+};
+
+template <class T>
+struct LmOutput {
+  Var<T> logits;  // [batch * seq, vocab]
+  Var<T> loss;    // invalid when no targets were given
+};
+
+template <class T>
+class Lm {
+ public:
+  // full: every tensor a parameter. lora: the base weights constants (no
+  // gradient), the adapters parameters (needs lora_rank > 0).
+  enum class Train { full, lora };
+
+  // Records every tensor on tp, seeded: the base weights from `seed` alone
+  // (so a base model and its LoRA variant start from the same base), the
+  // adapters' A from a stream derived from it. Throws std::invalid_argument
+  // for a bad config.
+  Lm(Tape<T>& tp, const LmConfig& config, std::uint64_t seed, Train train = Train::full)
+      : tp_(&tp), c_(config), train_(train) {
+    if (std::string why = c_.check(); !why.empty()) throw std::invalid_argument("nn::Lm: bad config: " + why);
+    if (train == Train::lora && c_.lora_rank == 0)
+      throw std::invalid_argument("nn::Lm: Train::lora needs a config with lora_rank > 0");
+    if constexpr (std::is_same_v<T, float>)
+      if (c_.vocab > (std::size_t{1} << 24))
+        throw std::invalid_argument("nn::Lm: a vocabulary of " + std::to_string(c_.vocab) +
+                                    " ids is not exact in float (at most 2^24)");
+    SplitMix64 base(seed), adapters(seed ^ 0x6c6f7261u);
+    const bool frozen = train == Train::lora;
+    auto uniform = [](Shape s, double bound, SplitMix64& g) {
+      Tensor<T> t(std::move(s));
+      for (T& x : t.data()) x = static_cast<T>(g.uniform(-bound, bound));
+      return t;
+    };
+    auto leaf = [&](std::string name, const Tensor<T>& init, ParamKind kind, bool adapter) {
+      const Var<T> v = adapter || !frozen ? tp.param(init) : tp.constant(init);
+      named_.push_back({std::move(name), v, kind});
+      (adapter ? adapter_names_ : base_names_).push_back(named_.back());
+      return v;
+    };
+    const double s3 = std::sqrt(3.0);
+    embed_ = leaf("embed", uniform({c_.vocab, c_.d_model}, s3 * 0.5, base), ParamKind::weight, false);
+    for (std::size_t l = 0; l < c_.layers; ++l) {
+      LmLayer<T> L;
+      const std::string pre = "layers." + std::to_string(l) + ".";
+      L.attn_norm = leaf(pre + "attn_norm", Tensor<T>::full({c_.d_model}, T(1)), ParamKind::norm, false);
+      L.mlp_norm = leaf(pre + "mlp_norm", Tensor<T>::full({c_.d_model}, T(1)), ParamKind::norm, false);
+      for (std::size_t p = 0; p < proj_count; ++p) {
+        const auto [in, out] = c_.proj_shape(Proj(p));
+        // std 1/sqrt(in); the projections back into the residual stream
+        // smaller by sqrt(2 * layers).
+        double bound = s3 / std::sqrt(double(in));
+        if (Proj(p) == Proj::o || Proj(p) == Proj::down) bound /= std::sqrt(2.0 * double(c_.layers));
+        L.w[p] = leaf(pre + std::string(proj_names[p]), uniform({in, out}, bound, base), ParamKind::weight, false);
+      }
+      for (std::size_t p = 0; p < proj_count; ++p) {
+        if (!c_.has_adapter(Proj(p))) continue;
+        const auto [in, out] = c_.proj_shape(Proj(p));
+        const std::string name = pre + std::string(proj_names[p]);
+        L.lora_a[p] = leaf(name + ".lora_a", uniform({in, c_.lora_rank}, 1.0 / std::sqrt(double(in)), adapters),
+                           ParamKind::weight, true);
+        L.lora_b[p] = leaf(name + ".lora_b", Tensor<T>({c_.lora_rank, out}), ParamKind::weight, true);
+      }
+      layers_.push_back(L);
+    }
+    final_norm_ = leaf("final_norm", Tensor<T>::full({c_.d_model}, T(1)), ParamKind::norm, false);
+    head_ = leaf("head", uniform({c_.d_model, c_.vocab}, s3 / std::sqrt(double(c_.d_model)), base), ParamKind::weight,
+                 false);
+    const auto stored = c_.stored();
+    Tensor<T> cfg({LmConfig::stored_fields});
+    for (std::size_t i = 0; i < stored.size(); ++i) cfg[i] = static_cast<T>(stored[i]);
+    config_var_ = tp.constant(cfg);
+  }
+
+  const LmConfig& config() const { return c_; }
+  Tape<T>& tape() const { return *tp_; }
+  Train train_mode() const { return train_; }
+  // Every tensor by name, in recording order (base and adapters); the base
+  // tensors only; the adapters only.
+  const std::vector<NamedParameter<T>>& named() const { return named_; }
+  const std::vector<NamedParameter<T>>& base() const { return base_names_; }
+  const std::vector<NamedParameter<T>>& adapters() const { return adapter_names_; }
+  // What an optimizer steps: every tensor (full) or the adapters (lora).
+  const std::vector<NamedParameter<T>>& trainable() const { return train_ == Train::lora ? adapter_names_ : named_; }
+  Var<T> tensor(std::string_view name) const {
+    for (const auto& p : named_)
+      if (p.name == name) return p.var;
+    return {};
+  }
+  const LmLayer<T>& layer(std::size_t l) const { return layers_[l]; }
+  Var<T> embed() const { return embed_; }
+  Var<T> final_norm() const { return final_norm_; }
+  Var<T> head() const { return head_; }
+  Var<T> config_var() const { return config_var_; }
+  std::size_t parameter_count() const {
+    std::size_t n = 0;
+    for (const auto& p : named_) n += tp_->value(p.var).size();
+    return n;
+  }
+
+  // Token ids as a constant of shape [rows, cols] ([rows] when cols is 0).
+  // A wrong count poisons the tape (ids are checked against the vocabulary
+  // by the ops that read them).
+  Var<T> ids(std::span<const int> tokens, std::size_t rows, std::size_t cols) const {
+    const std::size_t n = cols == 0 ? rows : rows * cols;
+    if (tokens.size() != n)
+      return tp_->invalid("nn::Lm::ids: " + std::to_string(tokens.size()) + " tokens for a [" + std::to_string(rows) +
+                          (cols == 0 ? "" : ", " + std::to_string(cols)) + "] window");
+    Tensor<T> t(cols == 0 ? Shape{rows} : Shape{rows, cols});
+    for (std::size_t i = 0; i < n; ++i) t[i] = static_cast<T>(tokens[i]);
+    return tp_->constant(t);
+  }
+
+  // Records the model over ids [batch, seq] (seq <= max_seq): logits
+  // [batch * seq, vocab] and, when targets are given ([batch * seq] class
+  // ids, `ignore` for padding), the mean cross-entropy.
+  LmOutput<T> forward(Var<T> ids, Var<T> targets = {}, T ignore = T(-100)) {
+    Tape<T>& tp = *tp_;
+    if (!tp.accept("nn::Lm::forward", {ids})) return {tp.rejected(), tp.rejected()};
+    const Dims d = tp.dims(ids);
+    if (d.rank != 2)
+      return {tp.invalid("nn::Lm::forward: ids " + shape_string(d) + ": expected [batch, seq]"), tp.rejected()};
+    const std::size_t B = d[0], t = d[1];
+    if (t > c_.max_seq)
+      return {tp.invalid("nn::Lm::forward: a window of " + std::to_string(t) + " positions is longer than max_seq " +
+                         std::to_string(c_.max_seq) + " (the model's rotary tables and KV cache stop there)"),
+              tp.rejected()};
+    const Tables& tb = tables(t);
+    const Var<T> cos = tp.constant(tb.rope.cos), sin = tp.constant(tb.rope.sin), mask = tp.constant(tb.mask);
+    Var<T> x = reshape(embedding(embed_, ids), {B * t, c_.d_model});
+    const T eps = static_cast<T>(c_.eps);
+    for (std::size_t l = 0; l < c_.layers && tp.ok(); ++l) {
+      const LmLayer<T>& L = layers_[l];
+      Var<T> h = rmsnorm(x, L.attn_norm, eps);
+      Var<T> ctx = attention(proj(L, Proj::q, h), proj(L, Proj::k, h), proj(L, Proj::v, h), cos, sin, mask, B, t);
+      x = x + proj(L, Proj::o, ctx);
+      h = rmsnorm(x, L.mlp_norm, eps);
+      x = x + proj(L, Proj::down, swiglu(proj(L, Proj::gate, h), proj(L, Proj::up, h)));
+    }
+    LmOutput<T> out;
+    out.logits = matmul(rmsnorm(x, final_norm_, eps), head_);
+    if (targets.valid() || targets.tape()) out.loss = grad::cross_entropy(out.logits, targets, ignore);
+    return out;
+  }
+
+  // The projection p of h, with its adapter when it has one.
+  Var<T> proj(const LmLayer<T>& L, Proj p, Var<T> h) const {
+    const std::size_t i = static_cast<std::size_t>(p);
+    if (L.lora_a[i].valid()) return lora_linear(h, L.w[i], L.lora_a[i], L.lora_b[i], static_cast<T>(c_.lora_scale));
+    return matmul(h, L.w[i]);
+  }
+
+ private:
+  struct Tables {
+    RopeTables<T> rope;
+    Tensor<T> mask;
+  };
+  const Tables& tables(std::size_t t) {
+    auto it = tables_.find(t);
+    if (it == tables_.end())
+      it = tables_.emplace(t, Tables{rope_tables<T>(t, c_.head_dim(), static_cast<T>(c_.rope_base)), causal_mask<T>(t)})
+               .first;
+    return it->second;
+  }
+
+  // [B*t, n*hd] -> [B*n, t, hd] (heads lead) and back.
+  static Var<T> heads_major(Var<T> m, std::size_t B, std::size_t t, std::size_t n, std::size_t hd) {
+    Var<T> x = transpose(reshape(m, {B, t, n * hd}));  // [B, n*hd, t]
+    return transpose(reshape(x, {B * n, hd, t}));      // [B*n, t, hd]
+  }
+  static Var<T> rows_major(Var<T> c, std::size_t B, std::size_t t, std::size_t n, std::size_t hd) {
+    Var<T> x = transpose(reshape(transpose(c), {B, n * hd, t}));  // [B, t, n*hd]
+    return reshape(x, {B * t, n * hd});
+  }
+  // nn::rope over [N, t, hd]: h * cos + rotate_half(h) * sin.
+  static Var<T> rope3(Var<T> h, Var<T> cos, Var<T> sin, std::size_t N, std::size_t t, std::size_t hd) {
+    const std::size_t half = hd / 2;
+    Var<T> rotated = concat(-slice(h, {0, 0, half}, {N, t, hd}), slice(h, {0, 0, 0}, {N, t, half}), -1);
+    return h * cos + rotated * sin;
+  }
+
+  Var<T> attention(Var<T> q, Var<T> k, Var<T> v, Var<T> cos, Var<T> sin, Var<T> mask, std::size_t B,
+                   std::size_t t) const {
+    const std::size_t H = c_.heads, KV = c_.kv_heads, hd = c_.head_dim(), group = H / KV;
+    Var<T> q3 = rope3(heads_major(q, B, t, H, hd), cos, sin, B * H, t, hd);
+    Var<T> k3 = rope3(heads_major(k, B, t, KV, hd), cos, sin, B * KV, t, hd);
+    Var<T> v3 = heads_major(v, B, t, KV, hd);
+    if (group > 1) {  // each key/value head once per query head of its group
+      auto repeat = [&](Var<T> m) {
+        Var<T> one = reshape(m, {B * KV, 1, t * hd}), all = one;
+        for (std::size_t g = 1; g < group; ++g) all = concat(all, one, 1);
+        return reshape(all, {B * H, t, hd});
+      };
+      k3 = repeat(k3);
+      v3 = repeat(v3);
+    }
+    const T scale = T(1) / std::sqrt(static_cast<T>(hd));
+    Var<T> scores = bmm(q3, transpose(k3)) * scale + mask;
+    return rows_major(bmm(softmax(scores, -1), v3), B, t, H, hd);
+  }
+
+  Tape<T>* tp_;
+  LmConfig c_;
+  Train train_;
+  Var<T> embed_, final_norm_, head_, config_var_;
+  std::vector<LmLayer<T>> layers_;
+  std::vector<NamedParameter<T>> named_, base_names_, adapter_names_;
+  std::map<std::size_t, Tables> tables_;
+};
+
+// ---- merge ----
+
+// Writes src's weights into dst with every adapter folded in:
+//   w = w0 + lora_scale * (A . B)
+// computed as the tape would record it: A . B (matmul, ascending inner
+// index), times the scale (mul_scalar), added to w0 (add). dst must have
+// src's base config and no adapters; every other tensor is copied. Throws
+// std::invalid_argument on a mismatch (dst untouched).
+template <class T>
+void merge_lora(const Lm<T>& src, Lm<T>& dst) {
+  const LmConfig &a = src.config(), &b = dst.config();
+  const auto sa = a.stored(), sb = b.stored();
+  if (!std::equal(sa.begin(), sa.begin() + LmConfig::base_fields, sb.begin()) || b.lora_rank != 0)
+    throw std::invalid_argument("nn::merge_lora: the target model (" + b.describe() +
+                                ") must have the source's base config (" + a.describe() + ") and no adapters");
+  Tape<T>& from = src.tape();
+  Tape<T>& to = dst.tape();
+  for (const auto& p : dst.base()) {
+    const View<T> v = from.value(src.tensor(p.name));
+    const std::span<T> w = to.leaf_value(p.var);
+    std::copy(v.begin(), v.end(), w.begin());
+  }
+  for (std::size_t l = 0; l < a.layers; ++l)
+    for (std::size_t p = 0; p < proj_count; ++p) {
+      const LmLayer<T>& L = src.layer(l);
+      if (!L.lora_a[p].valid()) continue;
+      const View<T> A = from.value(L.lora_a[p]), Bm = from.value(L.lora_b[p]), w0 = from.value(L.w[p]);
+      const std::size_t in = A.shape[0], r = A.shape[1], out = Bm.shape[1];
+      std::vector<T> ab(in * out), scaled(in * out);
+      NodeArgs<T> x;
+      x.a = {A.data.data(), Dims::of(std::array<std::size_t, 2>{in, r})};
+      x.b = {Bm.data.data(), Dims::of(std::array<std::size_t, 2>{r, out})};
+      x.out = Dims::of(std::array<std::size_t, 2>{in, out});
+      Matmul::forward_tensor(x, ab.data());
+      NodeArgs<T> s;
+      s.a = {ab.data(), x.out};
+      s.out = x.out;
+      s.scalar = static_cast<T>(a.lora_scale);
+      MulScalar::forward_tensor(s, scaled.data());
+      NodeArgs<T> sum;
+      sum.a = {w0.data.data(), x.out};
+      sum.b = {scaled.data(), x.out};
+      sum.out = x.out;
+      Add::forward_tensor(sum, to.leaf_value(dst.layer(l).w[p]).data());
+    }
+}
+
+}  // namespace grad::nn
