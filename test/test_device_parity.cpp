@@ -93,18 +93,13 @@ TEST_CASE("every op's forward value and every gradient match the CPU tape on eve
         CAPTURE(dev::backend_name(backend));
         CAPTURE(dev::mode_name(variant.mode));
         CAPTURE(schedule_name(variant.schedule));
-        Tape<double> tp;
-        std::vector<Var<double>> vars;
-        for (const auto& p : c.params) vars.push_back(tp.param(p));
-        for (const auto& k : c.constants) vars.push_back(tp.constant(k));
-        const Var<double> y = c.build(tp, vars);
-        const Var<double> loss = weighted_sum(y);
-        REQUIRE(tp.backward(loss));
-        vars.push_back(y);
-        dev::Program<double> prog = replay_and_compare(tp, loss, backend, vars, variant);
+        RecordedCase<double> r;
+        REQUIRE(record_case(c, r));
+        r.vars.push_back(r.out);
+        dev::Program<double> prog = replay_and_compare(r.tp, r.loss, backend, r.vars, variant);
         fused_runs += prog.fused() && prog.plan().fused_launches() > 0;
-        const Tensor<double> value = prog.value(y);
-        CHECK(first_difference(tp.value(y).data, value.data(), true) == "");
+        const Tensor<double> value = prog.value(r.out);
+        CHECK(first_difference(r.tp.value(r.out).data, value.data(), true) == "");
       }
     }
   }

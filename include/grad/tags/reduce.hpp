@@ -12,13 +12,16 @@
 
 namespace grad {
 
-// Forward is one item (the whole reduction); backward hands every element
-// the same share.
-// Shape {1} from any operand.
+// What sum and mean share: shape {1} from any operand, and a forward that is
+// one item (the whole reduction). Backward hands every element the same share.
 struct ReduceAll {
   static std::string output_dims(const Dims&, const Dims&, OpAttrs&, Dims& out) {
     out = Dims::of(std::array<std::size_t, 1>{1});
     return {};
+  }
+  template <class T>
+  GRAD_HD static std::size_t forward_items(const NodeArgs<T>&) {
+    return 1;
   }
 };
 
@@ -26,10 +29,6 @@ struct Sum : ItemLoops<Sum>, ReduceAll {
   static constexpr std::string_view name = "sum";
   static constexpr std::string_view torch = "a.sum().reshape(1)";
   static constexpr int arity = 1;
-  template <class T>
-  GRAD_HD static std::size_t forward_items(const NodeArgs<T>&) {
-    return 1;
-  }
   template <class T>
   GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t) {
     y[0] = sum_fixed(x.a.data, x.a.dims.size());
@@ -44,10 +43,6 @@ struct Mean : ItemLoops<Mean>, ReduceAll {
   static constexpr std::string_view name = "mean";
   static constexpr std::string_view torch = "a.mean().reshape(1)";
   static constexpr int arity = 1;
-  template <class T>
-  GRAD_HD static std::size_t forward_items(const NodeArgs<T>&) {
-    return 1;
-  }
   template <class T>
   GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t) {
     const std::size_t n = x.a.dims.size();
