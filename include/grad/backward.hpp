@@ -41,9 +41,15 @@ bool Tape<T>::backward(Var<T> loss) {
   if (!root.grad) return true;  // no parameter upstream: every gradient reads zero
   nodes_[loss.index_].grad[0] = T(1);
   nodes_[loss.index_].touched = true;
+#if defined(GRAD_COMPILED_KERNELS)
+  boost::mp11::mp_for_each<OpList>([&](auto op) {
+    using Op = decltype(op);
+    if constexpr (Op::arity > 0) backward_steps_[op_code<Op>] = &Tape::backward_node<Op>;
+  });
+#endif
   for (std::size_t i = loss.index_ + 1; i-- > 0;) {
     Node<T>& n = nodes_[i];
-    if (n.touched) with_op(n.op, [&](auto op) { backward_node<decltype(op)>(n); });
+    if (n.touched && backward_steps_[n.op]) (this->*backward_steps_[n.op])(n);
   }
   return true;
 }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -264,6 +265,7 @@ class Tape {
       extras_.insert(extras_.end(), extra.begin(), extra.end());
     }
     Op::forward_tensor(args(n), n.value);
+    learn_backward<Op>();
     return push(n);
   }
 
@@ -357,6 +359,20 @@ class Tape {
 
   template <class Op>
   void backward_node(Node<T>& n);
+
+  // The reverse walk calls each node's backward step through this table, so
+  // a program compiles (and optimises) the backward of the ops it records
+  // only: record<Op> enters Op's step; leaves have none. With the compiled
+  // kernel library every step is already compiled there, and the walk (also
+  // compiled there) enters them all at once instead (backward.hpp).
+  using BackwardStep = void (Tape::*)(Node<T>&);
+  template <class Op>
+  void learn_backward() {
+#if !defined(GRAD_COMPILED_KERNELS)
+    if constexpr (Op::arity > 0) backward_steps_[op_code<Op>] = &Tape::backward_node<Op>;
+#endif
+  }
+  std::array<BackwardStep, op_count> backward_steps_{};
 
   std::vector<Node<T>> nodes_;
   std::vector<std::size_t> extras_;
