@@ -395,7 +395,8 @@ class EmitPlan {
           s += "inline const T* grad_" + names_[i] + "(const Workspace& ws) { return ws.grad + " + names_[i] +
                "_grad_offset; }\n";
     s += "\n// ---- each node's shapes (nodes with equal shapes share one) ----\nnamespace shapes {\n";
-    for (const auto& [text, name] : shapes_) s += "inline constexpr grad::emitted::Node " + name + text + ";\n";
+    for (const auto& [text, name] : shapes_)
+      s += "struct " + name + " {\n  static constexpr grad::emitted::Node node" + text + ";\n};\n";
     s += "}  // namespace shapes\n\n";
     return s;
   }
@@ -437,9 +438,11 @@ class EmitPlan {
     return a + ", " + b + ", " + scalar_of(i);
   }
 
+  // The shapes as a template argument: the Node (host) or its struct (a CUDA launch).
+  std::string shape_arg(std::uint32_t i, bool cuda) const { return shape_of(i) + (cuda ? "" : "::node"); }
   std::string forward_call(std::uint32_t i, bool cuda, const std::vector<std::string>* outputs = nullptr) const {
     const std::string f = cuda ? "grad::emitted::launch_forward<" : "grad::emitted::forward<";
-    return f + tag_of(i) + ", " + shape_of(i) + ", T>(" + (cuda ? "stream, " : "") + operands(i, outputs) + ", " +
+    return f + tag_of(i) + ", " + shape_arg(i, cuda) + ", T>(" + (cuda ? "stream, " : "") + operands(i, outputs) + ", " +
            value_of(i, outputs) + ");  // node " + std::to_string(i) + "\n";
   }
 
@@ -470,7 +473,7 @@ class EmitPlan {
       const int in = l.kind == device::LaunchKind::backward_a ? 0 : 1;
       const std::string dx = l.to_scratch ? "ws.scratch" : grad_of(l.input);
       s += ind + (cuda ? "grad::emitted::launch_backward<" : "grad::emitted::backward<") + tag_of(l.node) + ", " +
-           std::to_string(in) + ", " + shape_of(l.node) + ", T>(" + (cuda ? "stream, " : "") + operands(l.node) +
+           std::to_string(in) + ", " + shape_arg(l.node, cuda) + ", T>(" + (cuda ? "stream, " : "") + operands(l.node) +
            ", " + value_of(l.node) + ", " + grad_of(l.node) + ", " + dx + ");  // node " + std::to_string(l.node) +
            " -> " + std::to_string(l.input) + "\n";
     }
@@ -536,6 +539,15 @@ class EmitPlan {
          "// them concatenated (value_and_grad_size elements):\n" +
          layout + "// the inputs are the captured ones. Serial; its workspace is a local.\n";
     s += "inline constexpr std::size_t value_and_grad_size = " + std::to_string(total) + ";\n";
+    s += "// x as captured: the parameters' values when the episode was emitted.\ninline void captured_x(T* x) {\n";
+    std::size_t from = 0;
+    for (std::uint32_t i = 0; i <= loss_; ++i)
+      if (is_param(i)) {
+        s += "  for (std::size_t k = 0; k < " + names_[i] + "_size; ++k) x[" + std::to_string(from) + " + k] = " +
+             names_[i] + "_init[k];\n";
+        from += nodes_[i].dims.size();
+      }
+    s += "}\n";
     s += "GRAD_HD inline T value_and_grad(const T* x, T* g) {\n";
     s += "  Inputs in;\n";
     if (cuda)

@@ -137,21 +137,30 @@ inline constexpr unsigned threads_per_block = 256;
 constexpr unsigned blocks_for(std::size_t items) {
   return static_cast<unsigned>((items + threads_per_block - 1) / threads_per_block);
 }
+// Kernels take the node's shapes as a type S (S::node), not as a Node
+// argument: nvcc's host stubs cannot spell a class-type template argument.
+// One work item of node N (nothing past the node's items).
 template <class Op, Node N, class T>
-__global__ void forward_kernel(const T* a, const T* b, T scalar, T* y) {
+__device__ inline void forward_at(const T* a, const T* b, T scalar, T* y, std::size_t w) {
   std::size_t extra[max_rank];
   for (std::size_t i = 0; i < max_rank; ++i) extra[i] = N.extra[i];
   const NodeArgs<T> x = args<N>(a, b, scalar, extra);
-  const std::size_t w = std::size_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (w < forward_items<Op>(x)) Op::forward_item(x, y, w);
 }
 template <class Op, int In, Node N, class T>
-__global__ void backward_kernel(const T* a, const T* b, T scalar, const T* y, const T* g, T* dx) {
+__device__ inline void backward_at(const T* a, const T* b, T scalar, const T* y, const T* g, T* dx, std::size_t w) {
   std::size_t extra[max_rank];
   for (std::size_t i = 0; i < max_rank; ++i) extra[i] = N.extra[i];
   const NodeArgs<T> x = args<N>(a, b, scalar, extra);
-  const std::size_t w = std::size_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (w < backward_items<Op, In>(x)) Op::template backward_item<In>(x, y, g, dx, w);
+}
+template <class Op, class S, class T>
+__global__ void forward_kernel(const T* a, const T* b, T scalar, T* y) {
+  forward_at<Op, S::node>(a, b, scalar, y, std::size_t{blockIdx.x} * blockDim.x + threadIdx.x);
+}
+template <class Op, int In, class S, class T>
+__global__ void backward_kernel(const T* a, const T* b, T scalar, const T* y, const T* g, T* dx) {
+  backward_at<Op, In, S::node>(a, b, scalar, y, g, dx, std::size_t{blockIdx.x} * blockDim.x + threadIdx.x);
 }
 template <std::size_t N, class T>
 __global__ void accumulate_kernel(T* grad, const T* contribution) {
@@ -163,17 +172,17 @@ __global__ void set_kernel(T* p, T value) {
   *p = value;
 }
 
-// Launches node N's forward / backward / an accumulation on `stream`.
-template <class Op, Node N, class T>
+// Launches node S's forward / backward / an accumulation on `stream`.
+template <class Op, class S, class T>
 inline void launch_forward(cudaStream_t stream, const T* a, const T* b, T scalar, T* y) {
-  const std::size_t items = forward_items<Op>(args<N, T>(a, b, scalar, nullptr));
-  if (items > 0) forward_kernel<Op, N, T><<<blocks_for(items), threads_per_block, 0, stream>>>(a, b, scalar, y);
+  const std::size_t items = forward_items<Op>(args<S::node, T>(a, b, scalar, nullptr));
+  if (items > 0) forward_kernel<Op, S, T><<<blocks_for(items), threads_per_block, 0, stream>>>(a, b, scalar, y);
 }
-template <class Op, int In, Node N, class T>
+template <class Op, int In, class S, class T>
 inline void launch_backward(cudaStream_t stream, const T* a, const T* b, T scalar, const T* y, const T* g, T* dx) {
-  const std::size_t items = backward_items<Op, In>(args<N, T>(a, b, scalar, nullptr));
+  const std::size_t items = backward_items<Op, In>(args<S::node, T>(a, b, scalar, nullptr));
   if (items > 0)
-    backward_kernel<Op, In, N, T><<<blocks_for(items), threads_per_block, 0, stream>>>(a, b, scalar, y, g, dx);
+    backward_kernel<Op, In, S, T><<<blocks_for(items), threads_per_block, 0, stream>>>(a, b, scalar, y, g, dx);
 }
 template <std::size_t N, class T>
 inline void launch_accumulate(cudaStream_t stream, T* grad, const T* contribution) {
