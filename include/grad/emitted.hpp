@@ -13,6 +13,13 @@
 // bodies, exactly what the device engine's CPU backend runs for the node,
 // so the same bits as the tape. Nodes with equal shapes share one
 // instantiation. Nothing here allocates or throws.
+//
+// -DGRAD_EMITTED_HOST_LOOPS (host compilers only) runs each node through its
+// tag's host loops instead (forward_tensor, backward_tensor: vector packs,
+// blocked gemm), which test_op_cases checks bit for bit against the item
+// bodies: the same bits, several times faster on the CPU, but no longer
+// allocation-free (gemm keeps a thread_local packing buffer, allocated on
+// its first call) and slower to compile.
 #pragma once
 
 #include <array>
@@ -73,14 +80,26 @@ GRAD_HD inline NodeArgs<T> args(const T* a, const T* b, T scalar, const std::siz
   return x;
 }
 
+// The two ways of running a node are distinct functions to the linker (an
+// inline namespace each), so units built either way can share a program.
+#if defined(GRAD_EMITTED_HOST_LOOPS) && !defined(__CUDACC__)
+inline namespace host_loops {
+#else
+inline namespace item_loops {
+#endif
+
 // Node N's forward: every item of its output, in order.
 template <class Op, Node N, class T>
 GRAD_HD inline void forward(const T* a, const T* b, T scalar, T* y) {
   std::size_t extra[max_rank];
   for (std::size_t i = 0; i < max_rank; ++i) extra[i] = N.extra[i];
   const NodeArgs<T> x = args<N>(a, b, scalar, extra);
+#if defined(GRAD_EMITTED_HOST_LOOPS) && !defined(__CUDACC__)
+  Op::forward_tensor(x, y);
+#else
   const std::size_t n = forward_items<Op>(x);
   for (std::size_t w = 0; w < n; ++w) Op::forward_item(x, y, w);
+#endif
 }
 
 // Node N's contribution to operand In's gradient, whole, into dx.
@@ -89,9 +108,15 @@ GRAD_HD inline void backward(const T* a, const T* b, T scalar, const T* y, const
   std::size_t extra[max_rank];
   for (std::size_t i = 0; i < max_rank; ++i) extra[i] = N.extra[i];
   const NodeArgs<T> x = args<N>(a, b, scalar, extra);
+#if defined(GRAD_EMITTED_HOST_LOOPS) && !defined(__CUDACC__)
+  Op::template backward_tensor<In>(x, y, g, dx);
+#else
   const std::size_t n = backward_items<Op, In>(x);
   for (std::size_t w = 0; w < n; ++w) Op::template backward_item<In>(x, y, g, dx, w);
+#endif
 }
+
+}  // inline namespace
 
 // A later contribution to a fan-out input: grad = grad + contribution.
 template <std::size_t N, class T>
