@@ -50,12 +50,12 @@ std::string slurp(const std::string& path) {
 // directory) with the system compiler, runs it with the scratch directory as
 // its argument and returns what it wrote to out.bin. Empty when no compiler.
 std::vector<unsigned char> compile_and_run(const std::string& tag, const std::string& main_source,
-                                           double* seconds = nullptr) {
+                                           const std::string& flags = "", double* seconds = nullptr) {
   const std::string cxx = env("GRAD_EMIT_CXX"), inc = env("GRAD_EMIT_INCLUDE");
   const std::string dir = scratch().dir.string();
   const std::string src = scratch().file(tag + ".cpp"), exe = scratch().file(tag), log = scratch().file(tag + ".log");
   std::ofstream(src) << main_source;
-  const std::string cmd = cxx + " -std=c++20 -O2 -ffp-contract=off -Wall -Wextra -Werror -I " + inc + " -I " + dir +
+  const std::string cmd = cxx + " -std=c++20 -O2 -ffp-contract=off -Wall -Wextra -Werror " + flags + " -I " + inc + " -I " + dir +
                           " " + src + " -o " + exe + " > " + log + " 2>&1";
   const auto t0 = std::chrono::steady_clock::now();
   const int rc = std::system(cmd.c_str());
@@ -199,7 +199,7 @@ std::string adapter_name(std::size_t i) { return std::string("a").append(std::to
 
 }  // namespace
 
-TEST_CASE("the emitted autoencoder step (f64 and f32, six Adam steps) lands on the tape's bits") {
+TEST_CASE("the emitted autoencoder step (f64 and f32, six Adam steps) lands on the tape's bits, in both loop modes") {
   if (!have_compiler()) return;
   std::vector<double> b64;
   std::vector<float> b32;
@@ -219,6 +219,10 @@ TEST_CASE("the emitted autoencoder step (f64 and f32, six Adam steps) lands on t
   const std::vector<unsigned char> got = compile_and_run("autoencoder", main);
   const std::size_t next = compare(got, 0, e64, "autoencoder f64");
   compare(got, next, e32, "autoencoder f32");
+  // The same program through the tags' host loops (GRAD_EMITTED_HOST_LOOPS): the same bits.
+  const std::vector<unsigned char> host = compile_and_run("autoencoder_host_loops", main,
+                                                          "-DGRAD_EMITTED_HOST_LOOPS -Wno-psabi");
+  compare(host, compare(host, 0, e64, "autoencoder f64, host loops"), e32, "autoencoder f32, host loops");
 }
 
 TEST_CASE("the emitted LoRA block's forward and backward land on the tape's bits") {
