@@ -62,6 +62,14 @@ std::vector<unsigned char> compile_and_run(const std::string& tag, const std::st
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (seconds) *seconds = s;
   MESSAGE(tag << ": compiled in " << s << " s");
+  // GRAD_EMIT_KEEP=DIR keeps the emitted sources and the drivers there (to read, or time).
+  if (const std::string keep = env("GRAD_EMIT_KEEP"); !keep.empty()) {
+    std::filesystem::create_directories(keep);
+    for (const auto& f : std::filesystem::directory_iterator(scratch().dir))
+      if (f.path().extension() != "" && f.path().extension() != ".bin" && f.path().extension() != ".in")
+        std::filesystem::copy_file(f.path(), keep / f.path().filename(),
+                                   std::filesystem::copy_options::overwrite_existing);
+  }
   if (rc != 0) FAIL("compiling " << src << " failed:\n" << cmd << "\n" << slurp(log).substr(0, 6000));
   const std::string run = exe + " " + dir + " > " + log + " 2>&1";
   if (std::system(run.c_str()) != 0) FAIL("running " << exe << " failed:\n" << slurp(log));
