@@ -26,17 +26,17 @@ namespace {
 
 // One step of program NS per iteration, on the batch it captured (the cost
 // of a step does not depend on the values), state in static storage.
-#define GRAD_BENCH_STEP(name)                                                                          \
-  benchmark::RegisterBenchmark(GRAD_BENCH_MODE "/" #name, [](benchmark::State& state) {                \
-    namespace ns = GRAD_BENCH_NS(name);                                                                \
-    static ns::ParamStore params;                                                                      \
-    static ns::Optimizer opt;                                                                          \
-    static ns::Workspace ws;                                                                           \
-    params.load();                                                                                     \
-    opt.load();                                                                                        \
-    const ns::Params p = params.view();                                                                \
-    const ns::Inputs in;                                                                               \
-    for (auto _ : state) benchmark::DoNotOptimize(ns::step(in, p, opt, ws));                           \
+#define GRAD_BENCH_STEP(name)                                                           \
+  benchmark::RegisterBenchmark(GRAD_BENCH_MODE "/" #name, [](benchmark::State& state) { \
+    namespace ns = GRAD_BENCH_NS(name);                                                 \
+    static ns::ParamStore params;                                                       \
+    static ns::Optimizer opt;                                                           \
+    static ns::Workspace ws;                                                            \
+    params.load();                                                                      \
+    opt.load();                                                                         \
+    const ns::Params p = params.view();                                                 \
+    const ns::Inputs in;                                                                \
+    for (auto _ : state) benchmark::DoNotOptimize(ns::step(in, p, opt, ws));            \
   })->Unit(benchmark::kMicrosecond)
 
 }  // namespace

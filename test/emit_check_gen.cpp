@@ -48,8 +48,9 @@ int main(int argc, char** argv) {
   }
   const std::string dir = argv[1];
   namespace ae = autoencoder;
-  std::string expected = "// Written by emit_check_gen: the tape's answers for emit_cuda_check.\n#pragma once\n\n"
-                         "namespace expected {\n";
+  std::string expected =
+      "// Written by emit_check_gen: the tape's answers for emit_cuda_check.\n#pragma once\n\n"
+      "namespace expected {\n";
   try {
     // The autoencoder: two tape steps, then step 2's episode emitted, then five steps on the tape.
     ae::Trainer<double> t;

@@ -88,8 +88,9 @@ int main() {
     if (!ok(cudaDeviceSynchronize(), "autoencoder")) return 1;
     const std::size_t bad = differ(losses.data(), expected::ae_losses, losses.size()) +
                             differ(params.data(), expected::ae_params, params.size());
-    std::printf("emit_cuda_check: autoencoder step x%d (per-node kernels, Adam): %zu of %zu values differ from the tape\n",
-                expected::ae_steps, bad, losses.size() + params.size());
+    std::printf(
+        "emit_cuda_check: autoencoder step x%d (per-node kernels, Adam): %zu of %zu values differ from the tape\n",
+        expected::ae_steps, bad, losses.size() + params.size());
     failures += bad;
   }
 

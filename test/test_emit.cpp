@@ -55,8 +55,8 @@ std::vector<unsigned char> compile_and_run(const std::string& tag, const std::st
   const std::string dir = scratch().dir.string();
   const std::string src = scratch().file(tag + ".cpp"), exe = scratch().file(tag), log = scratch().file(tag + ".log");
   std::ofstream(src) << main_source;
-  const std::string cmd = cxx + " -std=c++20 -O2 -ffp-contract=off -Wall -Wextra -Werror " + flags + " -I " + inc + " -I " + dir +
-                          " " + src + " -o " + exe + " > " + log + " 2>&1";
+  const std::string cmd = cxx + " -std=c++20 -O2 -ffp-contract=off -Wall -Wextra -Werror " + flags + " -I " + inc +
+                          " -I " + dir + " " + src + " -o " + exe + " > " + log + " 2>&1";
   const auto t0 = std::chrono::steady_clock::now();
   const int rc = std::system(cmd.c_str());
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -189,14 +189,15 @@ static void put(const void* p, std::size_t n) { std::fwrite(p, 1, n, out); }
 
 template <class T>
 void write_values(const std::string& path, const std::vector<T>& v) {
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(v.data()),
-                                              static_cast<std::streamsize>(v.size() * sizeof(T)));
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
 }
 
 // A linear regression's mean squared error over 16 rows.
 Var<double> linreg_loss(Tape<double>& tp, const Tensor<double>& w, const Tensor<double>& b, Var<double>* params) {
   testing::Rng rng(99);
-  const Tensor<double> X = testing::random_tensor<double>({16, 3}, rng), y = testing::random_tensor<double>({16, 1}, rng);
+  const Tensor<double> X = testing::random_tensor<double>({16, 3}, rng),
+                       y = testing::random_tensor<double>({16, 1}, rng);
   params[0] = tp.param(w);
   params[1] = tp.param(b);
   return mse(matmul(tp.constant(X), params[0]) + params[1], tp.constant(y));
@@ -228,8 +229,8 @@ TEST_CASE("the emitted autoencoder step (f64 and f32, six Adam steps) lands on t
   const std::size_t next = compare(got, 0, e64, "autoencoder f64");
   compare(got, next, e32, "autoencoder f32");
   // The same program through the tags' host loops (GRAD_EMITTED_HOST_LOOPS): the same bits.
-  const std::vector<unsigned char> host = compile_and_run("autoencoder_host_loops", main,
-                                                          "-DGRAD_EMITTED_HOST_LOOPS -Wno-psabi");
+  const std::vector<unsigned char> host =
+      compile_and_run("autoencoder_host_loops", main, "-DGRAD_EMITTED_HOST_LOOPS -Wno-psabi");
   compare(host, compare(host, 0, e64, "autoencoder f64, host loops"), e32, "autoencoder f32, host loops");
 }
 
@@ -350,10 +351,9 @@ TEST_CASE("value_and_grad of a linear regression's loss, and every op of the cas
   }
   // Every op of OpList (Param and Const included) is in some emitted case.
   CHECK(ops.size() == op_count);
-  const std::string main = std::string(driver_head) + includes +
-                           "int main(int, char** argv) {\n  const std::string dir = argv[1];\n" +
-                           "  out = std::fopen((dir + \"/out.bin\").c_str(), \"wb\");\n" + body +
-                           "  std::fclose(out);\n}\n";
+  const std::string main =
+      std::string(driver_head) + includes + "int main(int, char** argv) {\n  const std::string dir = argv[1];\n" +
+      "  out = std::fopen((dir + \"/out.bin\").c_str(), \"wb\");\n" + body + "  std::fclose(out);\n}\n";
   compare(compile_and_run("cases", main), 0, e, "linear regression and " + std::to_string(emitted) + " op cases");
 }
 
@@ -367,7 +367,8 @@ TEST_CASE("the emitted CUDA sources compile with nvcc") {
   if (!std::filesystem::exists(scratch().file("linreg.cuh"))) {
     Tape<double> tp;
     Var<double> p[2];
-    const Var<double> loss = linreg_loss(tp, Tensor<double>({3, 1}, {0.5, -0.25, 0.125}), Tensor<double>({1}, {0.1}), p);
+    const Var<double> loss =
+        linreg_loss(tp, Tensor<double>({3, 1}, {0.5, -0.25, 0.125}), Tensor<double>({1}, {0.1}), p);
     EmitOptions<double> o;
     o.name = "linreg";
     o.value_and_grad = true;
@@ -384,9 +385,9 @@ TEST_CASE("the emitted CUDA sources compile with nvcc") {
                         "  loss[t] = linreg::value_and_grad(x + 4 * t, g + 4 * t);\n}\n"
                         "void launch(ae32::Inputs in, ae32::Params p, ae32::DeviceOptimizer opt, "
                         "ae32::DeviceWorkspace ws) {\n  ae32::step(in, p, opt, ws);\n}\n";
-  const std::string cmd = nvcc + " -std=c++20 --fmad=false --expt-relaxed-constexpr -Xcompiler=-ffp-contract=off -arch=sm_90 -I " +
-                          inc + " -I " + scratch().dir.string() + " -c " + src + " -o " + scratch().file("cuda_check.o") +
-                          " > " + log + " 2>&1";
+  const std::string cmd =
+      nvcc + " -std=c++20 --fmad=false --expt-relaxed-constexpr -Xcompiler=-ffp-contract=off -arch=sm_90 -I " + inc +
+      " -I " + scratch().dir.string() + " -c " + src + " -o " + scratch().file("cuda_check.o") + " > " + log + " 2>&1";
   const auto t0 = std::chrono::steady_clock::now();
   const int rc = std::system(cmd.c_str());
   MESSAGE("nvcc: " << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s");

@@ -178,8 +178,8 @@ class EmitPlan {
       std::map<std::string, std::uint32_t> seen;
       for (std::uint32_t i = 0; i <= loss_; ++i)
         if (!names_[i].empty() && !seen.try_emplace(names_[i], i).second)
-          throw EmitError(who + "the name '" + names_[i] + "' is given to nodes " +
-                          std::to_string(seen[names_[i]]) + " and " + std::to_string(i));
+          throw EmitError(who + "the name '" + names_[i] + "' is given to nodes " + std::to_string(seen[names_[i]]) +
+                          " and " + std::to_string(i));
     }
 
     shape_name_.assign(nodes_.size(), "");
@@ -213,8 +213,9 @@ class EmitPlan {
       if (opt.tape() != &tape)
         throw EmitError(who + "the optimizer's parameters belong to a different tape (or it has none)");
       if (opt.schedule())
-        throw EmitError(who + "the optimizer has a learning-rate schedule, which is not emitted; "
-                              "clear it and set the emitted Optimizer's lr before each step");
+        throw EmitError(who +
+                        "the optimizer has a learning-rate schedule, which is not emitted; "
+                        "clear it and set the emitted Optimizer's lr before each step");
       adam_ = dynamic_cast<const Adam<T>*>(&opt);
       std::size_t k = 0;
       for (const auto& e : opt.params()) {
@@ -290,7 +291,8 @@ class EmitPlan {
 
   std::uint32_t index_of(const Tape<T>& tape, Var<T> v, const std::string& what) const {
     if (v.tape() != &tape || tape.value(v).empty())
-      throw EmitError("grad::emit: " + what + " is not a live node of the tape (default, from another tape, or dropped)");
+      throw EmitError("grad::emit: " + what +
+                      " is not a live node of the tape (default, from another tape, or dropped)");
     if (v.index() > loss_)
       throw EmitError("grad::emit: " + what + " (node " + std::to_string(v.index()) +
                       ") was recorded after the loss (node " + std::to_string(loss_) + ") and is not captured");
@@ -333,7 +335,8 @@ class EmitPlan {
   static std::string array_text(const V& values, std::size_t from, std::size_t n, const std::string& name,
                                 const std::string& qualifier) {
     std::string s = qualifier + " T " + name + "[" + std::to_string(n) + "] = {";
-    for (std::size_t k = 0; k < n; ++k) s += (k % 8 == 0 ? "\n    " : " ") + emit_detail::literal(values[from + k]) + ",";
+    for (std::size_t k = 0; k < n; ++k)
+      s += (k % 8 == 0 ? "\n    " : " ") + emit_detail::literal(values[from + k]) + ",";
     return s + "\n};\n";
   }
 
@@ -442,8 +445,8 @@ class EmitPlan {
   std::string shape_arg(std::uint32_t i, bool cuda) const { return shape_of(i) + (cuda ? "" : "::node"); }
   std::string forward_call(std::uint32_t i, bool cuda, const std::vector<std::string>* outputs = nullptr) const {
     const std::string f = cuda ? "grad::emitted::launch_forward<" : "grad::emitted::forward<";
-    return f + tag_of(i) + ", " + shape_arg(i, cuda) + ", T>(" + (cuda ? "stream, " : "") + operands(i, outputs) + ", " +
-           value_of(i, outputs) + ");  // node " + std::to_string(i) + "\n";
+    return f + tag_of(i) + ", " + shape_arg(i, cuda) + ", T>(" + (cuda ? "stream, " : "") + operands(i, outputs) +
+           ", " + value_of(i, outputs) + ");  // node " + std::to_string(i) + "\n";
   }
 
   std::string step_calls(bool cuda, const std::string& ind) const {
@@ -526,8 +529,8 @@ class EmitPlan {
     std::string layout;
     for (std::uint32_t i = 0; i <= loss_; ++i)
       if (is_param(i)) {
-        layout += "//   " + names_[i] + " at " + std::to_string(total) + " (" + std::to_string(nodes_[i].dims.size()) +
-                  ")\n";
+        layout +=
+            "//   " + names_[i] + " at " + std::to_string(total) + " (" + std::to_string(nodes_[i].dims.size()) + ")\n";
         total += nodes_[i].dims.size();
       }
     if (cuda) {
@@ -543,8 +546,8 @@ class EmitPlan {
     std::size_t from = 0;
     for (std::uint32_t i = 0; i <= loss_; ++i)
       if (is_param(i)) {
-        s += "  for (std::size_t k = 0; k < " + names_[i] + "_size; ++k) x[" + std::to_string(from) + " + k] = " +
-             names_[i] + "_init[k];\n";
+        s += "  for (std::size_t k = 0; k < " + names_[i] + "_size; ++k) x[" + std::to_string(from) +
+             " + k] = " + names_[i] + "_init[k];\n";
         from += nodes_[i].dims.size();
       }
     s += "}\n";
@@ -573,7 +576,8 @@ class EmitPlan {
     s += "  return loss;\n}\n\n";
     if (cuda) {
       // The serial body, usable on the device too.
-      std::string body = "template <class Ws>\nGRAD_HD inline T step_body(const Inputs& in, const Params& p, Ws& ws) {\n";
+      std::string body =
+          "template <class Ws>\nGRAD_HD inline T step_body(const Inputs& in, const Params& p, Ws& ws) {\n";
       body += step_calls(false, "  ");
       body += "  return ws.value[" + std::to_string(value_off_[loss_]) + "];\n}\n\n";
       s = body + s;
@@ -671,11 +675,13 @@ class EmitPlan {
     s += "}\n";
     s += "inline void update(const Params& p, DeviceOptimizer& opt, DeviceWorkspace& ws, cudaStream_t stream) {\n";
     s += "  prepare_kernel<<<1, 1, 0, stream>>>(opt, ws);\n";
-    if (adam_) s += "  grad::AdamRule::advance(opt.beta1_power, opt.beta2_power, opt.beta1, opt.beta2);  // host copy\n";
+    if (adam_)
+      s += "  grad::AdamRule::advance(opt.beta1_power, opt.beta2_power, opt.beta1, opt.beta2);  // host copy\n";
     for (const OptParam& q : opt_params_) {
       if (grad_off_[q.node] == no_slot) continue;
       const std::string n = std::to_string(q.size), l2 = "T(" + emit_detail::literal(q.l2) + ")";
-      const std::string grid = "<<<grad::emitted::blocks_for(" + n + "), grad::emitted::threads_per_block, 0, stream>>>";
+      const std::string grid =
+          "<<<grad::emitted::blocks_for(" + n + "), grad::emitted::threads_per_block, 0, stream>>>";
       if (adam_)
         s += "  grad::emitted::adam_update_kernel<" + n + ", T>" + grid + "(p." + names_[q.node] + ", opt.m + " +
              std::to_string(q.offset) + ", opt.v + " + std::to_string(q.offset) + ", " + grad_of(q.node) + ", " + l2 +
