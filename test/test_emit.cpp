@@ -443,6 +443,13 @@ TEST_CASE("emit refuses what it cannot write exactly, by name, and writes nothin
     o.names = {{a, "my weights"}};
     refused([&] { emit_files(tp, sum(a * a), o, path); }, "'my weights' is not a C++ identifier");
   }
+  SUBCASE("a name the emitted code uses itself") {
+    Tape<double> tp;
+    Var<double> a = tp.param(Tensor<double>({2}, {1.0, 2.0}));
+    EmitOptions<double> o;
+    o.names = {{a, "ws"}};
+    refused([&] { emit_files(tp, sum(a * a), o, path); }, "the name 'ws' (node 0) is a keyword or a name");
+  }
   SUBCASE("an unwritable path: the error names it, and an existing file is left as it was") {
     Tape<double> tp;
     Var<double> a = tp.param(Tensor<double>({2}, {1.0, 2.0}));

@@ -105,6 +105,23 @@ inline bool identifier(std::string_view s) {
   return true;
 }
 
+// Names the emitted code uses itself (a leaf or output named so would clash),
+// and the C++ keywords a name could plausibly be.
+inline bool reserved(std::string_view s) {
+  static constexpr std::string_view words[] = {
+      // entry points' parameters, members, and the prefixes of the program's own constants
+      "T", "in", "p", "ws", "opt", "stream", "value", "grad", "scratch", "moment", "m", "v", "load", "view", "std",
+      "Inputs", "Params", "ParamStore", "Workspace", "Optimizer", "DeviceOptimizer", "DeviceWorkspace", "shapes",
+      "step", "step_body", "forward", "update", "value_and_grad", "captured_x", "prepare_kernel",
+      // keywords
+      "auto", "bool", "char", "class", "const", "default", "delete", "do", "double", "else", "enum", "float", "for",
+      "if", "int", "long", "namespace", "new", "operator", "private", "return", "short", "signed", "static", "struct",
+      "switch", "template", "this", "typename", "union", "unsigned", "using", "void", "while"};
+  for (std::string_view w : words)
+    if (s == w) return true;
+  return false;
+}
+
 inline std::string dims_text(const Dims& d) {
   std::string s = "grad::emitted::dims(";
   for (std::size_t i = 0; i < d.rank; ++i) s += (i ? ", " : "") + std::to_string(d.d[i]);
@@ -127,7 +144,8 @@ class EmitPlan {
     if (loss.tape() != &tape) throw EmitError(who + "the loss Var belongs to a different tape (or to none)");
     if (tape.value(loss).empty())
       throw EmitError(who + "the loss Var is not a live node of the tape (rejected, or dropped by reset_to)");
-    if (!emit_detail::identifier(o.name)) throw EmitError(who + "the name '" + o.name + "' is not a C++ identifier");
+    if (!emit_detail::identifier(o.name) || emit_detail::reserved(o.name))
+      throw EmitError(who + "the namespace name '" + o.name + "' is not a C++ identifier, or is reserved");
     loss_ = loss.index();
     const Node<T>& root = tape.nodes()[loss_];
     if (root.dims.size() != 1)
@@ -160,6 +178,9 @@ class EmitPlan {
     for (const auto& [v, name] : o.names) {
       const std::uint32_t i = index_of(tape, v, "a named Var");
       if (!emit_detail::identifier(name)) throw EmitError(who + "the name '" + name + "' is not a C++ identifier");
+      if (emit_detail::reserved(name))
+        throw EmitError(who + "the name '" + name + "' (node " + std::to_string(i) +
+                        ") is a keyword or a name the emitted code uses itself");
       names_[i] = name;
     }
     for (std::uint32_t i = 0; i <= loss_; ++i) {
@@ -518,7 +539,6 @@ class EmitPlan {
         s += "  for (std::size_t k = 0; k < " + std::to_string(nodes_[i].dims.size()) + "; ++k) out" +
              std::to_string(k) + "[k] = " + value_of(i) + "[k];\n";
     }
-    (void)args;
     return s + "}\n\n";
   }
 
