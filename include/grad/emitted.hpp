@@ -40,6 +40,9 @@
 #include "grad/tags/softmax.hpp"
 #include "grad/tags/unary.hpp"
 #include "grad/update_rules.hpp"
+#if defined(GRAD_EMITTED_HOST_LOOPS) && !defined(__CUDACC__)
+#include "grad/update.hpp"  // the tape's optimizer loops
+#endif
 
 namespace grad::emitted {
 
@@ -116,8 +119,6 @@ GRAD_HD inline void backward(const T* a, const T* b, T scalar, const T* y, const
 #endif
 }
 
-}  // inline namespace
-
 // A later contribution to a fan-out input: grad = grad + contribution.
 template <std::size_t N, class T>
 GRAD_HD inline void accumulate(T* grad, const T* contribution) {
@@ -145,15 +146,27 @@ GRAD_HD inline void sgd_element(T& w, T g, T scale, T l2, T lr) {
   w = SgdRule::update(w, ClipRule::effective(g, w, scale, l2), lr);
 }
 
+// One parameter's update: the rules element by element or, with host loops,
+// the tape's own vectorised loops over the same rules (update.hpp).
 template <std::size_t N, class T>
 GRAD_HD inline void adam_update(T* w, T* m, T* v, const T* g, T scale, T l2, T beta1, T beta2, T eps,
                                 const AdamStepConstants<T>& c) {
+#if defined(GRAD_EMITTED_HOST_LOOPS) && !defined(__CUDACC__)
+  kernels::adam_update<ClipRule, AdamRule>(w, m, v, g, N, scale, l2, beta1, beta2, eps, c);
+#else
   for (std::size_t i = 0; i < N; ++i) adam_element(w[i], m[i], v[i], g[i], scale, l2, beta1, beta2, eps, c);
+#endif
 }
 template <std::size_t N, class T>
 GRAD_HD inline void sgd_update(T* w, const T* g, T scale, T l2, T lr) {
+#if defined(GRAD_EMITTED_HOST_LOOPS) && !defined(__CUDACC__)
+  kernels::sgd_update<ClipRule, SgdRule>(w, g, N, scale, l2, lr);
+#else
   for (std::size_t i = 0; i < N; ++i) sgd_element(w[i], g[i], scale, l2, lr);
+#endif
 }
+
+}  // inline namespace
 
 #ifdef __CUDACC__
 // ---- CUDA: the same bodies, one work item per thread ----
