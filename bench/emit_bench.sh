@@ -3,7 +3,9 @@
 # on the tape, emitted with item loops, emitted with host loops) and PyTorch
 # eager (CPU, one thread: bench/peer_torch_workloads.py, workload A) on the
 # same machine, one after the other; then the compile time of an emitted
-# program with g++ -O2 alone. Prints medians of CPU time and the ratios.
+# program with g++ -O2 alone. Prints medians of CPU time and the ratios (the
+# repetitions of the benchmarks interleaved at random, so that a change of
+# load on a shared machine falls on all of them alike).
 #
 # Usage: bench/emit_bench.sh [BUILD_DIR]   (default: build; needs bench_emit and
 #        examples/ae_model.hpp built: ninja -C BUILD_DIR bench/bench_emit examples/emit_model_call)
@@ -16,6 +18,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 "$build/bench/bench_emit" --benchmark_repetitions="$reps" --benchmark_report_aggregates_only=true \
+  --benchmark_enable_random_interleaving=true --benchmark_min_time=0.2 \
   --benchmark_format=csv > "$tmp/bench.csv" 2> /dev/null
 /usr/bin/python3 bench/peer_torch_workloads.py --only A --reps "$reps" > "$tmp/torch.txt" 2>&1 || true
 
