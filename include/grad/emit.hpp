@@ -336,7 +336,9 @@ class EmitPlan {
            "// (--fmad=false and -ffp-contract=off are required: a*b+c must not be fused.)\n";
     } else {
       s += "// Compile: g++ -std=c++20 -O2 -ffp-contract=off -I <grad>/include your_main.cpp\n"
-           "// (-ffp-contract=off is required: a*b+c must not be fused, or the bits differ from the tape's.)\n";
+           "// (-ffp-contract=off is required: a*b+c must not be fused, or the bits differ from the tape's.)\n"
+           "// Add -DGRAD_EMITTED_HOST_LOOPS -Wno-psabi for the tags' vectorised host loops: the same bits,\n"
+           "// several times faster on a CPU, not allocation-free (grad/emitted.hpp).\n";
     }
     s += "#pragma once\n\n#include <cstddef>\n#include <limits>\n\n#include \"grad/emitted.hpp\"\n\n";
     s += "static_assert(grad::emitted::format_version == 1, \"written for grad's emitted format 1\");\n";
