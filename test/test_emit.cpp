@@ -121,9 +121,10 @@ const char* const ae_names[] = {"w0", "b0", "w1", "b1", "w2", "b2", "w3", "b3"};
 // (with its encoder's output as forward()'s), then five more steps on the
 // tape. Expected: the encoding, the five losses, the parameters and Adam's moments.
 template <class T>
-Expect<T> autoencoder_case(const std::string& ns, std::vector<T>& batches) {
+Expect<T> autoencoder_case(const std::string& ns, std::vector<T>& batches, T clip = T(0)) {
   namespace ae = autoencoder;
   ae::Trainer<T> t;
+  t.opt.set_clip(clip);
   t.step(0);
   t.step(1);
   const std::size_t steps = 5, first = 2;
@@ -146,6 +147,7 @@ Expect<T> autoencoder_case(const std::string& ns, std::vector<T>& batches) {
   Expect<T> e;
   e.add("code", t.tp.value(code).data);
   REQUIRE(t.tp.backward(loss));
+  if (clip != T(0)) CHECK_MESSAGE(t.opt.clip_scale() < T(1), "the clip threshold should bite");
   std::vector<T> losses{t.tp.scalar(loss)};
   REQUIRE(t.opt.step());
   for (std::size_t k = first; k < first + steps; ++k) {
@@ -208,12 +210,14 @@ std::string adapter_name(std::size_t i) { return std::string("a").append(std::to
 
 }  // namespace
 
-TEST_CASE("the emitted autoencoder step (f64 and f32, six Adam steps) lands on the tape's bits, in both loop modes") {
+TEST_CASE(
+    "the emitted autoencoder step (f64, and f32 with clipping; six Adam steps) lands on the tape's bits, in both loop "
+    "modes") {
   if (!have_compiler()) return;
   std::vector<double> b64;
   std::vector<float> b32;
   const Expect<double> e64 = autoencoder_case<double>("ae64", b64);
-  const Expect<float> e32 = autoencoder_case<float>("ae32", b32);
+  const Expect<float> e32 = autoencoder_case<float>("ae32", b32, 0.05f);  // and global-norm clipping
   write_values(scratch().file("ae64.in"), b64);
   write_values(scratch().file("ae32.in"), b32);
   // Emitted headers name no Boost and no tape.
@@ -322,11 +326,46 @@ TEST_CASE("value_and_grad of a linear regression's loss, and every op of the cas
       e.add("linreg db", t2.grad(q[1]).data);
     }
   }
+  // SGD with a per-parameter L2 and clipping: three steps of the emitted step() against the tape's.
+  {
+    testing::Rng rng(99);
+    const Tensor<double> X = testing::random_tensor<double>({16, 3}, rng),
+                         y = testing::random_tensor<double>({16, 1}, rng);
+    Tape<double> tp;
+    const Var<double> pw = tp.param(w2), pb = tp.param(b2);
+    const auto mark = tp.mark();
+    auto record = [&] { return mse(matmul(tp.constant(X), pw) + pb, tp.constant(y)); };
+    Var<double> loss = record();
+    SGD<double> sgd(0.1);
+    sgd.add(pw, 1e-2);
+    sgd.add(pb);
+    sgd.set_clip(0.5);
+    EmitOptions<double> o;
+    o.name = "linsgd";
+    o.names = {{pw, "w"}, {pb, "b"}};
+    o.optimizer = &sgd;
+    emit_files(tp, loss, o, scratch().file("linsgd.hpp"));
+    for (int k = 0; k < 3; ++k) {
+      REQUIRE(tp.backward(loss));
+      e.add("sgd loss", tp.scalar(loss));
+      REQUIRE(sgd.step());
+      tp.reset_to(mark);
+      loss = record();
+    }
+    e.add("sgd w", tp.value(pw).data);
+    e.add("sgd b", tp.value(pb).data);
+  }
+  includes += "#include \"linsgd.hpp\"\n";
   includes += "#include \"linreg.hpp\"\n";
   body += "  {\n    double x[4], g[4], x2[4] = {-1.5, 0.75, 2.0, -0.3};\n    linreg::captured_x(x);\n";
   body += "    double loss = linreg::value_and_grad(x, g);\n    put(&loss, sizeof loss);\n    put(g, sizeof g);\n";
   body += "    loss = linreg::value_and_grad(x2, g);\n    put(&loss, sizeof loss);\n    put(g, sizeof g);\n  }\n";
 
+  body +=
+      "  {\n    static linsgd::ParamStore ps;\n    static linsgd::Optimizer opt;\n    static linsgd::Workspace ws;\n"
+      "    ps.load();\n    opt.load();\n    const linsgd::Inputs in;\n"
+      "    for (int k = 0; k < 3; ++k) {\n      const double loss = linsgd::step(in, ps.view(), opt, ws);\n"
+      "      put(&loss, sizeof loss);\n    }\n    put(ps.w, sizeof ps.w);\n    put(ps.b, sizeof ps.b);\n  }\n";
   // Every (small) case of the op table, each its own namespace: loss and gradients.
   std::set<std::uint8_t> ops;
   std::size_t emitted = 0;
