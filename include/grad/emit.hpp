@@ -191,9 +191,7 @@ class EmitPlan {
     for (std::size_t k = 0; k < o.outputs.size(); ++k) {
       const std::uint32_t i = index_of(tape, o.outputs[k], "output " + std::to_string(k));
       outputs_.push_back(i);
-      if (names_[i].empty() || !is_leaf(i)) {
-        if (names_[i].empty()) names_[i] = "out" + std::to_string(k);
-      }
+      if (names_[i].empty()) names_[i] = "out" + std::to_string(k);
     }
     {
       std::map<std::string, std::uint32_t> seen;
