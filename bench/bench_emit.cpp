@@ -1,7 +1,7 @@
 // grad::emit against the tape, side by side in one run: the autoencoder's
 // training step (forward, mse, backward, Adam; examples/autoencoder.hpp) as
 // the tape runs it and as emitted source, f64 and f32 at batch 200 and f64
-// at batch 20. The emitted programs run in both loop modes
+// at batches 20 and 2. The emitted programs run in both loop modes
 // (bench_emit_programs.cpp). bench/emit_bench.sh adds PyTorch eager (CPU,
 // one thread) in the same run and prints the medians and ratios.
 #include <benchmark/benchmark.h>
@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("tape/ae_b200_f64", BM_tape_step<double>)->Arg(200)->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("tape/ae_b200_f32", BM_tape_step<float>)->Arg(200)->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("tape/ae_b20_f64", BM_tape_step<double>)->Arg(20)->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("tape/ae_b2_f64", BM_tape_step<double>)->Arg(2)->Unit(benchmark::kMicrosecond);
   register_emitted_items();
   register_emitted_host_loops();
   benchmark::Initialize(&argc, argv);

@@ -10,6 +10,7 @@
 #include "ae_b200_f32_h.hpp"
 #include "ae_b200_f64_h.hpp"
 #include "ae_b20_f64_h.hpp"
+#include "ae_b2_f64_h.hpp"
 #define GRAD_BENCH_NS(name) name##_h
 #define GRAD_BENCH_MODE "emitted_host_loops"
 #define GRAD_BENCH_REGISTER register_emitted_host_loops
@@ -17,6 +18,7 @@
 #include "ae_b200_f32.hpp"
 #include "ae_b200_f64.hpp"
 #include "ae_b20_f64.hpp"
+#include "ae_b2_f64.hpp"
 #define GRAD_BENCH_NS(name) name
 #define GRAD_BENCH_MODE "emitted_items"
 #define GRAD_BENCH_REGISTER register_emitted_items
@@ -45,4 +47,5 @@ void GRAD_BENCH_REGISTER() {
   GRAD_BENCH_STEP(ae_b200_f64);
   GRAD_BENCH_STEP(ae_b200_f32);
   GRAD_BENCH_STEP(ae_b20_f64);
+  GRAD_BENCH_STEP(ae_b2_f64);
 }

@@ -47,7 +47,8 @@ for line in open(sys.argv[2]):
         torch[parts[1]] = float(parts[2])
 print("autoencoder training step, CPU time per step (median of the repetitions, one thread)")
 print(f"{'program':<14} {'tape us':>9} {'items us':>9} {'host us':>9} {'torch us':>9}  tape/items tape/host torch/host")
-for prog, tname in (("ae_b200_f64", "A<double>"), ("ae_b200_f32", "A<float>"), ("ae_b20_f64", None)):
+for prog, tname in (("ae_b200_f64", "A<double>"), ("ae_b200_f32", "A<float>"), ("ae_b20_f64", None),
+                    ("ae_b2_f64", None)):
     key = prog.split("/")[-1]
     tape = next((v for k, v in rows.items() if k.startswith("tape/" + key)), float("nan"))
     items = rows.get("emitted_items/" + key, float("nan"))
