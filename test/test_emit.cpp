@@ -496,8 +496,9 @@ TEST_CASE("emit refuses what it cannot write exactly, by name, and writes nothin
     CHECK_THROWS_WITH_AS(emit_files(tp, loss, {}, "/nonexistent-dir/model.hpp"),
                          doctest::Contains("cannot write '/nonexistent-dir/model.hpp'"), EmitError);
     std::ofstream(path) << "previous";
-    // The CUDA path fails after the C++ one was written: each file is whole or absent.
-    CHECK_THROWS_AS(emit_files(tp, loss, {}, "", "/nonexistent-dir/model.cuh"), EmitError);
+    // An unwritable CUDA path is found before the C++ file is touched.
+    CHECK_THROWS_WITH_AS(emit_files(tp, loss, {}, path, "/nonexistent-dir/model.cuh"),
+                         doctest::Contains("cannot write '/nonexistent-dir/model.cuh'"), EmitError);
     CHECK(slurp(path) == "previous");
     for (const auto& f : std::filesystem::directory_iterator(scratch().dir))
       CHECK(f.path().filename().string().find(".tmp.") == std::string::npos);

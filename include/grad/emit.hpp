@@ -28,16 +28,19 @@
 // per-item bodies, a leaf value that cannot be written as a literal (NaN), an
 // output recorded after the loss, an optimizer over another tape or with a
 // learning-rate schedule, a name that is not an identifier. emit_files()
-// builds both texts before it writes anything and writes each atomically
+// builds both texts and checks both directories before it writes anything,
+// and writes each file atomically
 // (checkpoint.hpp's write_atomically): a refusal or a failed write leaves no
 // file, or the previous one, behind.
 #pragma once
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -46,6 +49,8 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 #include "grad/checkpoint.hpp"
 #include "grad/device/capture.hpp"
@@ -743,11 +748,20 @@ inline void write_source(const std::string& path, std::string_view text) {
 }
 
 // emit() then write_source() for each path given ("" skips that file). Both
-// texts are complete before the first byte is written.
+// texts are complete, and both directories checked for writing, before the
+// first byte is written: a refusal or an unwritable path writes nothing.
 template <class T>
 EmittedSource emit_files(const Tape<T>& tape, Var<T> loss, const EmitOptions<T>& options, const std::string& cpp_path,
                          const std::string& cuda_path = "") {
   EmittedSource s = emit(tape, loss, options);
+  for (const std::string* path : {&cpp_path, &cuda_path}) {
+    if (path->empty()) continue;
+    const std::size_t slash = path->rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path->substr(0, slash);
+    if (::access(dir.c_str(), W_OK) != 0)
+      throw EmitError("grad::emit: cannot write '" + *path + "': its directory '" + dir +
+                      "' does not take new files (" + std::strerror(errno) + "); nothing was written");
+  }
   if (!cpp_path.empty()) write_source(cpp_path, s.cpp);
   if (!cuda_path.empty()) write_source(cuda_path, s.cuda);
   return s;
