@@ -27,9 +27,9 @@
 // tape, a loss that is not one element of this tape, a node whose tag has no
 // per-item bodies, a leaf value that cannot be written as a literal (NaN), an
 // output recorded after the loss, an optimizer over another tape or with a
-// learning-rate schedule, a name that is not an identifier. emit_files()
-// builds both texts and checks both directories before it writes anything,
-// and writes each file atomically
+// learning-rate schedule, a name that is not an identifier or is one the
+// emitted code uses. emit_files() builds both texts and checks both
+// directories before it writes anything, and writes each file atomically
 // (checkpoint.hpp's write_atomically): a refusal or a failed write leaves no
 // file, or the previous one, behind.
 #pragma once
