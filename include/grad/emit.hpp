@@ -287,11 +287,11 @@ class EmitPlan {
     s += "// The device buffers of a program (sizes above), allocated by the caller.\n";
     s += "struct DeviceWorkspace {\n  T* value;    // value_size\n  T* grad;     // grad_size\n"
          "  T* scratch;  // scratch_size\n};\n\n";
+    if (o_.optimizer) s += optimizer_cuda();
     s += "// A training step's kernels on `stream`: forward, backward";
     s += o_.optimizer ? ", the optimizer's update" : "";
     s += ". Every pointer is device memory; the loss is ws.value[loss_offset].\n";
     if (o_.optimizer) {
-      s += optimizer_cuda();
       s += "inline void step(const Inputs& in, const Params& p, DeviceOptimizer& opt, DeviceWorkspace& ws, "
            "cudaStream_t stream = 0) {\n";
     } else {
