@@ -20,6 +20,8 @@
 #   2. every device suite with GRAD_REQUIRE_CUDA=1: a CUDA case that would
 #      skip, or a graph fallback, fails; a failing suite is rerun with
 #      GRAD_DEVICE_SYNC=1 so that the faulting kernel is named
+#   2b. emit_cuda_check: the CUDA source grad::emit writes, built here from the
+#      generated programs and the tape's answers, run there, compared bitwise
 #   3. bench_device in all four modes (CPU tape, per-node, graph, fused)
 #   4. compute-sanitizer memcheck / racecheck / synccheck on a short fused
 #      run, when the tool is there
@@ -115,6 +117,20 @@ run_device() {
     row "$s" "$status ($(grep -E '^\[doctest\] test cases:' "$logs/$s.log" | sed -E 's/.*cases: *//; s/ +/ /g'))" \
       "$(($(now) - t)) s"
   done
+
+  # 2b. the emitted CUDA source (grad::emit): per-node kernels and value_and_grad, bitwise against the tape
+  t=$(now)
+  if [ -x "$bin/emit_cuda_check" ]; then
+    if timeout 60 "$bin/emit_cuda_check" > "$logs/emit_cuda_check.log" 2>&1; then
+      row "emit_cuda_check" "ok (emitted CUDA = tape, bitwise)" "$(($(now) - t)) s"
+    else
+      row "emit_cuda_check" "FAILED (see $logs/emit_cuda_check.log)" "$(($(now) - t)) s"
+      failed=1
+      tail -20 "$logs/emit_cuda_check.log"
+    fi
+  else
+    row "emit_cuda_check" "not in the carried folder" "-"
+  fi
 
   # 3. bench_device: tape, per-node, graph, fused (exit status non-zero on a fallback)
   t=$(now)
@@ -224,7 +240,7 @@ build_carry() {
     }
     echo "$src" > "$build/.source"
   fi
-  local targets=(bench/bench_device)
+  local targets=(bench/bench_device test/emit_cuda_check)
   for s in "${suites[@]}"; do targets+=("test/$s"); done
   if ! ninja -C "$build" -j "${JOBS:-$(nproc)}" "${targets[@]}" > "$build.log" 2>&1; then
     grep -E 'error|FAILED' -A5 "$build.log" | head -40

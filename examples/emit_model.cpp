@@ -1,0 +1,85 @@
+// Trains the README's autoencoder briefly on the tape, then writes one
+// training step's episode as standalone source with grad::emit:
+//
+//   DIR/NAME.hpp  a C++ header: forward() (the encoder: the 32-wide code of a
+//                 batch) and step() (forward, mse, backward, Adam), every
+//                 shape a constant, the trained weights and Adam's state as
+//                 they are now; compiles with g++ and grad's include/ alone
+//   DIR/NAME.cuh  the same program as CUDA kernels
+//
+// examples/emit_model_call.cpp calls the header (README, "Emitting a program").
+//
+//   emit_model [--out DIR] [--name NAME] [--steps N] [--batch N] [--f32]
+#include <cstdio>
+#include <cstdlib>
+#include <grad/emit.hpp>
+#include <string>
+
+#include "autoencoder.hpp"
+
+namespace {
+
+template <class T>
+int run(const std::string& dir, const std::string& name, std::size_t steps, std::size_t batch) {
+  namespace ae = autoencoder;
+  ae::Trainer<T> t(batch);
+  double loss = 0;
+  for (std::size_t k = 0; k < steps; ++k) loss = static_cast<double>(t.step(k));
+  // One more episode, recorded with the encoder's output kept as a Var.
+  t.tp.reset_to(t.mark);
+  ae::copy_rows(t.data, 0, batch, t.tp.leaf_value(t.batch));
+  grad::Var<T> h = t.batch, code;
+  for (std::size_t layer = 0; layer < 3; ++layer) {
+    h = grad::tanh(grad::matmul(h, t.model.w(layer)) + t.model.b(layer));
+    if (layer == 1) code = h;
+  }
+  const grad::Var<T> mse = grad::mse(grad::matmul(h, t.model.w(3)) + t.model.b(3), t.batch);
+
+  grad::EmitOptions<T> o;
+  o.name = name;
+  o.names = {{t.batch, "x"}, {code, "code"}};
+  const char* params[] = {"w0", "b0", "w1", "b1", "w2", "b2", "w3", "b3"};
+  for (std::size_t i = 0; i < 8; ++i) o.names.push_back({t.model.params[i], params[i]});
+  o.outputs = {code};
+  o.optimizer = &t.opt;
+  try {
+    grad::emit_files(t.tp, mse, o, dir + "/" + name + ".hpp", dir + "/" + name + ".cuh");
+  } catch (const grad::EmitError& e) {
+    std::fprintf(stderr, "emit_model: %s\n", e.what());
+    return 1;
+  }
+  std::printf("trained %zu steps (last loss %.6g); wrote %s/%s.hpp and %s/%s.cuh\n", steps, loss, dir.c_str(),
+              name.c_str(), dir.c_str(), name.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dir = ".", name = "ae_model";
+  std::size_t steps = 50, batch = 200;
+  bool f32 = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (arg == "--out" && has_value)
+      dir = argv[++i];
+    else if (arg == "--name" && has_value)
+      name = argv[++i];
+    else if (arg == "--steps" && has_value)
+      steps = std::strtoull(argv[++i], nullptr, 10);
+    else if (arg == "--batch" && has_value)
+      batch = std::strtoull(argv[++i], nullptr, 10);
+    else if (arg == "--f32")
+      f32 = true;
+    else {
+      std::fprintf(stderr, "usage: emit_model [--out DIR] [--name NAME] [--steps N] [--batch N] [--f32]\n");
+      return 2;
+    }
+  }
+  if (batch == 0 || batch > autoencoder::rows) {
+    std::fprintf(stderr, "emit_model: --batch must be in [1, %zu]\n", autoencoder::rows);
+    return 2;
+  }
+  return f32 ? run<float>(dir, name, steps, batch) : run<double>(dir, name, steps, batch);
+}

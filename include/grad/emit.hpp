@@ -1,0 +1,770 @@
+// grad::emit: one recorded episode of a tape as standalone source code, the
+// same bits as the tape. From the capture the device engine uses (the
+// Layout of device/capture.hpp and its launch list, device/plan.hpp) it
+// writes
+//
+//   a C++ header   one namespace per program: every shape a compile-time
+//                  constant, caller-provided buffers, no heap, no exceptions.
+//                  forward(in, p, outputs..., ws)  inference: the nodes the
+//                                                  outputs need, nothing else
+//                  step(in, p, [opt,] ws)          forward, backward and, with
+//                                                  an optimizer, its update;
+//                                                  returns the loss
+//                  value_and_grad(x, g)            (optional) the loss and its
+//                                                  gradient for the parameters
+//                                                  concatenated in x, GRAD_HD
+//   a CUDA file    the same program as per-node __global__ kernels (one
+//                  generic kernel per tag and shape), a host function that
+//                  launches a step on a stream, and value_and_grad as a
+//                  __host__ __device__ function to call from a user's kernel.
+//
+// Both include only grad/emitted.hpp (config, the op tags, the optimizers'
+// element rules): no Boost, no tape, nothing to link. Each node is one call
+// of grad::emitted::forward<Tag, shapes> / backward<Tag, In, shapes>: the
+// emitter names the node's tag and writes its shapes, it has no per-op code.
+//
+// Refusals, like capture's (EmitError, naming the node and why): a poisoned
+// tape, a loss that is not one element of this tape, a node whose tag has no
+// per-item bodies, a leaf value that cannot be written as a literal (NaN), an
+// output recorded after the loss, an optimizer over another tape or with a
+// learning-rate schedule, a name that is not an identifier or is one the
+// emitted code uses. emit_files() builds both texts and checks both
+// directories before it writes anything, and writes each file atomically
+// (checkpoint.hpp's write_atomically): a refusal or a failed write leaves no
+// file, or the previous one, behind.
+#pragma once
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <unistd.h>
+
+#include "grad/checkpoint.hpp"
+#include "grad/device/capture.hpp"
+#include "grad/device/plan.hpp"
+#include "grad/opt.hpp"
+#include "grad/tape.hpp"
+
+namespace grad {
+
+class EmitError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+template <class T>
+struct EmitOptions {
+  std::string name = "model";  // the emitted namespace
+  // Names of leaves (parameters, inputs) and forward outputs; the others are
+  // p<node>, in<node>, out<k>.
+  std::vector<std::pair<Var<T>, std::string>> names;
+  std::vector<Var<T>> outputs;              // forward()'s outputs (none: no forward())
+  const Optimizer<T>* optimizer = nullptr;  // SGD or Adam over the tape's parameters: step() updates
+  bool value_and_grad = false;              // emit value_and_grad(x, g) (a small per-example loss)
+};
+
+struct EmittedSource {
+  std::string cpp;   // the C++ header
+  std::string cuda;  // the CUDA source
+};
+
+namespace emit_detail {
+
+// "grad::Add" from the compiler's own spelling of the type.
+template <class Op>
+std::string type_name() {
+  const std::string_view f = __PRETTY_FUNCTION__;
+  const std::size_t at = f.find("Op = ");
+  std::string_view rest = f.substr(at + 5);
+  rest = rest.substr(0, rest.find_first_of(";]"));
+  return std::string(rest);
+}
+
+// An exact literal of a T value (hex float), or "" for a NaN.
+template <class T>
+std::string literal(T v) {
+  if (v != v) return "";
+  if (std::isinf(v)) return v > 0 ? "std::numeric_limits<T>::infinity()" : "-std::numeric_limits<T>::infinity()";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a", static_cast<double>(v));
+  return buf;
+}
+
+inline bool identifier(std::string_view s) {
+  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+  return true;
+}
+
+// Names the emitted code uses itself (a leaf or output named so would clash),
+// and the C++ keywords a name could plausibly be.
+inline bool reserved(std::string_view s) {
+  static constexpr std::string_view words[] = {
+      // entry points' parameters, members, and the prefixes of the program's own constants
+      "T", "in", "p", "ws", "opt", "stream", "value", "grad", "scratch", "moment", "m", "v", "load", "view", "std",
+      "Inputs", "Params", "ParamStore", "Workspace", "Optimizer", "DeviceOptimizer", "DeviceWorkspace", "shapes",
+      "step", "step_body", "forward", "update", "value_and_grad", "captured_x", "prepare_kernel",
+      // keywords
+      "auto", "bool", "char", "class", "const", "default", "delete", "do", "double", "else", "enum", "float", "for",
+      "if", "int", "long", "namespace", "new", "operator", "private", "return", "short", "signed", "static", "struct",
+      "switch", "template", "this", "typename", "union", "unsigned", "using", "void", "while"};
+  for (std::string_view w : words)
+    if (s == w) return true;
+  return false;
+}
+
+inline std::string dims_text(const Dims& d) {
+  std::string s = "grad::emitted::dims(";
+  for (std::size_t i = 0; i < d.rank; ++i) s += (i ? ", " : "") + std::to_string(d.d[i]);
+  return s + ")";
+}
+
+inline std::size_t round_up(std::size_t n) { return (n + 7) / 8 * 8; }  // 64 bytes of double
+
+}  // namespace emit_detail
+
+// The program both files are written from: the layout, the launch list, and
+// what each node's buffer is called in the emitted code.
+template <class T>
+class EmitPlan {
+ public:
+  EmitPlan(const Tape<T>& tape, Var<T> loss, const EmitOptions<T>& o) : o_(o) {
+    const std::string who = "grad::emit: ";
+    if (!tape.ok())
+      throw EmitError(who + "the tape is poisoned (" + tape.error() + "); record a clean episode before emitting");
+    if (loss.tape() != &tape) throw EmitError(who + "the loss Var belongs to a different tape (or to none)");
+    if (tape.value(loss).empty())
+      throw EmitError(who + "the loss Var is not a live node of the tape (rejected, or dropped by reset_to)");
+    if (!emit_detail::identifier(o.name) || emit_detail::reserved(o.name))
+      throw EmitError(who + "the namespace name '" + o.name + "' is not a C++ identifier, or is reserved");
+    loss_ = loss.index();
+    const Node<T>& root = tape.nodes()[loss_];
+    if (root.dims.size() != 1)
+      throw EmitError(who + "the loss (node " + std::to_string(loss_) + ") has shape " + shape_string(root.dims) +
+                      "; expected a single element (reduce it with sum or mean first)");
+    nodes_ = tape.nodes().first(loss_ + 1);
+    for (std::uint32_t i = 0; i <= loss_; ++i) {
+      const Node<T>& n = nodes_[i];
+      const bool bodies = with_op(n.op, [](auto op) {
+        using Op = decltype(op);
+        return Op::arity == 0 || has_item_bodies<Op>;
+      });
+      if (!bodies)
+        throw EmitError(who + "node " + std::to_string(i) + " is a '" + std::string(op_name(n.op)) +
+                        "' op, whose tag has no per-item bodies (forward_item and backward_item, "
+                        "grad/tags/contract.hpp): there is nothing to emit for it");
+      if (n.op == op_code<Param> || n.op == op_code<Const>)
+        for (std::size_t k = 0; k < n.dims.size(); ++k)
+          if (n.value[k] != n.value[k])
+            throw EmitError(who + "node " + std::to_string(i) + " (" + std::string(op_name(n.op)) +
+                            ") holds NaN at element " + std::to_string(k) +
+                            ": a NaN cannot be written as an exact literal");
+    }
+    std::vector<std::size_t> vo, go;
+    layout_ = device::capture_detail::build_layout<T>(tape, loss_, vo, go);
+    std::tie(forward_, backward_) = device::launch_list(layout_);
+
+    // Names: given ones first, checked; then the defaults.
+    names_.assign(nodes_.size(), "");
+    for (const auto& [v, name] : o.names) {
+      const std::uint32_t i = index_of(tape, v, "a named Var");
+      if (!emit_detail::identifier(name)) throw EmitError(who + "the name '" + name + "' is not a C++ identifier");
+      if (emit_detail::reserved(name))
+        throw EmitError(who + "the name '" + name + "' (node " + std::to_string(i) +
+                        ") is a keyword or a name the emitted code uses itself");
+      names_[i] = name;
+    }
+    for (std::uint32_t i = 0; i <= loss_; ++i) {
+      if (!names_[i].empty()) continue;
+      if (nodes_[i].op == op_code<Param>) names_[i] = "p" + std::to_string(i);
+      if (nodes_[i].op == op_code<Const>) names_[i] = "in" + std::to_string(i);
+    }
+    for (std::size_t k = 0; k < o.outputs.size(); ++k) {
+      const std::uint32_t i = index_of(tape, o.outputs[k], "output " + std::to_string(k));
+      outputs_.push_back(i);
+      if (names_[i].empty()) names_[i] = "out" + std::to_string(k);
+    }
+    {
+      std::map<std::string, std::uint32_t> seen;
+      for (std::uint32_t i = 0; i <= loss_; ++i)
+        if (!names_[i].empty() && !seen.try_emplace(names_[i], i).second)
+          throw EmitError(who + "the name '" + names_[i] + "' is given to nodes " + std::to_string(seen[names_[i]]) +
+                          " and " + std::to_string(i));
+    }
+
+    shape_name_.assign(nodes_.size(), "");
+    {
+      std::map<std::string, std::string> seen;
+      for (std::uint32_t i = 0; i <= loss_; ++i)
+        if (!is_leaf(i)) {
+          const std::string t = shape_text(i);
+          const auto [it, fresh] = seen.try_emplace(t, "s" + std::to_string(seen.size()));
+          shape_name_[i] = it->second;
+          if (fresh) shapes_.emplace_back(t, it->second);
+        }
+    }
+
+    // Workspace offsets: a value slot per computed node, a gradient slot per reached node.
+    value_off_.assign(nodes_.size(), no_slot);
+    grad_off_.assign(nodes_.size(), no_slot);
+    for (std::uint32_t i = 0; i <= loss_; ++i) {
+      if (!is_leaf(i)) {
+        value_off_[i] = values_;
+        values_ += emit_detail::round_up(nodes_[i].dims.size());
+      }
+      if (layout_.nodes[i].grad != device::no_offset) {
+        grad_off_[i] = grads_;
+        grads_ += emit_detail::round_up(nodes_[i].dims.size());
+      }
+    }
+
+    if (o.optimizer) {
+      const Optimizer<T>& opt = *o.optimizer;
+      if (opt.tape() != &tape)
+        throw EmitError(who + "the optimizer's parameters belong to a different tape (or it has none)");
+      if (opt.schedule())
+        throw EmitError(who +
+                        "the optimizer has a learning-rate schedule, which is not emitted; "
+                        "clear it and set the emitted Optimizer's lr before each step");
+      adam_ = dynamic_cast<const Adam<T>*>(&opt);
+      std::size_t k = 0;
+      for (const auto& e : opt.params()) {
+        const std::uint32_t i = index_of(tape, e.var, "optimizer parameter " + std::to_string(k + 1));
+        ++k;
+        opt_params_.push_back({i, e.l2, e.offset, e.size});
+      }
+    }
+  }
+
+  static constexpr std::size_t no_slot = static_cast<std::size_t>(-1);
+
+  EmittedSource sources() const { return {host(), cuda()}; }
+
+  // ---- the host header ----
+  std::string host() const {
+    std::string s = preamble(false);
+    s += "namespace " + o_.name + " {\n\n";
+    s += common(false);
+    // step / forward bodies, serial
+    s += "// Forward, backward (the loss's gradient seeded to 1)" +
+         std::string(o_.optimizer ? " and the optimizer's update" : "") +
+         "; returns the loss. Gradients stay in ws.grad (grad_<name>(ws)).\n";
+    s += "template <class Ws>\nGRAD_HD inline T step_body(const Inputs& in, const Params& p, Ws& ws) {\n";
+    s += step_calls(false, "  ");
+    s += "  return ws.value[" + std::to_string(value_off_[loss_]) + "];\n}\n\n";
+    if (o_.optimizer) {
+      s += optimizer_host();
+      s += "inline T step(const Inputs& in, const Params& p, Optimizer& opt, Workspace& ws) {\n";
+      s += "  const T loss = step_body(in, p, ws);\n  update(p, opt, ws);\n  return loss;\n}\n\n";
+    } else {
+      s += "inline T step(const Inputs& in, const Params& p, Workspace& ws) { return step_body(in, p, ws); }\n\n";
+    }
+    if (!outputs_.empty()) s += forward_text(false);
+    if (o_.value_and_grad) s += value_and_grad_text(false);
+    s += "}  // namespace " + o_.name + "\n";
+    return s;
+  }
+
+  // ---- the CUDA source ----
+  std::string cuda() const {
+    std::string s = preamble(true);
+    s += "namespace " + o_.name + " {\n\n";
+    s += common(true);
+    s += "// The device buffers of a program (sizes above), allocated by the caller.\n";
+    s += "struct DeviceWorkspace {\n  T* value;    // value_size\n  T* grad;     // grad_size\n"
+         "  T* scratch;  // scratch_size\n};\n\n";
+    if (o_.optimizer) s += optimizer_cuda();
+    s += "// A training step's kernels on `stream`: forward, backward";
+    s += o_.optimizer ? ", the optimizer's update" : "";
+    s += ". Every pointer is device memory; the loss is ws.value[loss_offset].\n";
+    if (o_.optimizer) {
+      s += "inline void step(const Inputs& in, const Params& p, DeviceOptimizer& opt, DeviceWorkspace& ws, "
+           "cudaStream_t stream = 0) {\n";
+    } else {
+      s += "inline void step(const Inputs& in, const Params& p, DeviceWorkspace& ws, cudaStream_t stream = 0) {\n";
+    }
+    s += step_calls(true, "  ");
+    if (o_.optimizer) s += "  update(p, opt, ws, stream);\n";
+    s += "}\n\n";
+    if (!outputs_.empty()) s += forward_text(true);
+    if (o_.value_and_grad) s += value_and_grad_text(true);
+    s += "}  // namespace " + o_.name + "\n";
+    return s;
+  }
+
+ private:
+  struct OptParam {
+    std::uint32_t node;
+    T l2;
+    std::size_t offset, size;
+  };
+
+  std::uint32_t index_of(const Tape<T>& tape, Var<T> v, const std::string& what) const {
+    if (v.tape() != &tape || tape.value(v).empty())
+      throw EmitError("grad::emit: " + what +
+                      " is not a live node of the tape (default, from another tape, or dropped)");
+    if (v.index() > loss_)
+      throw EmitError("grad::emit: " + what + " (node " + std::to_string(v.index()) +
+                      ") was recorded after the loss (node " + std::to_string(loss_) + ") and is not captured");
+    return v.index();
+  }
+  bool is_leaf(std::uint32_t i) const { return nodes_[i].op == op_code<Param> || nodes_[i].op == op_code<Const>; }
+  bool is_param(std::uint32_t i) const { return nodes_[i].op == op_code<Param>; }
+  const char* scalar_type() const { return std::is_same_v<T, float> ? "float" : "double"; }
+
+  std::string preamble(bool cuda) const {
+    std::size_t computed = 0;
+    for (std::uint32_t i = 0; i <= loss_; ++i) computed += !is_leaf(i);
+    std::string s = "// Written by grad::emit (grad 0.1.0, emitted format 1): a captured episode of " +
+                    std::to_string(nodes_.size()) + " nodes (" + std::to_string(computed) +
+                    " computed), element type " + scalar_type() + ".\n";
+    s += "// Needs grad's headers of the same version (include/), nothing else: no Boost, no library.\n";
+    if (cuda) {
+      s += "// Compile: nvcc -std=c++20 --fmad=false --expt-relaxed-constexpr -Xcompiler=-ffp-contract=off\n"
+           "//          -I <grad>/include -arch=<sm_XX> ...\n"
+           "// (--fmad=false and -ffp-contract=off are required: a*b+c must not be fused.)\n";
+    } else {
+      s += "// Compile: g++ -std=c++20 -O2 -ffp-contract=off -I <grad>/include your_main.cpp\n"
+           "// (-ffp-contract=off is required: a*b+c must not be fused, or the bits differ from the tape's.)\n"
+           "// Add -DGRAD_EMITTED_HOST_LOOPS -Wno-psabi for the tags' vectorised host loops: the same bits,\n"
+           "// several times faster on a CPU, not allocation-free (grad/emitted.hpp).\n";
+    }
+    s += "#pragma once\n\n#include <cstddef>\n#include <limits>\n\n#include \"grad/emitted.hpp\"\n\n";
+    s += "static_assert(grad::emitted::format_version == 1, \"written for grad's emitted format 1\");\n";
+    s += "#if defined(__FAST_MATH__)\n#error \"an emitted grad program must not be compiled with -ffast-math\"\n"
+         "#endif\n\n";
+    return s;
+  }
+
+  std::string values_text(const Node<T>& n, const std::string& name, const std::string& qualifier) const {
+    std::string s = qualifier + " T " + name + "[" + std::to_string(n.dims.size()) + "] = {";
+    for (std::size_t k = 0; k < n.dims.size(); ++k) {
+      s += (k % 8 == 0 ? "\n    " : " ") + emit_detail::literal(n.value[k]) + ",";
+    }
+    return s + "\n};\n";
+  }
+  template <class V>
+  static std::string array_text(const V& values, std::size_t from, std::size_t n, const std::string& name,
+                                const std::string& qualifier) {
+    std::string s = qualifier + " T " + name + "[" + std::to_string(n) + "] = {";
+    for (std::size_t k = 0; k < n; ++k)
+      s += (k % 8 == 0 ? "\n    " : " ") + emit_detail::literal(values[from + k]) + ",";
+    return s + "\n};\n";
+  }
+
+  // Sizes, captured values, Inputs, Params, Workspace, shapes.
+  std::string common(bool cuda) const {
+    std::string s = "using T = " + std::string(scalar_type()) + ";\n\n";
+    s += "// ---- leaves: their sizes and the values the tape held when the episode was emitted ----\n";
+    for (std::uint32_t i = 0; i <= loss_; ++i) {
+      if (!is_leaf(i)) continue;
+      const Node<T>& n = nodes_[i];
+      s += "// " + names_[i] + ": " + (is_param(i) ? "parameter" : "input") + ", node " + std::to_string(i) +
+           ", shape " + shape_string(n.dims) + "\n";
+      s += "inline constexpr std::size_t " + names_[i] + "_size = " + std::to_string(n.dims.size()) + ";\n";
+      s += values_text(n, names_[i] + "_init", "alignas(64) inline constexpr");
+    }
+    s += "\n// The inputs (constants of the tape) a step reads";
+    s += cuda ? " (device pointers).\nstruct Inputs {\n" : ", by default the values they held.\nstruct Inputs {\n";
+    for (std::uint32_t i = 0; i <= loss_; ++i)
+      if (is_leaf(i) && !is_param(i))
+        s += "  const T* " + names_[i] + (cuda ? "" : " = " + names_[i] + "_init") + ";\n";
+    s += "};\n// The parameters" + std::string(cuda ? " (device pointers)" : "") +
+         " (written only by an optimizer's update).\nstruct Params {\n";
+    for (std::uint32_t i = 0; i <= loss_; ++i)
+      if (is_param(i)) s += "  T* " + names_[i] + ";\n";
+    s += "};\n";
+    if (!cuda) {
+      s += "// Storage for the parameters, filled with their captured values by load().\nstruct ParamStore {\n";
+      for (std::uint32_t i = 0; i <= loss_; ++i)
+        if (is_param(i)) s += "  alignas(64) T " + names_[i] + "[" + std::to_string(nodes_[i].dims.size()) + "];\n";
+      s += "  void load() {\n";
+      for (std::uint32_t i = 0; i <= loss_; ++i)
+        if (is_param(i))
+          s += "    for (std::size_t k = 0; k < " + names_[i] + "_size; ++k) " + names_[i] + "[k] = " + names_[i] +
+               "_init[k];\n";
+      s += "  }\n  Params view() { return {";
+      bool first = true;
+      for (std::uint32_t i = 0; i <= loss_; ++i)
+        if (is_param(i)) {
+          s += (first ? "" : ", ") + names_[i];
+          first = false;
+        }
+      s += "}; }\n};\n";
+    }
+    s += "\n// ---- the workspace: every computed value, every gradient, one scratch buffer ----\n";
+    s += "inline constexpr std::size_t value_size = " + std::to_string(std::max<std::size_t>(values_, 1)) + ";\n";
+    s += "inline constexpr std::size_t grad_size = " + std::to_string(std::max<std::size_t>(grads_, 1)) + ";\n";
+    s += "inline constexpr std::size_t scratch_size = " +
+         std::to_string(std::max<std::size_t>(layout_.scratch_size, 1)) + ";\n";
+    s += "inline constexpr std::size_t loss_offset = " + std::to_string(value_off_[loss_]) + ";  // in value\n";
+    s += "struct Workspace {\n  alignas(64) T value[value_size];\n  alignas(64) T grad[grad_size];\n"
+         "  alignas(64) T scratch[scratch_size];\n};\n";
+    s += "// Where each parameter's gradient lives in Workspace::grad (after a step).\n";
+    for (std::uint32_t i = 0; i <= loss_; ++i)
+      if (is_param(i) && grad_off_[i] != no_slot)
+        s += "inline constexpr std::size_t " + names_[i] + "_grad_offset = " + std::to_string(grad_off_[i]) + ";\n";
+    if (!cuda)
+      for (std::uint32_t i = 0; i <= loss_; ++i)
+        if (is_param(i) && grad_off_[i] != no_slot)
+          s += "inline const T* grad_" + names_[i] + "(const Workspace& ws) { return ws.grad + " + names_[i] +
+               "_grad_offset; }\n";
+    s += "\n// ---- each node's shapes (nodes with equal shapes share one) ----\nnamespace shapes {\n";
+    for (const auto& [text, name] : shapes_)
+      s += "struct " + name + " {\n  static constexpr grad::emitted::Node node" + text + ";\n};\n";
+    s += "}  // namespace shapes\n\n";
+    return s;
+  }
+
+  std::string shape_text(std::uint32_t i) const {
+    const device::DeviceNode<T>& n = layout_.nodes[i];
+    std::string s = "{";
+    s += n.a != no_node ? emit_detail::dims_text(layout_.nodes[n.a].dims) : "{}";
+    s += ", ";
+    s += n.b != no_node ? emit_detail::dims_text(layout_.nodes[n.b].dims) : "{}";
+    s += ", " + emit_detail::dims_text(n.dims) + ", " + std::to_string(n.axis);
+    if (n.extra != device::no_offset) {
+      s += ", {{";
+      const std::size_t rank = layout_.nodes[n.a].dims.rank;
+      for (std::size_t k = 0; k < rank; ++k) s += (k ? ", " : "") + std::to_string(layout_.extras[n.extra + k]);
+      s += "}}";
+    }
+    return s + "}";
+  }
+  std::string shape_of(std::uint32_t i) const { return "shapes::" + shape_name_[i]; }
+
+  std::string tag_of(std::uint32_t i) const {
+    return with_op(nodes_[i].op, [](auto op) { return emit_detail::type_name<decltype(op)>(); });
+  }
+
+  // The expression of node i's value / gradient buffer.
+  std::string value_of(std::uint32_t i, const std::vector<std::string>* outputs = nullptr) const {
+    if (is_param(i)) return "p." + names_[i];
+    if (is_leaf(i)) return "in." + names_[i];
+    if (outputs && !(*outputs)[i].empty()) return (*outputs)[i];
+    return "ws.value + " + std::to_string(value_off_[i]);
+  }
+  std::string grad_of(std::uint32_t i) const { return "ws.grad + " + std::to_string(grad_off_[i]); }
+  std::string scalar_of(std::uint32_t i) const { return "T(" + emit_detail::literal(nodes_[i].scalar) + ")"; }
+  std::string operands(std::uint32_t i, const std::vector<std::string>* outputs = nullptr) const {
+    const Node<T>& n = nodes_[i];
+    std::string a = n.a != no_node ? value_of(n.a, outputs) : "nullptr";
+    std::string b = n.b != no_node ? value_of(n.b, outputs) : "nullptr";
+    return a + ", " + b + ", " + scalar_of(i);
+  }
+
+  // The shapes as a template argument: the Node (host) or its struct (a CUDA launch).
+  std::string shape_arg(std::uint32_t i, bool cuda) const { return shape_of(i) + (cuda ? "" : "::node"); }
+  std::string forward_call(std::uint32_t i, bool cuda, const std::vector<std::string>* outputs = nullptr) const {
+    const std::string f = cuda ? "grad::emitted::launch_forward<" : "grad::emitted::forward<";
+    return f + tag_of(i) + ", " + shape_arg(i, cuda) + ", T>(" + (cuda ? "stream, " : "") + operands(i, outputs) +
+           ", " + value_of(i, outputs) + ");  // node " + std::to_string(i) + "\n";
+  }
+
+  std::string step_calls(bool cuda, const std::string& ind) const {
+    // Forward: the nodes the loss depends on (the episode's others change nothing it reads).
+    std::vector<char> need(nodes_.size(), 0);
+    need[loss_] = 1;
+    for (std::uint32_t i = loss_ + 1; i-- > 0;)
+      if (need[i]) {
+        if (nodes_[i].a != no_node) need[nodes_[i].a] = 1;
+        if (nodes_[i].b != no_node) need[nodes_[i].b] = 1;
+      }
+    std::string s = ind + "// forward\n";
+    for (const device::LaunchSpec& l : forward_)
+      if (need[l.node]) s += ind + forward_call(l.node, cuda);
+    s += ind + "// backward\n";
+    if (grad_off_[loss_] != no_slot) {
+      s += cuda ? ind + "grad::emitted::set_kernel<<<1, 1, 0, stream>>>(" + grad_of(loss_) + ", T(1));\n"
+                : ind + "ws.grad[" + std::to_string(grad_off_[loss_]) + "] = T(1);\n";
+    }
+    for (const device::LaunchSpec& l : backward_) {
+      if (l.kind == device::LaunchKind::accumulate) {
+        s += ind + (cuda ? "grad::emitted::launch_accumulate<" : "grad::emitted::accumulate<") +
+             std::to_string(nodes_[l.input].dims.size()) + ", T>(" + (cuda ? "stream, " : "") + grad_of(l.input) +
+             ", ws.scratch);\n";
+        continue;
+      }
+      const int in = l.kind == device::LaunchKind::backward_a ? 0 : 1;
+      const std::string dx = l.to_scratch ? "ws.scratch" : grad_of(l.input);
+      s += ind + (cuda ? "grad::emitted::launch_backward<" : "grad::emitted::backward<") + tag_of(l.node) + ", " +
+           std::to_string(in) + ", " + shape_arg(l.node, cuda) + ", T>(" + (cuda ? "stream, " : "") + operands(l.node) +
+           ", " + value_of(l.node) + ", " + grad_of(l.node) + ", " + dx + ");  // node " + std::to_string(l.node) +
+           " -> " + std::to_string(l.input) + "\n";
+    }
+    return s;
+  }
+
+  // forward(in, p, out..., ws): the nodes the outputs need, in tape order.
+  std::string forward_text(bool cuda) const {
+    std::vector<char> need(nodes_.size(), 0);
+    for (std::uint32_t i : outputs_) need[i] = 1;
+    for (std::uint32_t i = loss_ + 1; i-- > 0;)
+      if (need[i]) {
+        if (nodes_[i].a != no_node) need[nodes_[i].a] = 1;
+        if (nodes_[i].b != no_node) need[nodes_[i].b] = 1;
+      }
+    std::vector<std::string> out(nodes_.size());
+    std::string s = "// Inference: ";
+    std::string args;
+    for (std::size_t k = 0; k < outputs_.size(); ++k) {
+      const std::uint32_t i = outputs_[k];
+      const std::string name = is_leaf(i) ? "out" + std::to_string(k) : names_[i];
+      if (!is_leaf(i)) out[i] = name;
+      s += (k ? ", " : "") + name + " " + shape_string(nodes_[i].dims) + " (node " + std::to_string(i) + ")";
+      args += "T* " + name + ", ";
+    }
+    s += " from the inputs and parameters" + std::string(cuda ? " (device pointers; kernels on `stream`)" : "") +
+         ". Writes nothing else but ws.value.\n";
+    s += "inline void forward(const Inputs& in, const Params& p, " + args +
+         (cuda ? "DeviceWorkspace& ws, cudaStream_t stream = 0) {\n" : "Workspace& ws) {\n");
+    for (const device::LaunchSpec& l : forward_)
+      if (need[l.node]) s += "  " + forward_call(l.node, cuda, &out);
+    for (std::size_t k = 0; k < outputs_.size(); ++k) {
+      const std::uint32_t i = outputs_[k];
+      if (!is_leaf(i)) continue;
+      if (cuda)
+        s += "  cudaMemcpyAsync(out" + std::to_string(k) + ", " + value_of(i) + ", " +
+             std::to_string(nodes_[i].dims.size()) + " * sizeof(T), cudaMemcpyDeviceToDevice, stream);\n";
+      else
+        s += "  for (std::size_t k = 0; k < " + std::to_string(nodes_[i].dims.size()) + "; ++k) out" +
+             std::to_string(k) + "[k] = " + value_of(i) + "[k];\n";
+    }
+    return s + "}\n\n";
+  }
+
+  // value_and_grad(x, g): x and g hold the parameters, concatenated in node order.
+  std::string value_and_grad_text(bool cuda) const {
+    std::string s;
+    std::size_t total = 0;
+    std::string layout;
+    for (std::uint32_t i = 0; i <= loss_; ++i)
+      if (is_param(i)) {
+        layout +=
+            "//   " + names_[i] + " at " + std::to_string(total) + " (" + std::to_string(nodes_[i].dims.size()) + ")\n";
+        total += nodes_[i].dims.size();
+      }
+    if (cuda) {
+      s += "// The inputs' captured values in device memory, for value_and_grad on the device.\n";
+      for (std::uint32_t i = 0; i <= loss_; ++i)
+        if (is_leaf(i) && !is_param(i)) s += values_text(nodes_[i], names_[i] + "_device", "__device__ const");
+    }
+    s += "// The loss and its gradient with respect to the parameters, x and g holding\n"
+         "// them concatenated (value_and_grad_size elements):\n" +
+         layout + "// the inputs are the captured ones. Serial; its workspace is a local.\n";
+    s += "inline constexpr std::size_t value_and_grad_size = " + std::to_string(total) + ";\n";
+    s += "// x as captured: the parameters' values when the episode was emitted.\ninline void captured_x(T* x) {\n";
+    std::size_t from = 0;
+    for (std::uint32_t i = 0; i <= loss_; ++i)
+      if (is_param(i)) {
+        s += "  for (std::size_t k = 0; k < " + names_[i] + "_size; ++k) x[" + std::to_string(from) +
+             " + k] = " + names_[i] + "_init[k];\n";
+        from += nodes_[i].dims.size();
+      }
+    s += "}\n";
+    s += "GRAD_HD inline T value_and_grad(const T* x, T* g) {\n";
+    s += "  Inputs in;\n";
+    if (cuda)
+      for (std::uint32_t i = 0; i <= loss_; ++i)
+        if (is_leaf(i) && !is_param(i)) s += "  in." + names_[i] + " = " + names_[i] + "_device;\n";
+    s += "  Params p;\n";
+    std::size_t at = 0;
+    for (std::uint32_t i = 0; i <= loss_; ++i)
+      if (is_param(i)) {
+        s += "  p." + names_[i] + " = const_cast<T*>(x + " + std::to_string(at) + ");\n";
+        at += nodes_[i].dims.size();
+      }
+    s += "  Workspace ws;\n  const T loss = step_body(in, p, ws);\n";
+    at = 0;
+    for (std::uint32_t i = 0; i <= loss_; ++i)
+      if (is_param(i)) {
+        const std::size_t n = nodes_[i].dims.size();
+        s += "  for (std::size_t k = 0; k < " + std::to_string(n) + "; ++k) g[" + std::to_string(at) + " + k] = " +
+             (grad_off_[i] != no_slot ? "ws.grad[" + std::to_string(grad_off_[i]) + " + k]" : std::string("T(0)")) +
+             ";\n";
+        at += n;
+      }
+    s += "  return loss;\n}\n\n";
+    if (cuda) {
+      // The serial body, usable on the device too.
+      std::string body =
+          "template <class Ws>\nGRAD_HD inline T step_body(const Inputs& in, const Params& p, Ws& ws) {\n";
+      body += step_calls(false, "  ");
+      body += "  return ws.value[" + std::to_string(value_off_[loss_]) + "];\n}\n\n";
+      s = body + s;
+    }
+    return s;
+  }
+
+  std::string optimizer_fields() const {
+    std::string s;
+    const Optimizer<T>& opt = *o_.optimizer;
+    s += "  T lr = T(" + emit_detail::literal(opt.lr()) + ");\n";
+    s += "  T clip = T(" + emit_detail::literal(opt.clip()) + ");  // 0: off\n";
+    if (adam_) {
+      s += "  T beta1 = T(" + emit_detail::literal(adam_->beta1()) + "), beta2 = T(" +
+           emit_detail::literal(adam_->beta2()) + "), eps = T(" + emit_detail::literal(adam_->eps()) + ");\n";
+      s += "  T beta1_power = T(" + emit_detail::literal(adam_->beta1_power()) + "), beta2_power = T(" +
+           emit_detail::literal(adam_->beta2_power()) + ");  // b^t after the captured steps\n";
+    }
+    return s;
+  }
+
+  std::string optimizer_host() const {
+    const Optimizer<T>& opt = *o_.optimizer;
+    std::string s = "// ---- the optimizer (" + std::string(adam_ ? "Adam" : "SGD") +
+                    "), its state as captured; grad/opt.hpp documents the step ----\n";
+    if (adam_) {
+      s += "inline constexpr std::size_t moment_size = " + std::to_string(std::max<std::size_t>(opt.elements(), 1)) +
+           ";\n";
+      s += array_text(adam_->first_moments(), 0, opt.elements(), "m_init", "alignas(64) inline constexpr");
+      s += array_text(adam_->second_moments(), 0, opt.elements(), "v_init", "alignas(64) inline constexpr");
+    }
+    s += "struct Optimizer {\n" + optimizer_fields();
+    if (adam_) {
+      s += "  alignas(64) T m[moment_size];\n  alignas(64) T v[moment_size];\n";
+      s += "  void load() {\n    for (std::size_t k = 0; k < " + std::to_string(opt.elements()) +
+           "; ++k) {\n      m[k] = m_init[k];\n      v[k] = v_init[k];\n    }\n  }\n";
+    } else {
+      s += "  void load() {}\n";
+    }
+    s += "};\n\n";
+    s += "// The update after a step's backward: parameters in the optimizer's add order.\n";
+    s += "GRAD_HD inline void update(const Params& p, Optimizer& opt, Workspace& ws) {\n";
+    s += "  grad::emitted::Clip<T> clip;\n  if (opt.clip != T(0)) {\n";
+    for (const OptParam& q : opt_params_)
+      if (grad_off_[q.node] != no_slot)
+        s += "    clip.share(" + grad_of(q.node) + ", " + std::to_string(q.size) + ");\n";
+    s += "  }\n  const T scale = clip.scale(opt.clip);\n";
+    if (adam_) {
+      s += "  grad::AdamRule::advance(opt.beta1_power, opt.beta2_power, opt.beta1, opt.beta2);\n";
+      s += "  const grad::AdamStepConstants<T> c =\n"
+           "      grad::AdamRule::constants(opt.lr, opt.beta1, opt.beta2, opt.beta1_power, opt.beta2_power);\n";
+    }
+    for (const OptParam& q : opt_params_) {
+      if (grad_off_[q.node] == no_slot) {
+        s += "  // " + names_[q.node] + ": not reached by the loss's backward, skipped\n";
+        continue;
+      }
+      const std::string n = std::to_string(q.size), l2 = "T(" + emit_detail::literal(q.l2) + ")";
+      if (adam_)
+        s += "  grad::emitted::adam_update<" + n + ">(p." + names_[q.node] + ", opt.m + " + std::to_string(q.offset) +
+             ", opt.v + " + std::to_string(q.offset) + ", " + grad_of(q.node) + ", scale, " + l2 +
+             ", opt.beta1, opt.beta2, opt.eps, c);\n";
+      else
+        s += "  grad::emitted::sgd_update<" + n + ">(p." + names_[q.node] + ", " + grad_of(q.node) + ", scale, " + l2 +
+             ", opt.lr);\n";
+    }
+    s += "}\n\n";
+    return s;
+  }
+
+  std::string optimizer_cuda() const {
+    const Optimizer<T>& opt = *o_.optimizer;
+    std::string s = "// ---- the optimizer (" + std::string(adam_ ? "Adam" : "SGD") + ") on the device ----\n";
+    if (adam_) {
+      s += "inline constexpr std::size_t moment_size = " + std::to_string(std::max<std::size_t>(opt.elements(), 1)) +
+           ";\n";
+      s += array_text(adam_->first_moments(), 0, opt.elements(), "m_init", "alignas(64) inline constexpr");
+      s += array_text(adam_->second_moments(), 0, opt.elements(), "v_init", "alignas(64) inline constexpr");
+    }
+    s += "struct DeviceOptimizer {\n" + optimizer_fields();
+    if (adam_) s += "  T* m;  // moment_size, device (m_init, v_init: the captured moments)\n  T* v;\n";
+    s += "  grad::emitted::DeviceOptimizerState<T>* state;  // one record, device memory\n};\n";
+    s += "__global__ void prepare_kernel(DeviceOptimizer opt, DeviceWorkspace ws) {\n";
+    s += "  grad::emitted::Clip<T> clip;\n  if (opt.clip != T(0)) {\n";
+    for (const OptParam& q : opt_params_)
+      if (grad_off_[q.node] != no_slot)
+        s += "    clip.share(" + grad_of(q.node) + ", " + std::to_string(q.size) + ");\n";
+    s += "  }\n  opt.state->scale = clip.scale(opt.clip);\n";
+    if (adam_) {
+      s += "  opt.state->beta1_power = opt.beta1_power;\n  opt.state->beta2_power = opt.beta2_power;\n";
+      s += "  grad::AdamRule::advance(opt.state->beta1_power, opt.state->beta2_power, opt.beta1, opt.beta2);\n";
+      s += "  opt.state->constants = grad::AdamRule::constants(opt.lr, opt.beta1, opt.beta2, "
+           "opt.state->beta1_power, opt.state->beta2_power);\n";
+    }
+    s += "}\n";
+    s += "inline void update(const Params& p, DeviceOptimizer& opt, DeviceWorkspace& ws, cudaStream_t stream) {\n";
+    s += "  prepare_kernel<<<1, 1, 0, stream>>>(opt, ws);\n";
+    if (adam_)
+      s += "  grad::AdamRule::advance(opt.beta1_power, opt.beta2_power, opt.beta1, opt.beta2);  // host copy\n";
+    for (const OptParam& q : opt_params_) {
+      if (grad_off_[q.node] == no_slot) continue;
+      const std::string n = std::to_string(q.size), l2 = "T(" + emit_detail::literal(q.l2) + ")";
+      const std::string grid =
+          "<<<grad::emitted::blocks_for(" + n + "), grad::emitted::threads_per_block, 0, stream>>>";
+      if (adam_)
+        s += "  grad::emitted::adam_update_kernel<" + n + ", T>" + grid + "(p." + names_[q.node] + ", opt.m + " +
+             std::to_string(q.offset) + ", opt.v + " + std::to_string(q.offset) + ", " + grad_of(q.node) + ", " + l2 +
+             ", opt.beta1, opt.beta2, opt.eps, opt.state);\n";
+      else
+        s += "  grad::emitted::sgd_update_kernel<" + n + ", T>" + grid + "(p." + names_[q.node] + ", " +
+             grad_of(q.node) + ", " + l2 + ", opt.lr, opt.state);\n";
+    }
+    s += "}\n\n";
+    return s;
+  }
+
+  EmitOptions<T> o_;
+  std::uint32_t loss_ = 0;
+  std::span<const Node<T>> nodes_;
+  device::Layout<T> layout_;
+  std::vector<device::LaunchSpec> forward_, backward_;
+  std::vector<std::string> names_, shape_name_;
+  std::vector<std::pair<std::string, std::string>> shapes_;  // (shape text, name), first use first
+  std::vector<std::uint32_t> outputs_;
+  std::vector<std::size_t> value_off_, grad_off_;
+  std::size_t values_ = 0, grads_ = 0;
+  const Adam<T>* adam_ = nullptr;
+  std::vector<OptParam> opt_params_;
+};
+
+// Both sources of the episode that ends at `loss` (a single element), or EmitError.
+template <class T>
+EmittedSource emit(const Tape<T>& tape, Var<T> loss, const EmitOptions<T>& options = {}) {
+  return EmitPlan<T>(tape, loss, options).sources();
+}
+
+// Writes `text` to `path` atomically (a unique temporary file, fsync,
+// rename): EmitError naming the path and why, and no file, on failure.
+inline void write_source(const std::string& path, std::string_view text) {
+  const std::vector<unsigned char> bytes(text.begin(), text.end());
+  if (const std::string why = detail::write_atomically(path, bytes, "emitted source"); !why.empty())
+    throw EmitError("grad::emit: cannot write '" + path + "': " + why);
+}
+
+// emit() then write_source() for each path given ("" skips that file). Both
+// texts are complete, and both directories checked for writing, before the
+// first byte is written: a refusal or an unwritable path writes nothing.
+template <class T>
+EmittedSource emit_files(const Tape<T>& tape, Var<T> loss, const EmitOptions<T>& options, const std::string& cpp_path,
+                         const std::string& cuda_path = "") {
+  EmittedSource s = emit(tape, loss, options);
+  for (const std::string* path : {&cpp_path, &cuda_path}) {
+    if (path->empty()) continue;
+    const std::size_t slash = path->rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path->substr(0, slash);
+    if (::access(dir.c_str(), W_OK) != 0)
+      throw EmitError("grad::emit: cannot write '" + *path + "': its directory '" + dir +
+                      "' does not take new files (" + std::strerror(errno) + "); nothing was written");
+  }
+  if (!cpp_path.empty()) write_source(cpp_path, s.cpp);
+  if (!cuda_path.empty()) write_source(cuda_path, s.cuda);
+  return s;
+}
+
+}  // namespace grad

@@ -1,0 +1,251 @@
+// The runtime of emitted programs (grad/emit.hpp writes them): what a C++ or
+// CUDA file written by grad::emit includes, and all it includes of grad.
+//
+// Boost-free and tape-free: config.hpp, the op tags (their GRAD_HD per-item
+// bodies are the rounding source of truth) and the optimizers' element rules
+// (update_rules.hpp). An emitted file compiles with
+//
+//   g++ -std=c++20 -O2 -ffp-contract=off -I <grad>/include model.cpp
+//
+// and links nothing of grad. Every node of an emitted program is one call of
+// forward<Op, N> / backward<Op, In, N> below, N being the node's shapes as a
+// compile-time constant (Node): a loop over the tag's items calling its
+// bodies, exactly what the device engine's CPU backend runs for the node,
+// so the same bits as the tape. Nodes with equal shapes share one
+// instantiation. Nothing here allocates or throws.
+//
+// -DGRAD_EMITTED_HOST_LOOPS (host compilers only) runs each node through its
+// tag's host loops instead (forward_tensor, backward_tensor: vector packs,
+// blocked gemm), which test_op_cases checks bit for bit against the item
+// bodies: the same bits, several times faster on the CPU, but no longer
+// allocation-free (gemm keeps a thread_local packing buffer, allocated on
+// its first call) and slower to compile.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "grad/config.hpp"
+#include "grad/numerics/fixed_order.hpp"
+#include "grad/tags/contract.hpp"
+// Every op tag (the tags of grad/tags/op_list.hpp, without its Boost.Mp11 list).
+#include "grad/tags/cross_entropy.hpp"
+#include "grad/tags/elementwise.hpp"
+#include "grad/tags/embedding.hpp"
+#include "grad/tags/layout.hpp"
+#include "grad/tags/linalg.hpp"
+#include "grad/tags/reduce.hpp"
+#include "grad/tags/row_sum.hpp"
+#include "grad/tags/softmax.hpp"
+#include "grad/tags/unary.hpp"
+#include "grad/update_rules.hpp"
+#if defined(GRAD_EMITTED_HOST_LOOPS) && !defined(__CUDACC__)
+#include "grad/update.hpp"  // the tape's optimizer loops
+#endif
+
+namespace grad::emitted {
+
+// The emitter's format version: an emitted file checks it (static_assert), so
+// a file written by another grad fails to compile instead of miscomputing.
+inline constexpr int format_version = 1;
+
+// A node's static description: operand and output shapes, the axis (softmax,
+// concat) and slice's starts. A structural type: a template argument.
+struct Node {
+  Dims a{}, b{}, out{};
+  std::uint32_t axis = 0;
+  std::array<std::size_t, max_rank> extra{};
+};
+
+// dims(200, 6): a Dims of rank 2.
+template <class... N>
+constexpr Dims dims(N... n) {
+  Dims r{};
+  r.rank = sizeof...(n);
+  std::size_t i = 0;
+  ((r.d[i++] = static_cast<std::size_t>(n)), ...);
+  return r;
+}
+
+// What the tag's bodies see of node N (`extra` is the caller's copy of N.extra).
+template <Node N, class T>
+GRAD_HD inline NodeArgs<T> args(const T* a, const T* b, T scalar, const std::size_t* extra) {
+  NodeArgs<T> x;
+  x.a.data = a;
+  x.a.dims = N.a;
+  x.b.data = b;
+  x.b.dims = N.b;
+  x.out = N.out;
+  x.scalar = scalar;
+  x.axis = N.axis;
+  x.extra = extra;
+  return x;
+}
+
+// The two ways of running a node are distinct functions to the linker (an
+// inline namespace each), so units built either way can share a program.
+#if defined(GRAD_EMITTED_HOST_LOOPS) && !defined(__CUDACC__)
+inline namespace host_loops {
+#else
+inline namespace item_loops {
+#endif
+
+// Node N's forward: every item of its output, in order.
+template <class Op, Node N, class T>
+GRAD_HD inline void forward(const T* a, const T* b, T scalar, T* y) {
+  std::size_t extra[max_rank];
+  for (std::size_t i = 0; i < max_rank; ++i) extra[i] = N.extra[i];
+  const NodeArgs<T> x = args<N>(a, b, scalar, extra);
+#if defined(GRAD_EMITTED_HOST_LOOPS) && !defined(__CUDACC__)
+  Op::forward_tensor(x, y);
+#else
+  const std::size_t n = forward_items<Op>(x);
+  for (std::size_t w = 0; w < n; ++w) Op::forward_item(x, y, w);
+#endif
+}
+
+// Node N's contribution to operand In's gradient, whole, into dx.
+template <class Op, int In, Node N, class T>
+GRAD_HD inline void backward(const T* a, const T* b, T scalar, const T* y, const T* g, T* dx) {
+  std::size_t extra[max_rank];
+  for (std::size_t i = 0; i < max_rank; ++i) extra[i] = N.extra[i];
+  const NodeArgs<T> x = args<N>(a, b, scalar, extra);
+#if defined(GRAD_EMITTED_HOST_LOOPS) && !defined(__CUDACC__)
+  Op::template backward_tensor<In>(x, y, g, dx);
+#else
+  const std::size_t n = backward_items<Op, In>(x);
+  for (std::size_t w = 0; w < n; ++w) Op::template backward_item<In>(x, y, g, dx, w);
+#endif
+}
+
+// A later contribution to a fan-out input: grad = grad + contribution.
+template <std::size_t N, class T>
+GRAD_HD inline void accumulate(T* grad, const T* contribution) {
+  for (std::size_t i = 0; i < N; ++i) grad[i] = grad[i] + contribution[i];
+}
+
+// ---- the optimizer step (grad/opt.hpp documents it; update_rules.hpp's rules) ----
+
+// The clip factor: each parameter's squares in the fixed order, those shares
+// added in add order from zero (call share() per parameter, then scale()).
+template <class T>
+struct Clip {
+  T acc = T(0);
+  GRAD_HD void share(const T* g, std::size_t n) { acc = ClipRule::accumulate(acc, ClipRule::squares(g, n)); }
+  GRAD_HD T scale(T max_norm) const { return max_norm != T(0) ? ClipRule::scale(acc, max_norm) : T(1); }
+};
+
+template <class T>
+GRAD_HD inline void adam_element(T& w, T& m, T& v, T g, T scale, T l2, T beta1, T beta2, T eps,
+                                 const AdamStepConstants<T>& c) {
+  AdamRule::update(w, m, v, ClipRule::effective(g, w, scale, l2), beta1, beta2, eps, c);
+}
+template <class T>
+GRAD_HD inline void sgd_element(T& w, T g, T scale, T l2, T lr) {
+  w = SgdRule::update(w, ClipRule::effective(g, w, scale, l2), lr);
+}
+
+// One parameter's update: the rules element by element or, with host loops,
+// the tape's own vectorised loops over the same rules (update.hpp).
+template <std::size_t N, class T>
+GRAD_HD inline void adam_update(T* w, T* m, T* v, const T* g, T scale, T l2, T beta1, T beta2, T eps,
+                                const AdamStepConstants<T>& c) {
+#if defined(GRAD_EMITTED_HOST_LOOPS) && !defined(__CUDACC__)
+  kernels::adam_update<ClipRule, AdamRule>(w, m, v, g, N, scale, l2, beta1, beta2, eps, c);
+#else
+  for (std::size_t i = 0; i < N; ++i) adam_element(w[i], m[i], v[i], g[i], scale, l2, beta1, beta2, eps, c);
+#endif
+}
+template <std::size_t N, class T>
+GRAD_HD inline void sgd_update(T* w, const T* g, T scale, T l2, T lr) {
+#if defined(GRAD_EMITTED_HOST_LOOPS) && !defined(__CUDACC__)
+  kernels::sgd_update<ClipRule, SgdRule>(w, g, N, scale, l2, lr);
+#else
+  for (std::size_t i = 0; i < N; ++i) sgd_element(w[i], g[i], scale, l2, lr);
+#endif
+}
+
+}  // inline namespace
+
+#ifdef __CUDACC__
+// ---- CUDA: the same bodies, one work item per thread ----
+
+inline constexpr unsigned threads_per_block = 256;
+constexpr unsigned blocks_for(std::size_t items) {
+  return static_cast<unsigned>((items + threads_per_block - 1) / threads_per_block);
+}
+// Kernels take the node's shapes as a type S (S::node), not as a Node
+// argument: nvcc's host stubs cannot spell a class-type template argument.
+// One work item of node N (nothing past the node's items).
+template <class Op, Node N, class T>
+__device__ inline void forward_at(const T* a, const T* b, T scalar, T* y, std::size_t w) {
+  std::size_t extra[max_rank];
+  for (std::size_t i = 0; i < max_rank; ++i) extra[i] = N.extra[i];
+  const NodeArgs<T> x = args<N>(a, b, scalar, extra);
+  if (w < forward_items<Op>(x)) Op::forward_item(x, y, w);
+}
+template <class Op, int In, Node N, class T>
+__device__ inline void backward_at(const T* a, const T* b, T scalar, const T* y, const T* g, T* dx, std::size_t w) {
+  std::size_t extra[max_rank];
+  for (std::size_t i = 0; i < max_rank; ++i) extra[i] = N.extra[i];
+  const NodeArgs<T> x = args<N>(a, b, scalar, extra);
+  if (w < backward_items<Op, In>(x)) Op::template backward_item<In>(x, y, g, dx, w);
+}
+template <class Op, class S, class T>
+__global__ void forward_kernel(const T* a, const T* b, T scalar, T* y) {
+  forward_at<Op, S::node>(a, b, scalar, y, std::size_t{blockIdx.x} * blockDim.x + threadIdx.x);
+}
+template <class Op, int In, class S, class T>
+__global__ void backward_kernel(const T* a, const T* b, T scalar, const T* y, const T* g, T* dx) {
+  backward_at<Op, In, S::node>(a, b, scalar, y, g, dx, std::size_t{blockIdx.x} * blockDim.x + threadIdx.x);
+}
+template <std::size_t N, class T>
+__global__ void accumulate_kernel(T* grad, const T* contribution) {
+  const std::size_t w = std::size_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (w < N) grad[w] = grad[w] + contribution[w];
+}
+template <class T>
+__global__ void set_kernel(T* p, T value) {
+  *p = value;
+}
+
+// Launches node S's forward / backward / an accumulation on `stream`.
+template <class Op, class S, class T>
+inline void launch_forward(cudaStream_t stream, const T* a, const T* b, T scalar, T* y) {
+  const std::size_t items = forward_items<Op>(args<S::node, T>(a, b, scalar, nullptr));
+  if (items > 0) forward_kernel<Op, S, T><<<blocks_for(items), threads_per_block, 0, stream>>>(a, b, scalar, y);
+}
+template <class Op, int In, class S, class T>
+inline void launch_backward(cudaStream_t stream, const T* a, const T* b, T scalar, const T* y, const T* g, T* dx) {
+  const std::size_t items = backward_items<Op, In>(args<S::node, T>(a, b, scalar, nullptr));
+  if (items > 0)
+    backward_kernel<Op, In, S, T><<<blocks_for(items), threads_per_block, 0, stream>>>(a, b, scalar, y, g, dx);
+}
+template <std::size_t N, class T>
+inline void launch_accumulate(cudaStream_t stream, T* grad, const T* contribution) {
+  if constexpr (N > 0) accumulate_kernel<N, T><<<blocks_for(N), threads_per_block, 0, stream>>>(grad, contribution);
+}
+
+// The optimizer on the device: the clip factor and Adam's constants on one
+// thread (state: scale, b1^t, b2^t, step size, 1 - b1, 1 - b2), then one
+// thread per element.
+template <class T>
+struct DeviceOptimizerState {
+  T scale = T(1), beta1_power = T(1), beta2_power = T(1);
+  AdamStepConstants<T> constants{};
+};
+template <std::size_t N, class T>
+__global__ void adam_update_kernel(T* w, T* m, T* v, const T* g, T l2, T beta1, T beta2, T eps,
+                                   const DeviceOptimizerState<T>* st) {
+  const std::size_t i = std::size_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i < N) adam_element(w[i], m[i], v[i], g[i], st->scale, l2, beta1, beta2, eps, st->constants);
+}
+template <std::size_t N, class T>
+__global__ void sgd_update_kernel(T* w, const T* g, T l2, T lr, const DeviceOptimizerState<T>* st) {
+  const std::size_t i = std::size_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i < N) sgd_element(w[i], g[i], st->scale, l2, lr);
+}
+#endif
+
+}  // namespace grad::emitted

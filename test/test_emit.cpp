@@ -1,0 +1,506 @@
+// grad::emit: emitted programs compiled with the system C++ compiler during
+// the run, executed, and compared bit for bit with the tape: the autoencoder's
+// training step (f64 and f32, several Adam steps), the LoRA block's forward
+// and backward, a linear regression's value_and_grad, and every case of the
+// op table (every op in OpList). The CUDA source compiles with nvcc when it
+// is there. Bad input is refused by name and writes nothing.
+//
+// GRAD_EMIT_CXX (the compiler meson configured), GRAD_EMIT_INCLUDE (grad's
+// include/) and GRAD_EMIT_NVCC come from test/meson.build; without a compiler
+// the compiling cases skip.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <grad/emit.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../examples/autoencoder.hpp"
+#include "op_cases.hpp"
+#include "support.hpp"
+
+using namespace grad;
+
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+testing::ScratchDir& scratch() {
+  static testing::ScratchDir dir("emit");
+  return dir;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Compiles `main_source` (next to the headers already written in the scratch
+// directory) with the system compiler, runs it with the scratch directory as
+// its argument and returns what it wrote to out.bin. Empty when no compiler.
+std::vector<unsigned char> compile_and_run(const std::string& tag, const std::string& main_source,
+                                           const std::string& flags = "", double* seconds = nullptr) {
+  const std::string cxx = env("GRAD_EMIT_CXX"), inc = env("GRAD_EMIT_INCLUDE");
+  const std::string dir = scratch().dir.string();
+  const std::string src = scratch().file(tag + ".cpp"), exe = scratch().file(tag), log = scratch().file(tag + ".log");
+  std::ofstream(src) << main_source;
+  const std::string cmd = cxx + " -std=c++20 -O2 -ffp-contract=off -Wall -Wextra -Werror " + flags + " -I " + inc +
+                          " -I " + dir + " " + src + " -o " + exe + " > " + log + " 2>&1";
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = std::system(cmd.c_str());
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (seconds) *seconds = s;
+  MESSAGE(tag << ": compiled in " << s << " s");
+  // GRAD_EMIT_KEEP=DIR keeps the emitted sources and the drivers there (to read, or time).
+  if (const std::string keep = env("GRAD_EMIT_KEEP"); !keep.empty()) {
+    std::filesystem::create_directories(keep);
+    for (const auto& f : std::filesystem::directory_iterator(scratch().dir))
+      if (f.path().extension() != "" && f.path().extension() != ".bin" && f.path().extension() != ".in")
+        std::filesystem::copy_file(f.path(), keep / f.path().filename(),
+                                   std::filesystem::copy_options::overwrite_existing);
+  }
+  if (rc != 0) FAIL("compiling " << src << " failed:\n" << cmd << "\n" << slurp(log).substr(0, 6000));
+  const std::string run = exe + " " + dir + " > " + log + " 2>&1";
+  if (std::system(run.c_str()) != 0) FAIL("running " << exe << " failed:\n" << slurp(log));
+  return testing::read_bytes(scratch().file("out.bin"));
+}
+
+bool have_compiler() {
+  if (env("GRAD_EMIT_CXX").empty() || env("GRAD_EMIT_INCLUDE").empty()) {
+    MESSAGE("GRAD_EMIT_CXX / GRAD_EMIT_INCLUDE not set: no compiler to build emitted programs with; skipped");
+    return false;
+  }
+  return true;
+}
+
+// Values appended to an expected-output list, then compared bitwise with the program's bytes.
+template <class T>
+struct Expect {
+  std::vector<T> values;
+  std::vector<std::string> what;
+  void add(std::string name, std::span<const T> v) {
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      values.push_back(v[i]);
+      what.push_back(name + "[" + std::to_string(i) + "]");
+    }
+  }
+  void add(std::string name, T v) { add(std::move(name), std::span<const T>(&v, 1)); }
+};
+
+// Compares `count` values of type T at `offset` bytes of `got`; returns the next offset.
+template <class T>
+std::size_t compare(const std::vector<unsigned char>& got, std::size_t offset, const Expect<T>& e,
+                    const std::string& label) {
+  REQUIRE(got.size() >= offset + e.values.size() * sizeof(T));
+  std::size_t mismatches = 0;
+  for (std::size_t i = 0; i < e.values.size(); ++i) {
+    T v;
+    std::memcpy(&v, got.data() + offset + i * sizeof(T), sizeof(T));
+    if (std::memcmp(&v, &e.values[i], sizeof(T)) != 0 && mismatches++ < 5)
+      FAIL_CHECK(label << ": " << e.what[i] << " emitted " << double(v) << " tape " << double(e.values[i]));
+  }
+  CHECK_MESSAGE(mismatches == 0, label << ": " << mismatches << " of " << e.values.size() << " values differ");
+  MESSAGE(label << ": " << e.values.size() << " values compared bitwise");
+  return offset + e.values.size() * sizeof(T);
+}
+
+const char* const ae_names[] = {"w0", "b0", "w1", "b1", "w2", "b2", "w3", "b3"};
+
+// The autoencoder after two Adam steps on the tape: step 2's episode emitted
+// (with its encoder's output as forward()'s), then five more steps on the
+// tape. Expected: the encoding, the five losses, the parameters and Adam's moments.
+template <class T>
+Expect<T> autoencoder_case(const std::string& ns, std::vector<T>& batches, T clip = T(0)) {
+  namespace ae = autoencoder;
+  ae::Trainer<T> t;
+  t.opt.set_clip(clip);
+  t.step(0);
+  t.step(1);
+  const std::size_t steps = 5, first = 2;
+  t.tp.reset_to(t.mark);
+  ae::copy_rows(t.data, first * 200, 200, t.tp.leaf_value(t.batch));
+  Var<T> h = t.batch, code;
+  for (std::size_t layer = 0; layer < 3; ++layer) {
+    h = grad::tanh(matmul(h, t.model.w(layer)) + t.model.b(layer));
+    if (layer == 1) code = h;
+  }
+  const Var<T> loss = mse(matmul(h, t.model.w(3)) + t.model.b(3), t.batch);
+  EmitOptions<T> o;
+  o.name = ns;
+  o.names = {{t.batch, "x"}, {code, "code"}};
+  for (std::size_t i = 0; i < 8; ++i) o.names.push_back({t.model.params[i], ae_names[i]});
+  o.outputs = {code};
+  o.optimizer = &t.opt;
+  emit_files(t.tp, loss, o, scratch().file(ns + ".hpp"), scratch().file(ns + ".cuh"));
+
+  Expect<T> e;
+  e.add("code", t.tp.value(code).data);
+  REQUIRE(t.tp.backward(loss));
+  if (clip != T(0)) CHECK_MESSAGE(t.opt.clip_scale() < T(1), "the clip threshold should bite");
+  std::vector<T> losses{t.tp.scalar(loss)};
+  REQUIRE(t.opt.step());
+  for (std::size_t k = first; k < first + steps; ++k) {
+    const auto rows = t.data.data().subspan(k * 200 * ae::dim, 200 * ae::dim);
+    batches.insert(batches.end(), rows.begin(), rows.end());
+    if (k > first) losses.push_back(t.step(k));
+  }
+  e.add("loss", losses);
+  for (std::size_t i = 0; i < 8; ++i) e.add(ae_names[i], t.tp.value(t.model.params[i]).data);
+  e.add("m", t.opt.first_moments());
+  e.add("v", t.opt.second_moments());
+  return e;
+}
+
+// The driver for one autoencoder namespace: forward on batch 0, then the steps.
+std::string autoencoder_driver(const std::string& ns, const std::string& type, std::size_t steps) {
+  std::string s = "  {\n    using T = " + type + ";\n    static " + ns + "::ParamStore ps;\n    static " + ns +
+                  "::Optimizer opt;\n    static " + ns + "::Workspace ws;\n    ps.load();\n    opt.load();\n";
+  s += "    static T batches[" + std::to_string(steps) + " * " + ns + "::x_size];\n";
+  s += "    read(dir + \"/" + ns + ".in\", batches, sizeof batches);\n";
+  s += "    " + ns + "::Params p = ps.view();\n    " + ns + "::Inputs in;\n    in.x = batches;\n";
+  s += "    static T code[200 * 32];\n    " + ns + "::forward(in, p, code, ws);\n    put(code, sizeof code);\n";
+  s += "    for (int k = 0; k < " + std::to_string(steps) + "; ++k) {\n      in.x = batches + k * " + ns +
+       "::x_size;\n      const T loss = " + ns + "::step(in, p, opt, ws);\n      put(&loss, sizeof loss);\n    }\n";
+  for (const char* n : ae_names) s += "    put(ps." + std::string(n) + ", sizeof ps." + n + ");\n";
+  s += "    put(opt.m, " + ns + "::moment_size * sizeof(T));\n    put(opt.v, " + ns + "::moment_size * sizeof(T));\n";
+  return s + "  }\n";
+}
+
+const char* const driver_head = R"(#include <cstdio>
+#include <cstdlib>
+#include <string>
+static std::FILE* out;
+static void put(const void* p, std::size_t n) { std::fwrite(p, 1, n, out); }
+[[maybe_unused]] static void read(const std::string& path, void* p, std::size_t n) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f || std::fread(p, 1, n, f) != n) { std::fprintf(stderr, "cannot read %s\n", path.c_str()); std::exit(1); }
+  std::fclose(f);
+}
+)";
+
+template <class T>
+void write_values(const std::string& path, const std::vector<T>& v) {
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
+}
+
+// A linear regression's mean squared error over 16 rows.
+Var<double> linreg_loss(Tape<double>& tp, const Tensor<double>& w, const Tensor<double>& b, Var<double>* params) {
+  testing::Rng rng(99);
+  const Tensor<double> X = testing::random_tensor<double>({16, 3}, rng),
+                       y = testing::random_tensor<double>({16, 1}, rng);
+  params[0] = tp.param(w);
+  params[1] = tp.param(b);
+  return mse(matmul(tp.constant(X), params[0]) + params[1], tp.constant(y));
+}
+
+// "a3" (appended, not "a" + string: GCC 12's -Wrestrict misfires on that).
+std::string adapter_name(std::size_t i) { return std::string("a").append(std::to_string(i)); }
+
+}  // namespace
+
+TEST_CASE(
+    "the emitted autoencoder step (f64, and f32 with clipping; six Adam steps) lands on the tape's bits, in both loop "
+    "modes") {
+  if (!have_compiler()) return;
+  std::vector<double> b64;
+  std::vector<float> b32;
+  const Expect<double> e64 = autoencoder_case<double>("ae64", b64);
+  const Expect<float> e32 = autoencoder_case<float>("ae32", b32, 0.05f);  // and global-norm clipping
+  write_values(scratch().file("ae64.in"), b64);
+  write_values(scratch().file("ae32.in"), b32);
+  // Emitted headers name no Boost and no tape.
+  const std::string text = slurp(scratch().file("ae64.hpp"));
+  CHECK(text.find("boost") == std::string::npos);
+  CHECK(text.find("tape.hpp") == std::string::npos);
+  const std::string main = std::string(driver_head) + "#include \"ae64.hpp\"\n#include \"ae32.hpp\"\n" +
+                           "int main(int, char** argv) {\n  const std::string dir = argv[1];\n" +
+                           "  out = std::fopen((dir + \"/out.bin\").c_str(), \"wb\");\n" +
+                           autoencoder_driver("ae64", "double", 5) + autoencoder_driver("ae32", "float", 5) +
+                           "  std::fclose(out);\n}\n";
+  const std::vector<unsigned char> got = compile_and_run("autoencoder", main);
+  const std::size_t next = compare(got, 0, e64, "autoencoder f64");
+  compare(got, next, e32, "autoencoder f32");
+  // The same program through the tags' host loops (GRAD_EMITTED_HOST_LOOPS): the same bits.
+  const std::vector<unsigned char> host =
+      compile_and_run("autoencoder_host_loops", main, "-DGRAD_EMITTED_HOST_LOOPS -Wno-psabi");
+  compare(host, compare(host, 0, e64, "autoencoder f64, host loops"), e32, "autoencoder f32, host loops");
+}
+
+TEST_CASE("the emitted LoRA block's forward and backward land on the tape's bits") {
+  if (!have_compiler()) return;
+  constexpr std::size_t t = 6, d = 16, heads = 4, kv_heads = 2, hd = 4, ffn = 24, vocab = 5, rank = 2;
+  testing::Rng rng(5);
+  auto r = [&](Shape s, double b) { return testing::random_tensor<double>(std::move(s), rng, -b, b); };
+  Tape<double> tp;
+  std::vector<Var<double>> params;
+  Var<double> x = tp.constant(r({t, d}, 1.0));
+  auto projection = [&](std::size_t in, std::size_t out) {
+    Var<double> w = tp.constant(r({in, out}, 0.4)), a = tp.param(r({in, rank}, 0.4)), b = tp.param(r({rank, out}, 0.1));
+    params.insert(params.end(), {a, b});
+    return [=](Var<double> v) { return nn::lora_linear(v, w, a, b, 2.0); };
+  };
+  auto q = projection(d, heads * hd), k = projection(d, kv_heads * hd), v = projection(d, kv_heads * hd),
+       o = projection(heads * hd, d), gate = projection(d, ffn), up = projection(d, ffn), down = projection(ffn, d);
+  Tensor<double> targets({t, vocab});
+  for (std::size_t p = 0; p < t; ++p) targets[p * vocab + (p * 3) % vocab] = 1;
+  const auto rope = nn::rope_tables(t, hd, 10000.0);
+  Var<double> cos = tp.constant(rope.cos), sin = tp.constant(rope.sin), mask = tp.constant(nn::causal_mask<double>(t));
+  Var<double> norm = tp.constant(Tensor<double>::ones({d})), w_vocab = tp.constant(r({d, vocab}, 0.4));
+  Var<double> h = nn::rmsnorm(x, norm, 1e-6);
+  Var<double> x2 = x + o(nn::gqa_attention(q(h), k(h), v(h), cos, sin, mask, heads, kv_heads, hd));
+  Var<double> h2 = nn::rmsnorm(x2, norm, 1e-6);
+  Var<double> x3 = x2 + down(nn::swiglu(gate(h2), up(h2)));
+  Var<double> logits = nn::linear(x3, w_vocab);
+  Var<double> loss = nn::cross_entropy_rows(logits, tp.constant(targets), t - 1);
+  REQUIRE(tp.ok());
+
+  EmitOptions<double> opt;
+  opt.name = "lora";
+  opt.names = {{x, "x"}, {logits, "logits"}};
+  for (std::size_t i = 0; i < params.size(); ++i) opt.names.push_back({params[i], adapter_name(i)});
+  opt.outputs = {logits};
+  const double t0 = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  emit_files(tp, loss, opt, scratch().file("lora.hpp"));
+  MESSAGE("LoRA block: " << tp.size() << " nodes emitted in "
+                         << std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() -
+                                t0
+                         << " s");
+
+  Expect<double> e;
+  REQUIRE(tp.backward(loss));
+  e.add("loss", tp.scalar(loss));
+  for (std::size_t i = 0; i < params.size(); ++i) e.add(adapter_name(i), tp.grad(params[i]).data);
+  e.add("logits", tp.value(logits).data);
+
+  std::string main = std::string(driver_head) + "#include \"lora.hpp\"\n" +
+                     "int main(int, char** argv) {\n  const std::string dir = argv[1];\n" +
+                     "  out = std::fopen((dir + \"/out.bin\").c_str(), \"wb\");\n" +
+                     "  static lora::ParamStore ps;\n  static lora::Workspace ws;\n  ps.load();\n" +
+                     "  lora::Params p = ps.view();\n  const lora::Inputs in;\n" +
+                     "  const double loss = lora::step(in, p, ws);\n  put(&loss, sizeof loss);\n";
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const std::string n = adapter_name(i);
+    main += "  put(lora::grad_" + n + "(ws), lora::" + n + "_size * sizeof(double));\n";
+  }
+  main += "  static double logits[" + std::to_string(t * vocab) +
+          "];\n  lora::forward(in, p, logits, ws);\n  put(logits, sizeof logits);\n  std::fclose(out);\n}\n";
+  compare(compile_and_run("lora", main), 0, e, "LoRA block");
+}
+
+TEST_CASE("value_and_grad of a linear regression's loss, and every op of the case table, land on the tape's bits") {
+  if (!have_compiler()) return;
+  std::string includes, body;
+  Expect<double> e;
+
+  // Linear regression: value_and_grad at the captured parameters and at a second point.
+  const Tensor<double> w({3, 1}, {0.5, -0.25, 0.125}), b({1}, {0.1});
+  const Tensor<double> w2({3, 1}, {-1.5, 0.75, 2.0}), b2({1}, {-0.3});
+  {
+    Tape<double> tp;
+    Var<double> p[2];
+    const Var<double> loss = linreg_loss(tp, w, b, p);
+    EmitOptions<double> o;
+    o.name = "linreg";
+    o.names = {{p[0], "w"}, {p[1], "b"}};
+    o.value_and_grad = true;
+    emit_files(tp, loss, o, scratch().file("linreg.hpp"), scratch().file("linreg.cuh"));
+    for (const Tensor<double>* at : {&w, &w2}) {
+      Tape<double> t2;
+      Var<double> q[2];
+      const Var<double> l2 = linreg_loss(t2, *at, at == &w ? b : b2, q);
+      REQUIRE(t2.backward(l2));
+      e.add("linreg loss", t2.scalar(l2));
+      e.add("linreg dw", t2.grad(q[0]).data);
+      e.add("linreg db", t2.grad(q[1]).data);
+    }
+  }
+  // SGD with a per-parameter L2 and clipping: three steps of the emitted step() against the tape's.
+  {
+    testing::Rng rng(99);
+    const Tensor<double> X = testing::random_tensor<double>({16, 3}, rng),
+                         y = testing::random_tensor<double>({16, 1}, rng);
+    Tape<double> tp;
+    const Var<double> pw = tp.param(w2), pb = tp.param(b2);
+    const auto mark = tp.mark();
+    auto record = [&] { return mse(matmul(tp.constant(X), pw) + pb, tp.constant(y)); };
+    Var<double> loss = record();
+    SGD<double> sgd(0.1);
+    sgd.add(pw, 1e-2);
+    sgd.add(pb);
+    sgd.set_clip(0.5);
+    EmitOptions<double> o;
+    o.name = "linsgd";
+    o.names = {{pw, "w"}, {pb, "b"}};
+    o.optimizer = &sgd;
+    emit_files(tp, loss, o, scratch().file("linsgd.hpp"));
+    for (int k = 0; k < 3; ++k) {
+      REQUIRE(tp.backward(loss));
+      e.add("sgd loss", tp.scalar(loss));
+      REQUIRE(sgd.step());
+      tp.reset_to(mark);
+      loss = record();
+    }
+    e.add("sgd w", tp.value(pw).data);
+    e.add("sgd b", tp.value(pb).data);
+  }
+  includes += "#include \"linsgd.hpp\"\n";
+  includes += "#include \"linreg.hpp\"\n";
+  body += "  {\n    double x[4], g[4], x2[4] = {-1.5, 0.75, 2.0, -0.3};\n    linreg::captured_x(x);\n";
+  body += "    double loss = linreg::value_and_grad(x, g);\n    put(&loss, sizeof loss);\n    put(g, sizeof g);\n";
+  body += "    loss = linreg::value_and_grad(x2, g);\n    put(&loss, sizeof loss);\n    put(g, sizeof g);\n  }\n";
+
+  body +=
+      "  {\n    static linsgd::ParamStore ps;\n    static linsgd::Optimizer opt;\n    static linsgd::Workspace ws;\n"
+      "    ps.load();\n    opt.load();\n    const linsgd::Inputs in;\n"
+      "    for (int k = 0; k < 3; ++k) {\n      const double loss = linsgd::step(in, ps.view(), opt, ws);\n"
+      "      put(&loss, sizeof loss);\n    }\n    put(ps.w, sizeof ps.w);\n    put(ps.b, sizeof ps.b);\n  }\n";
+  // Every (small) case of the op table, each its own namespace: loss and gradients.
+  std::set<std::uint8_t> ops;
+  std::size_t emitted = 0;
+  for (const auto& c : testing::op_cases<double>()) {
+    if (c.large) continue;
+    testing::RecordedCase<double> rc;
+    REQUIRE(testing::record_case(c, rc));
+    for (const auto& n : rc.tp.nodes()) ops.insert(n.op);
+    const std::string ns = "case" + std::to_string(emitted++);
+    EmitOptions<double> o;
+    o.name = ns;
+    o.value_and_grad = true;
+    emit_files(rc.tp, rc.loss, o, scratch().file(ns + ".hpp"));
+    includes += "#include \"" + ns + ".hpp\"\n";
+    body += "  {\n    static double x[" + ns + "::value_and_grad_size + 1], g[" + ns +
+            "::value_and_grad_size + 1];\n    " + ns + "::captured_x(x);\n    const double loss = " + ns +
+            "::value_and_grad(x, g);\n    put(&loss, sizeof loss);\n    put(g, " + ns +
+            "::value_and_grad_size * sizeof(double));\n  }\n";
+    e.add(c.name + ": loss", rc.tp.scalar(rc.loss));
+    for (const Var<double>& v : rc.vars)
+      if (rc.tp.requires_grad(v)) e.add(c.name + ": grad", rc.tp.grad(v).data);
+  }
+  // Every op of OpList (Param and Const included) is in some emitted case.
+  CHECK(ops.size() == op_count);
+  const std::string main =
+      std::string(driver_head) + includes + "int main(int, char** argv) {\n  const std::string dir = argv[1];\n" +
+      "  out = std::fopen((dir + \"/out.bin\").c_str(), \"wb\");\n" + body + "  std::fclose(out);\n}\n";
+  compare(compile_and_run("cases", main), 0, e, "linear regression and " + std::to_string(emitted) + " op cases");
+}
+
+TEST_CASE("the emitted CUDA sources compile with nvcc") {
+  const std::string nvcc = env("GRAD_EMIT_NVCC"), inc = env("GRAD_EMIT_INCLUDE");
+  if (nvcc.empty()) {
+    MESSAGE("nvcc not found: the CUDA compile check is skipped");
+    return;
+  }
+  // The headers are those the cases above wrote; write them here if this case runs alone.
+  if (!std::filesystem::exists(scratch().file("linreg.cuh"))) {
+    Tape<double> tp;
+    Var<double> p[2];
+    const Var<double> loss =
+        linreg_loss(tp, Tensor<double>({3, 1}, {0.5, -0.25, 0.125}), Tensor<double>({1}, {0.1}), p);
+    EmitOptions<double> o;
+    o.name = "linreg";
+    o.value_and_grad = true;
+    emit_files(tp, loss, o, "", scratch().file("linreg.cuh"));
+  }
+  if (!std::filesystem::exists(scratch().file("ae32.cuh"))) {
+    std::vector<float> unused;
+    autoencoder_case<float>("ae32", unused);
+  }
+  const std::string src = scratch().file("cuda_check.cu"), log = scratch().file("cuda_check.log");
+  std::ofstream(src) << "#include \"linreg.cuh\"\n#include \"ae32.cuh\"\n"
+                        "__global__ void per_thread(const double* x, double* g, double* loss) {\n"
+                        "  const unsigned t = threadIdx.x;\n"
+                        "  loss[t] = linreg::value_and_grad(x + 4 * t, g + 4 * t);\n}\n"
+                        "void launch(ae32::Inputs in, ae32::Params p, ae32::DeviceOptimizer opt, "
+                        "ae32::DeviceWorkspace ws) {\n  ae32::step(in, p, opt, ws);\n}\n";
+  const std::string cmd =
+      nvcc + " -std=c++20 --fmad=false --expt-relaxed-constexpr -Xcompiler=-ffp-contract=off -arch=sm_90 -I " + inc +
+      " -I " + scratch().dir.string() + " -c " + src + " -o " + scratch().file("cuda_check.o") + " > " + log + " 2>&1";
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = std::system(cmd.c_str());
+  MESSAGE("nvcc: " << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s");
+  CHECK_MESSAGE(rc == 0, cmd << "\n" << slurp(log).substr(0, 6000));
+}
+
+TEST_CASE("emit refuses what it cannot write exactly, by name, and writes nothing") {
+  const std::string path = scratch().file("refused.hpp");
+  auto refused = [&](auto&& call, const std::string& words) {
+    std::filesystem::remove(path);
+    CHECK_THROWS_WITH_AS(call(), doctest::Contains(words.c_str()), EmitError);
+    CHECK_FALSE(std::filesystem::exists(path));
+  };
+  SUBCASE("a poisoned tape") {
+    Tape<double> tp;
+    Var<double> a = tp.param(Tensor<double>({2, 3})), b = tp.param(Tensor<double>({4, 5}));
+    Var<double> loss = sum(a);
+    (void)matmul(a, b);  // poisons
+    refused([&] { emit_files(tp, loss, {}, path); }, "poisoned");
+  }
+  SUBCASE("a leaf holding NaN: named by node and element") {
+    Tape<double> tp;
+    Var<double> a = tp.param(Tensor<double>({2}, {1.0, std::numeric_limits<double>::quiet_NaN()}));
+    refused([&] { emit_files(tp, sum(a * a), {}, path); }, "node 0 (param) holds NaN at element 1");
+  }
+  SUBCASE("a loss of more than one element") {
+    Tape<double> tp;
+    Var<double> a = tp.param(Tensor<double>({2}, {1.0, 2.0}));
+    refused([&] { emit_files(tp, a * a, {}, path); }, "expected a single element");
+  }
+  SUBCASE("an output recorded after the loss") {
+    Tape<double> tp;
+    Var<double> a = tp.param(Tensor<double>({2}, {1.0, 2.0}));
+    Var<double> loss = sum(a);
+    EmitOptions<double> o;
+    o.outputs = {a * a};
+    refused([&] { emit_files(tp, loss, o, path); }, "was recorded after the loss");
+  }
+  SUBCASE("an optimizer with a learning-rate schedule") {
+    Tape<double> tp;
+    Var<double> a = tp.param(Tensor<double>({2}, {1.0, 2.0}));
+    Adam<double> adam(0.1);
+    adam.add(a);
+    adam.set_schedule({.base_lr = 0.1, .min_lr = 0.01, .warmup = 2, .total = 10});
+    EmitOptions<double> o;
+    o.optimizer = &adam;
+    refused([&] { emit_files(tp, sum(a * a), o, path); }, "learning-rate schedule");
+  }
+  SUBCASE("a name that is not an identifier") {
+    Tape<double> tp;
+    Var<double> a = tp.param(Tensor<double>({2}, {1.0, 2.0}));
+    EmitOptions<double> o;
+    o.names = {{a, "my weights"}};
+    refused([&] { emit_files(tp, sum(a * a), o, path); }, "'my weights' is not a C++ identifier");
+  }
+  SUBCASE("a name the emitted code uses itself") {
+    Tape<double> tp;
+    Var<double> a = tp.param(Tensor<double>({2}, {1.0, 2.0}));
+    EmitOptions<double> o;
+    o.names = {{a, "ws"}};
+    refused([&] { emit_files(tp, sum(a * a), o, path); }, "the name 'ws' (node 0) is a keyword or a name");
+  }
+  SUBCASE("an unwritable path: the error names it, and an existing file is left as it was") {
+    Tape<double> tp;
+    Var<double> a = tp.param(Tensor<double>({2}, {1.0, 2.0}));
+    const Var<double> loss = sum(a * a);
+    CHECK_THROWS_WITH_AS(emit_files(tp, loss, {}, "/nonexistent-dir/model.hpp"),
+                         doctest::Contains("cannot write '/nonexistent-dir/model.hpp'"), EmitError);
+    std::ofstream(path) << "previous";
+    // An unwritable CUDA path is found before the C++ file is touched.
+    CHECK_THROWS_WITH_AS(emit_files(tp, loss, {}, path, "/nonexistent-dir/model.cuh"),
+                         doctest::Contains("cannot write '/nonexistent-dir/model.cuh'"), EmitError);
+    CHECK(slurp(path) == "previous");
+    for (const auto& f : std::filesystem::directory_iterator(scratch().dir))
+      CHECK(f.path().filename().string().find(".tmp.") == std::string::npos);
+  }
+}
