@@ -70,6 +70,7 @@
 // (S/W + 1) / 2 (1 when S = W).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -145,6 +146,20 @@ T fold_losses(std::span<const T> losses, Combine combine) {
   for (std::size_t s = 1; s < losses.size(); ++s) acc = acc + losses[s];
   if (combine == Combine::mean) acc = acc / static_cast<T>(losses.size());
   return acc;
+}
+
+// The whole fold of S shards' pieces (pieces[s]: n values each) into out,
+// in blocks that stay in cache: per element exactly fold_add's and
+// fold_finish's operations, in their order.
+template <class T>
+void fold_pieces(std::span<const T* const> pieces, T* out, std::size_t n, Combine combine) {
+  constexpr std::size_t block = 2048;
+  for (std::size_t at = 0; at < n; at += block) {
+    const std::size_t m = std::min(block, n - at);
+    std::memcpy(out + at, pieces[0] + at, m * sizeof(T));
+    for (std::size_t s = 1; s < pieces.size(); ++s) fold_add(out + at, pieces[s] + at, m);
+    fold_finish(out + at, m, pieces.size(), combine);
+  }
 }
 
 // ---- the flattened gradient of an optimizer's parameters (add order) ----
@@ -362,10 +377,10 @@ class DataParallel {
     const Range mine = slice_of(p, world_, rank_);
     for (int q = 0; q < world_; ++q) {
       const Range slice = slice_of(p, world_, q);
-      send_counts_[q] = own_.size() * slice.size();
+      send_counts_[q] = q == rank_ ? 0 : own_.size() * slice.size();  // its own pieces stay where they are
       send_displs_[q] = sent;
-      sent += send_counts_[q];
-      recv_counts_[q] = owned_shards(options.shards, world_, q).size() * mine.size();
+      sent += own_.size() * slice.size();
+      recv_counts_[q] = q == rank_ ? 0 : owned_shards(options.shards, world_, q).size() * mine.size();
       recv_displs_[q] = received;
       received += recv_counts_[q];
       gather_counts_[q] = slice.size();
@@ -376,6 +391,7 @@ class DataParallel {
     reduced_.resize(p);
     own_losses_.resize(own_.size());
     losses_.resize(options.shards);
+    pieces_.resize(options.shards);
   }
 
   // This rank's shards (loss_of(s) records shard s's loss after the mark and
@@ -411,18 +427,20 @@ class DataParallel {
     exchange_losses(failure);
     comm_->alltoallv(send_.data(), send_counts_.data(), send_displs_.data(), recv_.data(), recv_counts_.data(),
                      recv_displs_.data(), "the gradient exchange (alltoallv)");
-    // Received: shards 0 .. S-1's pieces of this rank's slice, ascending.
+    // Shard s's piece of this rank's slice: received (other ranks' shards,
+    // ascending) or still in the send buffer (this rank's own: the exchange
+    // does not copy them to itself).
     const auto t1 = clock::now();
-    const std::size_t n = slice_of(p, world_, rank_).size();
-    T* acc = reduced_.data() + slice_of(p, world_, rank_).begin;
-    if (n > 0) {
-      std::memcpy(acc, recv_.data(), n * sizeof(T));
-      for (std::size_t s = 1; s < options_.shards; ++s) fold_add(acc, recv_.data() + s * n, n);
-      fold_finish(acc, n, options_.shards, options_.combine);
-    }
+    const Range mine = slice_of(p, world_, rank_);
+    for (std::size_t s = 0, received = 0; s < options_.shards; ++s)
+      if (s >= own_.begin && s < own_.end)
+        pieces_[s] = send_.data() + send_displs_[rank_] + (s - own_.begin) * mine.size();
+      else
+        pieces_[s] = recv_.data() + (received++) * mine.size();
+    fold_pieces<T>(pieces_, reduced_.data() + mine.begin, mine.size(), options_.combine);
     fold_seconds_ += std::chrono::duration<double>(clock::now() - t1).count();
-    comm_->allgatherv(acc, n, reduced_.data(), gather_counts_.data(), gather_displs_.data(),
-                      "the gradient gather (allgatherv)");
+    comm_->allgatherv(reduced_.data() + mine.begin, mine.size(), reduced_.data(), gather_counts_.data(),
+                      gather_displs_.data(), "the gradient gather (allgatherv)");
     write_flat_grads(*opt_, reduced_.data());
     return fold_losses<T>(losses_, options_.combine);
   }
@@ -582,6 +600,7 @@ class DataParallel {
   typename Tape<T>::Mark mark_;
   std::vector<std::size_t> send_counts_, send_displs_, recv_counts_, recv_displs_, gather_counts_, gather_displs_;
   std::vector<T> send_, recv_, reduced_, own_losses_, losses_;
+  std::vector<const T*> pieces_;
   double compute_seconds_ = 0, fold_seconds_ = 0;
 };
 
