@@ -10,7 +10,8 @@
 // Faults on demand: --kill-rank R --kill-step K (rank R SIGKILLs itself
 // before step K), --bad-rank R (rank R builds a hidden layer one unit
 // wider), --drift-rank R --drift-step K (rank R nudges one weight after step K),
-// --hang-rank R --hang-step K (rank R stops calling collectives; --timeout S).
+// --hang-rank R --hang-step K (rank R stops calling collectives; --timeout S),
+// --poison-rank R --poison-step K (rank R's shard poisons its tape at step K).
 // Checkpoints: --save-at K --ckpt PATH (rank 0 writes after step K, then
 // every rank stops), --resume PATH (continue from it: the rank count may differ).
 #include <signal.h>
@@ -41,8 +42,8 @@ struct Args {
   bool reference = false, verbose = false;
   std::size_t shards = 6, steps = 24, save_at = 0;
   std::uint64_t check_every = 4;
-  int kill_rank = -1, bad_rank = -1, drift_rank = -1, hang_rank = -1;
-  std::size_t kill_step = 0, drift_step = 0, hang_step = 0;
+  int kill_rank = -1, bad_rank = -1, drift_rank = -1, hang_rank = -1, poison_rank = -1;
+  std::size_t kill_step = 0, drift_step = 0, hang_step = 0, poison_step = 0;
   double timeout = 0;
 };
 
@@ -87,6 +88,10 @@ Args parse(int argc, char** argv) {
       a.drift_rank = std::stoi(next());
     else if (k == "--drift-step")
       a.drift_step = std::stoul(next());
+    else if (k == "--poison-rank")
+      a.poison_rank = std::stoi(next());
+    else if (k == "--poison-step")
+      a.poison_step = std::stoul(next());
     else if (k == "--hang-rank")
       a.hang_rank = std::stoi(next());
     else if (k == "--hang-step")
@@ -231,11 +236,14 @@ struct LoraBlock {
 template <class Model>
 int train(const Args& args, Tape<T>& tp, grad::Adam<T>& opt, Model& model, int argc, char** argv) {
   std::vector<std::string> lines;
+  std::size_t clipped = 0;  // steps whose clip factor was below 1
+  auto model_poison = [&](Tape<T>& t) { return t.constant(Tensor<T>({2, 3})); };
   auto write = [&](const std::string& path) {
     for (const auto& e : opt.params()) {
       const auto v = tp.value(e.var);
       lines.push_back("param " + hex(v.data.data(), v.size() * sizeof(T)));
     }
+    lines.push_back("clipped " + std::to_string(clipped) + " steps");
     lines.push_back("m " + hex(opt.first_moments().data(), opt.first_moments().size_bytes()));
     lines.push_back("v " + hex(opt.second_moments().data(), opt.second_moments().size_bytes()));
     std::ofstream f(path);
@@ -257,7 +265,9 @@ int train(const Args& args, Tape<T>& tp, grad::Adam<T>& opt, Model& model, int a
       }
     while (opt.steps() < args.steps) {
       const std::uint64_t t = opt.steps() + 1;
-      const T loss = shards.step([&](std::size_t s) { return model.loss(tp, t, args.shards, s); });
+      const T loss = shards.backward([&](std::size_t s) { return model.loss(tp, t, args.shards, s); });
+      clipped += opt.clip_scale() < T(1);
+      if (!opt.step()) return 1;
       step_line(t, loss);
     }
     write(args.out + ".ref");
@@ -283,7 +293,15 @@ int train(const Args& args, Tape<T>& tp, grad::Adam<T>& opt, Model& model, int a
         std::fflush(stderr);
         for (;;) ::pause();
       }
-      const T loss = ddp.step([&](std::size_t s) { return model.loss(tp, t, args.shards, s); });
+      // backward, then the update, as loss.backward(); opt.step() in PyTorch (ddp.step does both and
+      // the replica check); the clip factor is read in between.
+      const T loss = ddp.backward([&](std::size_t s) {
+        if (rank == args.poison_rank && t == args.poison_step) return grad::matmul(model_poison(tp), Var<T>());
+        return model.loss(tp, t, args.shards, s);
+      });
+      clipped += opt.clip_scale() < T(1);
+      if (!opt.step()) return 1;
+      if (args.check_every > 0 && opt.steps() % args.check_every == 0) ddp.check_replicas();
       step_line(t, loss);
       if (rank == args.drift_rank && t == args.drift_step) {
         std::span<T> w = tp.leaf_value(opt.params()[0].var);

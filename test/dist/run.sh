@@ -13,7 +13,7 @@
 #    final state must be the uninterrupted reference's.
 # 3. Faults, each bounded by a timeout: a rank SIGKILLed mid-run, a rank with
 #    a different parameter shape, a rank that stops calling collectives, a
-#    replica that drifts by one ulp. Every rank must stop with a message
+#    rank whose shard fails (a poisoned tape), a replica that drifts by one ulp. Every rank must stop with a message
 #    within seconds, and mpirun must fail.
 # Skipped (exit 77) with a message when mpirun is absent.
 set -u
@@ -48,6 +48,7 @@ for case in "ae 6" "lora 5"; do
   if ! timeout 120 "$bin" --reference --model "$model" --shards "$shards" --out "$model" >"$model.ref.log" 2>&1; then
     fail "$model: the single-process reference failed"; cat "$model.ref.log"; continue
   fi
+  grep -q '^clipped [1-9]' "$model.ref" || fail "$model: clipping never acted in the reference ($(grep '^clipped' "$model.ref"))"
   for n in 1 2 3 4; do
     start=$(date +%s)
     if ! timeout 120 $mpirun_cmd -np "$n" "$bin" --model "$model" --shards "$shards" --out "$model.np$n" \
@@ -62,25 +63,36 @@ for case in "ae 6" "lora 5"; do
       fi
       r=$((r + 1))
     done
-    ok "$model, S = $shards, $n rank(s): $(grep -c '^step' "$model.ref") losses, every parameter and moment bitwise equal to the reference on every rank ($(($(date +%s) - start)) s)"
+    ok "$model, S = $shards, $n rank(s) ($(grep '^clipped' "$model.ref") of 24 by the clip norm): $(grep -c '^step' "$model.ref") losses, every parameter and moment bitwise equal to the reference on every rank ($(($(date +%s) - start)) s)"
   done
 done
+
+# A control: another S is another sum, so the comparison above can see a difference.
+if timeout 120 "$bin" --reference --model ae --shards 3 --out ae.s3 >/dev/null 2>&1 && ! cmp -s ae.ref ae.s3.ref; then
+  ok "control: the autoencoder with S = 3 differs from S = 6 (the comparison sees the order)"
+else
+  fail "control: S = 3 and S = 6 gave the same bits, or the run failed"
+fi
 
 # ---- 2. checkpoint on 2 ranks, resume on 3 and on 1 process ----
 if timeout 120 $mpirun_cmd -np 2 "$bin" --model ae --save-at 12 --ckpt "$work/ae.ckpt" --out ae.part >ae.part.log 2>&1 &&
   [ -f ae.ckpt ]; then
-  # The uninterrupted run from step 13 on.
-  awk '$1 != "step" || $2 > 12' ae.ref >ae.ref.after12
+  # The uninterrupted run from step 13 on (the count of clipped steps covers the steps a run made).
+  after12() { awk '($1 != "step" || $2 > 12) && $1 != "clipped"' "$1"; }
+  after12 ae.ref >ae.ref.after12
   if timeout 120 $mpirun_cmd -np 3 "$bin" --model ae --resume "$work/ae.ckpt" --out ae.resumed >ae.resumed.log 2>&1; then
+    before=$failures
     for r in 0 1 2; do
-      cmp -s ae.ref.after12 "ae.resumed.rank$r" || fail "checkpoint: rank $r of 3, resumed from 2 ranks' step 12, differs"
+      after12 "ae.resumed.rank$r" | cmp -s ae.ref.after12 - ||
+        fail "checkpoint: rank $r of 3, resumed from 2 ranks' step 12, differs"
     done
-    ok "checkpoint written by rank 0 of 2 after step 12, resumed on 3 ranks: steps 13-24 and the final state bitwise equal"
+    [ "$failures" = "$before" ] &&
+      ok "checkpoint written by rank 0 of 2 after step 12, resumed on 3 ranks: steps 13-24 and the final state bitwise equal"
   else
     fail "checkpoint: the 3-rank resume failed"; cat ae.resumed.log
   fi
   if timeout 120 "$bin" --reference --model ae --resume "$work/ae.ckpt" --out ae.resumed1 >ae.resumed1.log 2>&1 &&
-    cmp -s ae.ref.after12 ae.resumed1.ref; then
+    after12 ae.resumed1.ref | cmp -s ae.ref.after12 -; then
     ok "the same checkpoint resumed in one process without MPI: bitwise equal"
   else
     fail "checkpoint: the single-process resume differs or failed"
@@ -119,6 +131,8 @@ expect killed-rank 20 'grad::dist: rank [02] of 3: stopped by the launcher' 2 --
 expect shape-mismatch 20 "the ranks' models differ" 3 --bad-rank 2
 # Rank 2 stops calling collectives before step 3: the others' 3 s timeout stops them.
 expect hung-rank 30 'did not complete within 3 s' 2 --hang-rank 2 --hang-step 3 --timeout 3
+# Rank 0's shard poisons its tape at step 4: every rank stops at that step, naming rank 0.
+expect failed-shard 20 'step 4 failed on rank(s) 0' 3 --poison-rank 0 --poison-step 4
 # Rank 1's parameters drift by one ulp after step 6: the checksum after step 8 catches it on every rank.
 expect drift 20 'replicas drifted: after step 8' 3 --drift-rank 1 --drift-step 6 --check-every 4
 
