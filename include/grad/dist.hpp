@@ -268,7 +268,13 @@ class DataParallel {
     for (std::size_t k = 0; k < own_.size() && failure.empty(); ++k) {
       const std::size_t s = own_.begin + k;
       tp.reset_to(mark_);
-      const Var<T> loss = loss_of(s);
+      Var<T> loss;
+      try {  // an exception on one rank must not leave the others waiting in the next collective
+        loss = loss_of(s);
+      } catch (const std::exception& e) {
+        failure = "shard " + std::to_string(s) + ": loss_of threw: " + e.what();
+        break;
+      }
       if (!tp.backward(loss)) {
         failure = "shard " + std::to_string(s) + ": " + tp.error();
         break;
