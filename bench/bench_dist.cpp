@@ -5,7 +5,8 @@
 // time per step inside collectives (waiting for the other rank included),
 // the fold, and the bytes each rank sends per step.
 //
-//   mpirun -np 2 build/bench/bench_dist --shards 2 --steps 20 [--f64] [--threads N]
+//   mpirun -np 2 build/bench/bench_dist --shards 2 --steps 20 [--f64] [--threads N] [--model ae]
+// (--model ae: workload A, the autoencoder, f64, batch 200.)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "../examples/autoencoder.hpp"
 #include "mlp_workload.hpp"
 
 namespace {
@@ -25,45 +27,60 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+// Shard s's rows of t as a constant.
 template <class T>
-int run(int argc, char** argv, std::size_t shards, int steps, int warmup) {
+grad::Var<T> rows_of(grad::Tape<T>& tp, const grad::Tensor<T>& t, std::size_t rows, std::size_t shards, std::size_t s) {
+  const grad::dist::Range r = grad::dist::shard_rows(rows, shards, s);
+  const std::size_t cols = t.shape()[1];
+  grad::Tensor<T> part({r.size(), cols});
+  std::memcpy(part.data().data(), t.data().data() + r.begin * cols, r.size() * cols * sizeof(T));
+  return tp.constant(part);
+}
+
+template <class T>
+int run(int argc, char** argv, const std::string& model, std::size_t shards, int steps, int warmup) {
   using namespace grad_bench;
   grad::Tape<T> tp;
-  grad::Adam<T> opt(T(1e-3));
-  const grad::Tensor<T> x = mlp_filled<T>({mlp_batch, mlp_widths[0]}, T(1), 1);
-  const grad::Tensor<T> target = mlp_filled<T>({mlp_batch, mlp_widths.back()}, T(0.5), 2);
+  grad::Adam<T> opt(T(model == "ae" ? 0.005 : 1e-3));
   std::vector<grad::Var<T>> w, b, xs, ts;
-  for (std::size_t l = 0; l + 1 < mlp_widths.size(); ++l) {
-    const T scale = T(1) / T(mlp_widths[l]);
-    w.push_back(tp.param(mlp_filled<T>({mlp_widths[l], mlp_widths[l + 1]}, scale * T(1.7), 10 + l)));
-    b.push_back(tp.param(mlp_filled<T>({mlp_widths[l + 1]}, T(0.1), 20 + l)));
-    opt.add(w.back());
-    opt.add(b.back());
-  }
-  // Each shard's rows as constants, made once (before the mark).
-  for (std::size_t s = 0; s < shards; ++s) {
-    const grad::dist::Range r = grad::dist::shard_rows(mlp_batch, shards, s);
-    auto rows = [&](const grad::Tensor<T>& t) {
-      const std::size_t cols = t.shape()[1];
-      grad::Tensor<T> part({r.size(), cols});
-      std::memcpy(part.data().data(), t.data().data() + r.begin * cols, r.size() * cols * sizeof(T));
-      return tp.constant(part);
-    };
-    xs.push_back(rows(x));
-    ts.push_back(rows(target));
+  const bool ae = model == "ae";
+  if (ae) {  // workload A: the autoencoder 6-64-32-64-6 tanh, batch 200 (examples/autoencoder.hpp)
+    const grad::Tensor<T> data = autoencoder::make_data<T>();
+    const autoencoder::Model<T> m = autoencoder::make_model(tp);
+    for (std::size_t l = 0; l < 4; ++l) {
+      w.push_back(m.w(l));
+      b.push_back(m.b(l));
+      opt.add(w.back());
+      opt.add(b.back());
+    }
+    for (std::size_t s = 0; s < shards; ++s) xs.push_back(rows_of(tp, data, 200, shards, s));
+  } else {  // workload B
+    const grad::Tensor<T> x = mlp_filled<T>({mlp_batch, mlp_widths[0]}, T(1), 1);
+    const grad::Tensor<T> target = mlp_filled<T>({mlp_batch, mlp_widths.back()}, T(0.5), 2);
+    for (std::size_t l = 0; l + 1 < mlp_widths.size(); ++l) {
+      const T scale = T(1) / T(mlp_widths[l]);
+      w.push_back(tp.param(mlp_filled<T>({mlp_widths[l], mlp_widths[l + 1]}, scale * T(1.7), 10 + l)));
+      b.push_back(tp.param(mlp_filled<T>({mlp_widths[l + 1]}, T(0.1), 20 + l)));
+      opt.add(w.back());
+      opt.add(b.back());
+    }
+    for (std::size_t s = 0; s < shards; ++s) {  // each shard's rows as constants, made once (before the mark)
+      xs.push_back(rows_of(tp, x, mlp_batch, shards, s));
+      ts.push_back(rows_of(tp, target, mlp_batch, shards, s));
+    }
   }
   auto loss_of = [&](std::size_t s) {
     grad::Var<T> h = xs[s];
     for (std::size_t l = 0; l < w.size(); ++l) {
       h = grad::matmul(h, w[l]) + b[l];
-      if (l + 1 < w.size()) h = grad::relu(h);
+      if (l + 1 < w.size()) h = ae ? grad::tanh(h) : grad::relu(h);
     }
-    return grad::mse(h, ts[s]);
+    return grad::mse(h, ae ? xs[s] : ts[s]);
   };
 
   grad::dist::Communicator comm(&argc, &argv);
   grad::dist::DataParallel<grad::Adam<T>> ddp(comm, opt, {.shards = shards});
-  std::vector<double> step_s, comm_s, fold_s;
+  std::vector<double> step_s, comm_s, fold_s, update_s;
   double last_loss = 0;
   std::uint64_t bytes = 0;
   for (int i = 0; i < warmup + steps; ++i) {
@@ -71,12 +88,16 @@ int run(int argc, char** argv, std::size_t shards, int steps, int warmup) {
     comm.barrier("the step start");
     comm.reset_stats();
     const auto t0 = std::chrono::steady_clock::now();
-    last_loss = static_cast<double>(ddp.step(loss_of));
-    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    last_loss = static_cast<double>(ddp.backward(loss_of));
+    const auto t1 = std::chrono::steady_clock::now();
+    if (!opt.step()) return 1;  // the update, replicated on every rank
+    const auto t2 = std::chrono::steady_clock::now();
+    const double took = std::chrono::duration<double>(t2 - t0).count();
     if (i >= warmup) {
       step_s.push_back(took);
       comm_s.push_back(comm.stats().seconds);
       fold_s.push_back(ddp.fold_seconds());
+      update_s.push_back(std::chrono::duration<double>(t2 - t1).count());
       bytes = comm.stats().bytes;
     }
   }
@@ -85,11 +106,12 @@ int run(int argc, char** argv, std::size_t shards, int steps, int warmup) {
     const double n = comm.size();
     const double ring = 2 * p * sizeof(T) * (n - 1) / n;
     std::printf(
-        "bench_dist %s ranks %d shards %zu threads %zu steps %d: step median %.2f ms (min %.2f), communication "
-        "median %.2f ms, fold %.2f ms, sent %.2f MB/step/rank (ring all-reduce %.2f MB), final loss %.9g\n",
-        sizeof(T) == 4 ? "f32" : "f64", comm.size(), shards, grad::num_threads(), steps, 1e3 * median(step_s),
-        1e3 * *std::min_element(step_s.begin(), step_s.end()), 1e3 * median(comm_s), 1e3 * median(fold_s),
-        double(bytes) / 1e6, ring / 1e6, last_loss);
+        "bench_dist %s %s ranks %d shards %zu threads %zu steps %d: step median %.2f ms (min %.2f), communication "
+        "median %.2f ms, fold %.2f ms, update %.2f ms, sent %.2f MB/step/rank (ring all-reduce %.2f MB), final loss "
+        "%.9g\n",
+        ae ? "autoencoder" : "workload-B", sizeof(T) == 4 ? "f32" : "f64", comm.size(), shards, grad::num_threads(),
+        steps, 1e3 * median(step_s), 1e3 * *std::min_element(step_s.begin(), step_s.end()), 1e3 * median(comm_s),
+        1e3 * median(fold_s), 1e3 * median(update_s), double(bytes) / 1e6, ring / 1e6, last_loss);
   }
   return 0;
 }
@@ -100,6 +122,7 @@ int main(int argc, char** argv) {
   std::size_t shards = 2, threads = 1;
   int steps = 20, warmup = 3;
   bool f64 = false;
+  std::string model = "mlp";
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (k == "--shards" && i + 1 < argc)
@@ -112,7 +135,11 @@ int main(int argc, char** argv) {
       threads = std::stoul(argv[++i]);
     else if (k == "--f64")
       f64 = true;
+    else if (k == "--model" && i + 1 < argc)
+      model = argv[++i];
   }
   grad::set_num_threads(threads);
-  return f64 ? run<double>(argc, argv, shards, steps, warmup) : run<float>(argc, argv, shards, steps, warmup);
+  if (model == "ae") f64 = true;  // workload A's headline figures are f64
+  return f64 ? run<double>(argc, argv, model, shards, steps, warmup)
+             : run<float>(argc, argv, model, shards, steps, warmup);
 }

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Workload B data-parallel, 1 rank against 2 ranks in the same run
+# Workloads B and A data-parallel, 1 rank against 2 ranks in the same run
 # (bench/RESULTS.md, "grad::dist"): rounds alternate the configurations so
 # that a change in the machine's load hits all of them alike.
 #   bench/dist_scaling.sh [BUILD_DIR] [ROUNDS] [STEPS]
@@ -21,4 +21,12 @@ for dtype in "" --f64; do
     run 1 "$bin" --shards 1 --steps "$steps" --threads 2 $dtype
     r=$((r + 1))
   done
+done
+# Workload A (the autoencoder, f64): 1 rank against 2, 300 steps each.
+r=1
+while [ "$r" -le "$rounds" ]; do
+  run 1 "$bin" --model ae --shards 2 --steps 300
+  run 2 "$bin" --model ae --shards 2 --steps 300
+  run 1 "$bin" --model ae --shards 1 --steps 300
+  r=$((r + 1))
 done
