@@ -101,7 +101,39 @@ int run(int argc, char** argv, const std::string& model, std::size_t shards, int
       bytes = comm.stats().bytes;
     }
   }
+  // The exchange alone, after a barrier (no waiting for a slower rank's
+  // compute): the same two collectives and sizes as a step's reduction.
+  std::vector<double> exchange_s;
+  {
+    const int world = comm.size(), rank = comm.rank();
+    const std::size_t p = opt.elements();
+    const grad::dist::Range own = grad::dist::owned_shards(shards, world, rank);
+    const grad::dist::Range mine = grad::dist::slice_of(p, world, rank);
+    std::vector<std::size_t> sc(world), sd(world), rc(world), rd(world), gc(world), gd(world);
+    std::size_t sent = 0, received = 0;
+    for (int q = 0; q < world; ++q) {
+      const grad::dist::Range slice = grad::dist::slice_of(p, world, q);
+      sc[q] = q == rank ? 0 : own.size() * slice.size();
+      sd[q] = sent;
+      sent += own.size() * slice.size();
+      rc[q] = q == rank ? 0 : grad::dist::owned_shards(shards, world, q).size() * mine.size();
+      rd[q] = received;
+      received += rc[q];
+      gc[q] = slice.size();
+      gd[q] = slice.begin;
+    }
+    std::vector<T> send(sent + 1), recv(received + 1), all(p);
+    for (int i = 0; i < 3 + steps; ++i) {
+      comm.barrier("the exchange probe");
+      const auto t0 = std::chrono::steady_clock::now();
+      comm.alltoallv(send.data(), sc.data(), sd.data(), recv.data(), rc.data(), rd.data(), "the exchange probe");
+      comm.allgatherv(all.data() + mine.begin, mine.size(), all.data(), gc.data(), gd.data(), "the exchange probe");
+      if (i >= 3) exchange_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
   if (comm.rank() == 0) {
+    std::printf("bench_dist   the exchange alone (after a barrier): median %.2f ms, min %.2f ms\n",
+                1e3 * median(exchange_s), 1e3 * *std::min_element(exchange_s.begin(), exchange_s.end()));
     const double p = static_cast<double>(opt.elements());
     const double n = comm.size();
     const double ring = 2 * p * sizeof(T) * (n - 1) / n;
