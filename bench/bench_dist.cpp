@@ -6,7 +6,8 @@
 // the fold, and the bytes each rank sends per step.
 //
 //   mpirun -np 2 build/bench/bench_dist --shards 2 --steps 20 [--f64] [--threads N] [--model ae]
-// (--model ae: workload A, the autoencoder, f64, batch 200.)
+// (--model ae: workload A, the autoencoder, f64, batch 200; --model lm: tinylm's default model, f32, one
+// sequence of 256 random bytes per shard.)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,8 +15,11 @@
 #include <cstring>
 #include <grad/dist.hpp>
 #include <grad/grad.hpp>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include <grad/lm.hpp>
 
 #include "../examples/autoencoder.hpp"
 #include "mlp_workload.hpp"
@@ -54,7 +58,7 @@ int run(int argc, char** argv, const std::string& model, std::size_t shards, int
       opt.add(b.back());
     }
     for (std::size_t s = 0; s < shards; ++s) xs.push_back(rows_of(tp, data, 200, shards, s));
-  } else {  // workload B
+  } else if (model != "lm") {  // workload B
     const grad::Tensor<T> x = mlp_filled<T>({mlp_batch, mlp_widths[0]}, T(1), 1);
     const grad::Tensor<T> target = mlp_filled<T>({mlp_batch, mlp_widths.back()}, T(0.5), 2);
     for (std::size_t l = 0; l + 1 < mlp_widths.size(); ++l) {
@@ -69,7 +73,27 @@ int run(int argc, char** argv, const std::string& model, std::size_t shards, int
       ts.push_back(rows_of(tp, target, mlp_batch, shards, s));
     }
   }
+  // The language model (grad/lm.hpp, tinylm's default size): one sequence of
+  // random bytes per shard, as `tinylm bench` times it.
+  const bool lm = model == "lm";
+  std::unique_ptr<grad::nn::Lm<T>> net;
+  std::vector<std::vector<int>> lm_in, lm_out;
+  const std::size_t seq = 256;
+  if (lm) {
+    grad::nn::LmConfig c;
+    c.max_seq = seq;
+    net = std::make_unique<grad::nn::Lm<T>>(tp, c, 1);
+    for (const auto& p : net->trainable()) opt.add(p.var);
+    grad::SplitMix64 rng(5);
+    for (std::size_t s = 0; s < shards; ++s) {
+      lm_in.emplace_back(seq);
+      lm_out.emplace_back(seq);
+      for (int& x : lm_in.back()) x = static_cast<int>(rng.next() % 256);
+      for (int& x : lm_out.back()) x = static_cast<int>(rng.next() % 256);
+    }
+  }
   auto loss_of = [&](std::size_t s) {
+    if (lm) return net->forward(net->ids(lm_in[s], 1, seq), net->ids(lm_out[s], seq, 0)).loss;
     grad::Var<T> h = xs[s];
     for (std::size_t l = 0; l < w.size(); ++l) {
       h = grad::matmul(h, w[l]) + b[l];
@@ -140,10 +164,14 @@ int run(int argc, char** argv, const std::string& model, std::size_t shards, int
     std::printf(
         "bench_dist %s %s ranks %d shards %zu threads %zu steps %d: step median %.2f ms (min %.2f), communication "
         "median %.2f ms, fold %.2f ms, update %.2f ms, sent %.2f MB/step/rank (ring all-reduce %.2f MB), final loss "
-        "%.9g\n",
-        ae ? "autoencoder" : "workload-B", sizeof(T) == 4 ? "f32" : "f64", comm.size(), shards, grad::num_threads(),
-        steps, 1e3 * median(step_s), 1e3 * *std::min_element(step_s.begin(), step_s.end()), 1e3 * median(comm_s),
-        1e3 * median(fold_s), 1e3 * median(update_s), double(bytes) / 1e6, ring / 1e6, last_loss);
+        "%.9g, parameters fnv1a %016llx\n",
+        ae   ? "autoencoder"
+        : lm ? "tinylm"
+             : "workload-B",
+        sizeof(T) == 4 ? "f32" : "f64", comm.size(), shards, grad::num_threads(), steps, 1e3 * median(step_s),
+        1e3 * *std::min_element(step_s.begin(), step_s.end()), 1e3 * median(comm_s), 1e3 * median(fold_s),
+        1e3 * median(update_s), double(bytes) / 1e6, ring / 1e6, last_loss,
+        static_cast<unsigned long long>(grad::dist::parameter_checksum(opt)));
   }
   return 0;
 }

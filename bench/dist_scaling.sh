@@ -1,5 +1,5 @@
 #!/bin/sh
-# Workloads B and A data-parallel, 1 rank against 2 ranks in the same run
+# Workloads B and A and tinylm data-parallel, 1 rank against 2 ranks in the same run
 # (bench/RESULTS.md, "grad::dist"): rounds alternate the configurations so
 # that a change in the machine's load hits all of them alike.
 #   bench/dist_scaling.sh [BUILD_DIR] [ROUNDS] [STEPS]
@@ -28,5 +28,7 @@ while [ "$r" -le "$rounds" ]; do
   run 1 "$bin" --model ae --shards 2 --steps 300
   run 2 "$bin" --model ae --shards 2 --steps 300
   run 1 "$bin" --model ae --shards 1 --steps 300
+  run 1 "$bin" --model lm --shards 4 --steps 6 --warmup 1   # tinylm, one sequence per shard
+  run 2 "$bin" --model lm --shards 4 --steps 6 --warmup 1
   r=$((r + 1))
 done
