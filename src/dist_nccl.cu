@@ -53,9 +53,9 @@ struct ShardReducer<T>::Impl {
   Range own;
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
-  T* shards = nullptr;    // own.size() x P
-  T* received = nullptr;  // (S - own.size()) x slice
-  T* reduced = nullptr;   // W x slice
+  T* shards = nullptr;         // own.size() x P
+  T* received = nullptr;       // (S - own.size()) x slice
+  T* reduced = nullptr;        // W x slice
   const T** pieces = nullptr;  // S device pointers
   std::vector<const T*> host_pieces;
 
@@ -148,7 +148,7 @@ void ShardReducer<T>::reduce() {
     const unsigned threads = 256;
     const unsigned blocks = static_cast<unsigned>((mine.size() + threads - 1) / threads);
     fold_kernel<T><<<blocks, threads, 0, m.stream>>>(m.pieces, m.options.shards, mine.size(),
-                                                      m.options.combine == Combine::mean, m.reduced + mine.begin);
+                                                     m.options.combine == Combine::mean, m.reduced + mine.begin);
     check(cudaGetLastError(), "the fold kernel");
   }
   check(ncclAllGather(m.reduced + m.rank * m.slice, m.reduced, m.slice, nccl_type<T>(), m.comm, m.stream),

@@ -62,12 +62,13 @@
 // The reduction (DataParallel::backward): the P optimizer parameters,
 // flattened in add order, are cut into one contiguous slice per rank
 // (slice_of). Each rank sends, to the owner of each slice, its own shards'
-// pieces of that slice (MPI_Alltoallv): rank r receives shards 0 .. S-1's
-// pieces of its slice in ascending shard order, folds them as above, and an
-// MPI_Allgatherv hands every rank the whole reduced gradient. Bytes sent per
-// rank and step: about (S/W) * P * (W-1)/W for the exchange plus P * (W-1)/W
+// pieces of that slice (MPI_Alltoallv; its own pieces stay in place): rank r
+// then holds shards 0 .. S-1's pieces of its slice, folds them in ascending
+// shard order as above, and an MPI_Allgatherv hands every rank the whole
+// reduced gradient. Bytes sent per rank and step: ceil(S/W) * P * (W-1)/W for
+// the exchange plus P * (W-1)/W
 // for the gather, against 2 * P * (W-1)/W for a ring all-reduce: a factor
-// (S/W + 1) / 2 (1 when S = W).
+// (ceil(S/W) + 1) / 2 (1 when S = W). S >= W: every rank owns a shard.
 #pragma once
 
 #include <algorithm>
