@@ -45,6 +45,7 @@ struct Args {
   int kill_rank = -1, bad_rank = -1, drift_rank = -1, hang_rank = -1, poison_rank = -1;
   std::size_t kill_step = 0, drift_step = 0, hang_step = 0, poison_step = 0;
   double timeout = 0;
+  std::size_t threads = 1;
 };
 
 Args parse(int argc, char** argv) {
@@ -96,6 +97,8 @@ Args parse(int argc, char** argv) {
       a.hang_rank = std::stoi(next());
     else if (k == "--hang-step")
       a.hang_step = std::stoul(next());
+    else if (k == "--threads")
+      a.threads = std::stoul(next());
     else if (k == "--timeout")
       a.timeout = std::stod(next());
     else {
@@ -335,6 +338,8 @@ int main(int argc, char** argv) {
   const char* env_rank = std::getenv("OMPI_COMM_WORLD_RANK");
   const int rank = args.reference || !env_rank ? 0 : std::atoi(env_rank);
   const bool wider = rank == args.bad_rank;
+  // Odd ranks only: ranks with different thread counts must still agree (threads split outputs, never a sum).
+  if (rank % 2 == 1) grad::set_num_threads(args.threads);
   Tape<T> tp;
   grad::Adam<T> opt(args.model == "ae" ? T(0.005) : T(0.01));
   opt.set_clip(args.model == "ae" ? T(0.05) : T(0.5));  // small enough that it clips
