@@ -3,11 +3,14 @@
 # Run as root (or through sudo). python3-torch is optional: it enables the live
 # PyTorch oracle comparisons (the checked-in golden data is always compared).
 # python3-sklearn is optional too: it ships the data set examples/digits reads
-# (GRAD_WITH_SKLEARN=0 skips it).
+# (GRAD_WITH_SKLEARN=0 skips it). Open MPI (libopenmpi-dev, openmpi-bin) builds
+# grad::dist's library and lets the test suite run it under mpirun
+# (GRAD_WITH_MPI=0 skips it: grad::dist's MPI test then reports itself skipped).
 set -eu
 want="meson ninja-build pkg-config cmake g++ doctest-dev libboost-dev libbenchmark-dev"
 [ "${GRAD_WITH_TORCH:-1}" = 1 ] && want="$want python3-torch"
 [ "${GRAD_WITH_SKLEARN:-1}" = 1 ] && want="$want python3-sklearn"
+[ "${GRAD_WITH_MPI:-1}" = 1 ] && want="$want libopenmpi-dev openmpi-bin"
 missing=""
 for p in $want; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -1,0 +1,159 @@
+// grad::dist's pieces that need no tape: the shard and slice arithmetic,
+// the documented fold (the one definition of the order, grad/dist.hpp
+// describes it), the options, and the MPI Communicator's declaration (its
+// definition is src/dist_mpi.cpp, the grad_dist library). Included by
+// grad/dist.hpp, and alone by device code (src/dist_nccl.cu).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+
+namespace grad::dist {
+
+// What every grad::dist failure throws (the same message on every rank that
+// can know it; the message names the rank where it matters).
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A half-open range [begin, end).
+struct Range {
+  std::size_t begin = 0, end = 0;
+  std::size_t size() const { return end - begin; }
+  bool empty() const { return begin == end; }
+};
+
+// Part k of n of a sequence of `count`, contiguous, ascending: the first
+// count % n parts hold one element more than the others.
+inline Range split(std::size_t count, std::size_t n, std::size_t k) {
+  const std::size_t base = count / n, extra = count % n;
+  const std::size_t begin = k * base + (k < extra ? k : extra);
+  return {begin, begin + base + (k < extra ? 1 : 0)};
+}
+
+// Rows of shard s of a batch of `rows` cut into `shards` shards.
+inline Range shard_rows(std::size_t rows, std::size_t shards, std::size_t s) { return split(rows, shards, s); }
+// The shards rank `rank` of `world` computes: a contiguous block, ascending
+// (so that the ranks' blocks, in rank order, are the shards in order).
+inline Range owned_shards(std::size_t shards, int world, int rank) {
+  return split(shards, static_cast<std::size_t>(world), static_cast<std::size_t>(rank));
+}
+// The slice of the P flattened parameters whose reduction rank `rank` does.
+inline Range slice_of(std::size_t elements, int world, int rank) {
+  return split(elements, static_cast<std::size_t>(world), static_cast<std::size_t>(rank));
+}
+
+enum class Combine : std::uint32_t { sum = 1, mean = 2 };
+
+// ---- the documented order: the only definition, used by every path ----
+
+// acc[i] = acc[i] + next[i]: shard s joining the fold of shards 0 .. s-1.
+template <class T>
+void fold_add(T* __restrict acc, const T* __restrict next, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] + next[i];
+}
+// The fold's last step: acc[i] / T(shards) under Combine::mean, nothing under sum.
+template <class T>
+void fold_finish(T* acc, std::size_t n, std::size_t shards, Combine combine) {
+  if (combine != Combine::mean) return;
+  const T d = static_cast<T>(shards);
+  for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] / d;
+}
+// The step loss from the S shard losses, in the same order.
+template <class T>
+T fold_losses(std::span<const T> losses, Combine combine) {
+  if (losses.empty()) return T(0);
+  T acc = losses[0];
+  for (std::size_t s = 1; s < losses.size(); ++s) acc = acc + losses[s];
+  if (combine == Combine::mean) acc = acc / static_cast<T>(losses.size());
+  return acc;
+}
+
+// The whole fold of S shards' pieces (pieces[s]: n values each) into out,
+// in blocks that stay in cache: per element exactly fold_add's and
+// fold_finish's operations, in their order.
+template <class T>
+void fold_pieces(std::span<const T* const> pieces, T* out, std::size_t n, Combine combine) {
+  constexpr std::size_t block = 2048;
+  for (std::size_t at = 0; at < n; at += block) {
+    const std::size_t m = std::min(block, n - at);
+    std::memcpy(out + at, pieces[0] + at, m * sizeof(T));
+    for (std::size_t s = 1; s < pieces.size(); ++s) fold_add(out + at, pieces[s] + at, m);
+    fold_finish(out + at, m, pieces.size(), combine);
+  }
+}
+
+struct ShardOptions {
+  std::size_t shards = 1;           // S: fixed by the user, independent of the rank count
+  Combine combine = Combine::mean;  // how the fold ends (above)
+  std::uint64_t check_every = 0;    // DataParallel: compare parameter checksums every N steps (0: never)
+  bool broadcast_initial = true;    // DataParallel: start every rank from rank 0's parameters
+};
+
+// ---------------------------------------------------------------------------
+// The MPI part. Declared here, defined in src/dist_mpi.cpp (the grad_dist
+// library, which links Open MPI); this header never includes mpi.h.
+
+struct CommOptions {
+  double first_timeout_s = 60;  // the first collective (DataParallel's model check): every rank must arrive
+  double timeout_s = 300;       // every later collective
+};
+
+// Where the time goes, for the scaling figures.
+struct CommStats {
+  double seconds = 0;       // inside collectives (waiting for other ranks included)
+  std::uint64_t bytes = 0;  // sent by this rank (its own slice to itself not counted)
+  std::uint64_t calls = 0;
+};
+
+// MPI_COMM_WORLD with grad's failure rules. The constructor initialises MPI
+// (unless the program already has) and makes MPI errors return instead of
+// aborting, so they become dist::Error with the call and MPI's message; it
+// starts a watchdog thread that ends the process with a message when a
+// collective runs past its timeout, and installs a SIGTERM handler that says
+// why the launcher stopped this rank. The destructor finalises MPI if the
+// constructor initialised it.
+class Communicator {
+ public:
+  Communicator(int* argc, char*** argv, CommOptions options = {});
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const;
+  int size() const;
+  const CommStats& stats() const;
+  void reset_stats();
+  // What the next collectives belong to (shown by the timeout and SIGTERM messages).
+  void set_step(std::uint64_t step);
+
+  // Collectives over every rank; each throws Error when MPI reports a failure.
+  void barrier(const char* what);
+  void broadcast(void* data, std::size_t bytes, int root, const char* what);
+  // Every rank sends `bytes`; recv gets size() * bytes, by rank.
+  void allgather(const void* send, std::size_t bytes, void* recv, const char* what);
+  // Typed exchanges (counts and displacements in elements, by rank).
+  void alltoallv(const float* send, const std::size_t* send_counts, const std::size_t* send_displs, float* recv,
+                 const std::size_t* recv_counts, const std::size_t* recv_displs, const char* what);
+  void alltoallv(const double* send, const std::size_t* send_counts, const std::size_t* send_displs, double* recv,
+                 const std::size_t* recv_counts, const std::size_t* recv_displs, const char* what);
+  void allgatherv(const float* send, std::size_t count, float* recv, const std::size_t* counts,
+                  const std::size_t* displs, const char* what);
+  void allgatherv(const double* send, std::size_t count, double* recv, const std::size_t* counts,
+                  const std::size_t* displs, const char* what);
+
+  // Prints "grad::dist: rank r of n: <why>" on stderr and ends every rank (MPI_Abort).
+  [[noreturn]] void abort(const std::string& why, int code = 1);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace grad::dist
