@@ -4,6 +4,9 @@
 #include <cstddef>
 #include <cstdint>
 
+// grad's version (meson.build's project version; configuring checks they agree).
+#define GRAD_VERSION "0.1.0"
+
 #if defined(__CUDACC__)
 #define GRAD_HD __host__ __device__
 #else

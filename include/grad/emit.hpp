@@ -329,7 +329,7 @@ class EmitPlan {
   std::string preamble(bool cuda) const {
     std::size_t computed = 0;
     for (std::uint32_t i = 0; i <= loss_; ++i) computed += !is_leaf(i);
-    std::string s = "// Written by grad::emit (grad 0.1.0, emitted format 1): a captured episode of " +
+    std::string s = "// Written by grad::emit (grad " GRAD_VERSION ", emitted format 1): a captured episode of " +
                     std::to_string(nodes_.size()) + " nodes (" + std::to_string(computed) +
                     " computed), element type " + scalar_type() + ".\n";
     s += "// Needs grad's headers of the same version (include/), nothing else: no Boost, no library.\n";
