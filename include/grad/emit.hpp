@@ -144,11 +144,8 @@ class EmitPlan {
  public:
   EmitPlan(const Tape<T>& tape, Var<T> loss, const EmitOptions<T>& o) : o_(o) {
     const std::string who = "grad::emit: ";
-    if (!tape.ok())
-      throw EmitError(who + "the tape is poisoned (" + tape.error() + "); record a clean episode before emitting");
-    if (loss.tape() != &tape) throw EmitError(who + "the loss Var belongs to a different tape (or to none)");
-    if (tape.value(loss).empty())
-      throw EmitError(who + "the loss Var is not a live node of the tape (rejected, or dropped by reset_to)");
+    if (std::string why = device::capture_detail::episode_refusal(tape, loss, "emitting"); !why.empty())
+      throw EmitError(who + why);
     if (!emit_detail::identifier(o.name) || emit_detail::reserved(o.name))
       throw EmitError(who + "the namespace name '" + o.name + "' is not a C++ identifier, or is reserved");
     loss_ = loss.index();

@@ -20,6 +20,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -288,16 +289,24 @@ Layout<S> build_layout(const Tape<T>& tape, std::uint32_t loss, std::vector<std:
   return L;
 }
 
+// Why an episode cannot be read off the tape at all (capture and grad::emit
+// both start here; `doing` is "capturing" or "emitting"), or "".
+template <class T>
+std::string episode_refusal(const Tape<T>& tape, Var<T> loss, std::string_view doing) {
+  if (!tape.ok())
+    return "the tape is poisoned (" + tape.error() + "); record a clean episode before " + std::string(doing);
+  if (loss.tape() != &tape) return "the loss Var belongs to a different tape (or to none)";
+  if (tape.value(loss).empty()) return "the loss Var is not a live node of the tape (rejected, or dropped by reset_to)";
+  return "";
+}
+
 }  // namespace capture_detail
 
 template <class T>
 Program<T> capture(const Tape<T>& tape, Var<T> loss, Options options) {
   const std::string who = "grad::device::capture: ";
-  if (!tape.ok())
-    throw CaptureError(who + "the tape is poisoned (" + tape.error() + "); record a clean episode before capturing");
-  if (loss.tape() != &tape) throw CaptureError(who + "the loss Var belongs to a different tape (or to none)");
-  if (tape.value(loss).empty())
-    throw CaptureError(who + "the loss Var is not a live node of the tape (rejected, or dropped by reset_to)");
+  if (std::string why = capture_detail::episode_refusal(tape, loss, "capturing"); !why.empty())
+    throw CaptureError(who + why);
   const Node<T>& root = tape.nodes()[loss.index()];
   if (root.dims.size() != 1)
     throw CaptureError(who + "the loss has shape " + shape_string(root.dims) +
