@@ -642,11 +642,7 @@ class EmitPlan {
     s += "};\n\n";
     s += "// The update after a step's backward: parameters in the optimizer's add order.\n";
     s += "GRAD_HD inline void update(const Params& p, Optimizer& opt, Workspace& ws) {\n";
-    s += "  grad::emitted::Clip<T> clip;\n  if (opt.clip != T(0)) {\n";
-    for (const OptParam& q : opt_params_)
-      if (grad_off_[q.node] != no_slot)
-        s += "    clip.share(" + grad_of(q.node) + ", " + std::to_string(q.size) + ");\n";
-    s += "  }\n  const T scale = clip.scale(opt.clip);\n";
+    s += clip_norm_text() + "  const T scale = clip.scale(opt.clip);\n";
     if (adam_) {
       s += "  grad::AdamRule::advance(opt.beta1_power, opt.beta2_power, opt.beta1, opt.beta2);\n";
       s += "  const grad::AdamStepConstants<T> c =\n"
@@ -670,6 +666,16 @@ class EmitPlan {
     return s;
   }
 
+  // The global norm's squares, parameter after parameter in the optimizer's
+  // order (host and device updates both start with it).
+  std::string clip_norm_text() const {
+    std::string s = "  grad::emitted::Clip<T> clip;\n  if (opt.clip != T(0)) {\n";
+    for (const OptParam& q : opt_params_)
+      if (grad_off_[q.node] != no_slot)
+        s += "    clip.share(" + grad_of(q.node) + ", " + std::to_string(q.size) + ");\n";
+    return s + "  }\n";
+  }
+
   std::string optimizer_cuda() const {
     const Optimizer<T>& opt = *o_.optimizer;
     std::string s = "// ---- the optimizer (" + std::string(adam_ ? "Adam" : "SGD") + ") on the device ----\n";
@@ -683,11 +689,7 @@ class EmitPlan {
     if (adam_) s += "  T* m;  // moment_size, device (m_init, v_init: the captured moments)\n  T* v;\n";
     s += "  grad::emitted::DeviceOptimizerState<T>* state;  // one record, device memory\n};\n";
     s += "__global__ void prepare_kernel(DeviceOptimizer opt, DeviceWorkspace ws) {\n";
-    s += "  grad::emitted::Clip<T> clip;\n  if (opt.clip != T(0)) {\n";
-    for (const OptParam& q : opt_params_)
-      if (grad_off_[q.node] != no_slot)
-        s += "    clip.share(" + grad_of(q.node) + ", " + std::to_string(q.size) + ");\n";
-    s += "  }\n  opt.state->scale = clip.scale(opt.clip);\n";
+    s += clip_norm_text() + "  opt.state->scale = clip.scale(opt.clip);\n";
     if (adam_) {
       s += "  opt.state->beta1_power = opt.beta1_power;\n  opt.state->beta2_power = opt.beta2_power;\n";
       s += "  grad::AdamRule::advance(opt.state->beta1_power, opt.state->beta2_power, opt.beta1, opt.beta2);\n";
