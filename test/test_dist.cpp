@@ -5,7 +5,9 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <grad/device/device.hpp>
 #include <grad/dist.hpp>
+#include <grad/dist/program.hpp>
 #include <grad/grad.hpp>
 #include <vector>
 
@@ -80,12 +82,13 @@ struct Net {
     opt.add(w2, 1e-3);
     opt.set_clip(0.1);
   }
-  Var<double> loss(dist::Range rows) {
-    Tensor<double> x({rows.size(), 3});
-    std::memcpy(x.data().data(), data.data().data() + 3 * rows.begin, 3 * rows.size() * sizeof(double));
-    const Var<double> in = tp.constant(x);
-    return grad::mse(grad::matmul(grad::tanh(grad::matmul(in, w1) + b1), w2), in);
+  Tensor<double> rows(dist::Range r) const {
+    Tensor<double> x({r.size(), 3});
+    std::memcpy(x.data().data(), data.data().data() + 3 * r.begin, 3 * r.size() * sizeof(double));
+    return x;
   }
+  Var<double> loss_of(Var<double> in) { return grad::mse(grad::matmul(grad::tanh(grad::matmul(in, w1) + b1), w2), in); }
+  Var<double> loss(dist::Range r) { return loss_of(tp.constant(rows(r))); }
   std::vector<double> params() const {
     std::vector<double> all;
     for (Var<double> v : {w1, b1, w2}) all.insert(all.end(), tp.value(v).begin(), tp.value(v).end());
@@ -172,4 +175,103 @@ TEST_CASE("LocalShards refuses a shard whose loss does not reach every parameter
   CHECK_THROWS_WITH_AS(more.backward([&](std::size_t) { return grad::matmul(poisoned.w1, poisoned.w1); }),
                        doctest::Contains("shard 0: grad: matmul"), dist::Error);
   CHECK_THROWS_AS(dist::LocalShards<grad::Adam<double>>(net.opt, {.shards = 0}), dist::Error);
+}
+
+TEST_CASE("DataParallel on a SoloGroup (one process, no MPI) is LocalShards, bit for bit, even and uneven shards") {
+  for (std::size_t S : {1u, 4u, 5u}) {
+    CAPTURE(S);
+    Net a, b;
+    dist::LocalShards<grad::Adam<double>> local(a.opt, {.shards = S});
+    dist::SoloGroup solo;
+    dist::DataParallel<grad::Adam<double>> ddp(solo, b.opt, {.shards = S, .check_every = 2});
+    for (int step = 0; step < 6; ++step) {
+      const double la = local.step([&](std::size_t s) { return a.loss(dist::shard_rows(10, S, s)); });
+      const double lb = ddp.step([&](std::size_t s) { return b.loss(dist::shard_rows(10, S, s)); });
+      CHECK(same_bits(la, lb));
+    }
+    CHECK(same_bits(a.params(), b.params()));
+  }
+}
+
+namespace {
+
+// The Net's shard episode captured as a device program (shard 0's rows), and
+// its device Adam with the tape optimizer's settings.
+struct CapturedNet {
+  Net net;
+  Var<double> in;
+  std::optional<grad::device::Program<double>> program;
+  std::optional<grad::device::Adam<double>> opt;
+
+  CapturedNet(std::size_t S, grad::device::Mode mode, bool f32 = false) {
+    in = net.tp.constant(net.rows(dist::shard_rows(10, S, 0)));
+    program.emplace(grad::device::capture(net.tp, net.loss_of(in), {.mode = mode, .f32 = f32}));
+    opt.emplace(*program, 0.01);
+    opt->add(net.w1, 1e-3);
+    opt->add(net.b1);
+    opt->add(net.w2, 1e-3);
+    opt->set_clip(0.1);
+  }
+  std::vector<double> params() {
+    std::vector<double> all;
+    for (Var<double> v : {net.w1, net.b1, net.w2}) {
+      const Tensor<double> t = program->value(v);
+      all.insert(all.end(), t.data().begin(), t.data().end());
+    }
+    return all;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("ProgramParallel: a captured program's shards land on LocalShards' bits on the tape, in every mode") {
+  using grad::device::Mode;
+  const std::size_t S = 5;  // equal shards of 2 rows: one program serves them all
+  Net reference;
+  dist::LocalShards<grad::Adam<double>> local(reference.opt, {.shards = S});
+  std::vector<double> losses;
+  for (int step = 0; step < 6; ++step)
+    losses.push_back(local.step([&](std::size_t s) { return reference.loss(dist::shard_rows(10, S, s)); }));
+  CHECK(reference.opt.clip_scale() < 1.0);  // the clip norm bites: the reduced gradient's norm decides it
+  for (Mode mode : {Mode::per_node, Mode::graph, Mode::fused}) {
+    CAPTURE(grad::device::mode_name(mode));
+    CapturedNet c(S, mode);
+    dist::SoloGroup solo;
+    dist::ProgramParallel<double> ddp(solo, *c.opt, {.shards = S, .check_every = 3});
+    CHECK(ddp.owned().size() == S);
+    for (int step = 0; step < 6; ++step) {
+      const double loss =
+          ddp.step([&](std::size_t s) { c.program->set_input(c.in, c.net.rows(dist::shard_rows(10, S, s))); });
+      CHECK(same_bits(loss, losses[step]));
+    }
+    CHECK(same_bits(c.params(), reference.params()));
+  }
+}
+
+TEST_CASE("ProgramParallel refuses what it cannot reduce, and a failing shard stops the step with its reason") {
+  using grad::device::Mode;
+  dist::SoloGroup solo;
+  {
+    CapturedNet c(2, Mode::per_node, /*f32=*/true);  // float engine under a double optimizer
+    CHECK_THROWS_WITH_AS(dist::ProgramParallel<double>(solo, *c.opt, {.shards = 2}),
+                         doctest::Contains("computes in float32"), dist::Error);
+  }
+  {
+    Net net;
+    const Var<double> unused = net.tp.param(seeded({2}, 3));
+    const Var<double> in = net.tp.constant(net.rows({0, 5}));
+    auto program = grad::device::capture(net.tp, net.loss_of(in));
+    grad::device::SGD<double> opt(program, 0.1);
+    opt.add(net.w1);
+    opt.add(unused);
+    CHECK_THROWS_WITH_AS(dist::ProgramParallel<double>(solo, opt, {.shards = 2}),
+                         doctest::Contains("1 of the optimizer's 2 parameters are not reached"), dist::Error);
+  }
+  CapturedNet c(2, Mode::per_node);
+  dist::ProgramParallel<double> ddp(solo, *c.opt, {.shards = 2});
+  CHECK_THROWS_WITH_AS(ddp.step([&](std::size_t) {
+    c.program->set_input(c.in, c.net.rows({0, 3}));
+  }),
+                       doctest::Contains("step 1 failed on rank(s) 0: shard 0: grad::device::set_input"), dist::Error);
+  CHECK_THROWS_AS(dist::ProgramParallel<double>(solo, *c.opt, {.shards = 0}), dist::Error);
 }

@@ -76,6 +76,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -205,52 +206,186 @@ class LocalShards {
   std::vector<T> losses_;
 };
 
-// Data parallelism over a Communicator: every rank builds the same model and
-// optimizer (same seed) and calls the same steps; rank r computes the shards
-// owned_shards(S, size, r). Construct it after the parameters and constants
-// are recorded (it takes the tape's mark, as LocalShards).
+// ---- the collectives every data-parallel trainer shares ----
+
+// The exchange of the reduction (above) over host buffers, on any Group:
+// this rank's shards' gradients in, the reduced gradient (the same bits on
+// every rank) out. DataParallel (tapes) and ProgramParallel (captured device
+// programs, grad/dist/program.hpp) both reduce through it.
+template <class T>
+class ShardExchange {
+ public:
+  ShardExchange(Group& group, std::size_t elements, const ShardOptions& options)
+      : group_(&group), p_(elements), options_(options), world_(group.size()), rank_(group.rank()) {
+    if (options.shards < static_cast<std::size_t>(world_))
+      throw Error("grad::dist: " + std::to_string(options.shards) + " shards for " + std::to_string(world_) +
+                  " ranks: every rank needs at least one shard (use more shards or fewer ranks)");
+    own_ = owned_shards(options.shards, world_, rank_);
+    for (int q = 0; q < world_; ++q) {
+      const Range slice = slice_of(p_, world_, q);
+      send_counts_.push_back(q == rank_ ? 0 : own_.size() * slice.size());  // its own pieces stay where they are
+      send_displs_.push_back(send_size_);
+      send_size_ += own_.size() * slice.size();
+      recv_counts_.push_back(q == rank_ ? 0 : owned_shards(options.shards, world_, q).size() * mine().size());
+      recv_displs_.push_back(recv_size_);
+      recv_size_ += recv_counts_.back();
+      gather_counts_.push_back(slice.size());
+      gather_displs_.push_back(slice.begin);
+    }
+    send_.resize(send_size_);
+    recv_.resize(recv_size_);
+    reduced_.resize(p_);
+    pieces_.resize(options.shards);
+  }
+
+  Range owned() const { return own_; }
+  std::size_t elements() const { return p_; }
+  // Where shard owned().begin + k's piece of rank q's slice (slice_of(P, size, q)) goes.
+  T* piece(std::size_t k, int q) { return send_.data() + send_displs_[q] + k * slice_of(p_, world_, q).size(); }
+  // Shard owned().begin + k's whole flattened gradient (P values), cut into its pieces.
+  void put(std::size_t k, const T* flat) {
+    for (int q = 0; q < world_; ++q) {
+      const Range slice = slice_of(p_, world_, q);
+      std::memcpy(piece(k, q), flat + slice.begin, slice.size() * sizeof(T));
+    }
+  }
+
+  // Exchange, fold in ascending shard order, gather: the reduced gradient,
+  // P values, on every rank. Adds the fold's own time to fold_seconds.
+  std::span<const T> reduce(double& fold_seconds) {
+    group_->alltoallv(send_.data(), send_counts_.data(), send_displs_.data(), recv_.data(), recv_counts_.data(),
+                      recv_displs_.data(), "the gradient exchange (alltoallv)");
+    // Shard s's piece of this rank's slice: received (other ranks' shards,
+    // ascending) or still in the send buffer (this rank's own: the exchange
+    // does not copy them to itself).
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::size_t s = 0, received = 0; s < options_.shards; ++s)
+      pieces_[s] =
+          s >= own_.begin && s < own_.end ? piece(s - own_.begin, rank_) : recv_.data() + (received++) * mine().size();
+    fold_pieces<T>(pieces_, reduced_.data() + mine().begin, mine().size(), options_.combine);
+    fold_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    group_->allgatherv(reduced_.data() + mine().begin, mine().size(), reduced_.data(), gather_counts_.data(),
+                       gather_displs_.data(), "the gradient gather (allgatherv)");
+    return reduced_;
+  }
+
+ private:
+  Range mine() const { return slice_of(p_, world_, rank_); }
+
+  Group* group_;
+  std::size_t p_;
+  ShardOptions options_;
+  int world_, rank_;
+  Range own_;
+  std::vector<std::size_t> send_counts_, send_displs_, recv_counts_, recv_displs_, gather_counts_, gather_displs_;
+  std::size_t send_size_ = 0, recv_size_ = 0;
+  std::vector<T> send_, recv_, reduced_;
+  std::vector<const T*> pieces_;
+};
+
+namespace detail {
+
+inline std::string where(const Group& g) {
+  return "grad::dist: rank " + std::to_string(g.rank()) + " of " + std::to_string(g.size()) + ": ";
+}
+
+// What every rank's model must agree on, compared with rank 0's by the first collective.
+struct ModelSummary {
+  std::uint64_t dtype = 0, shards = 0, combine = 0, count = 0, elements = 0, shapes = 0;
+};
+
+// FNV-1a over a list of numbers (shapes), for ModelSummary::shapes.
+inline std::uint64_t fingerprint(std::span<const std::uint64_t> xs) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (std::uint64_t x : xs) h = (h ^ x) * 0x100000001b3ULL;
+  return h;
+}
+
+// Throws Error on every rank, naming the first difference, when a rank's
+// summary is not rank 0's. `shapes`: this rank's parameter shapes, in words.
+inline void check_same_model(Group& g, const ModelSummary& mine, const std::string& shapes) {
+  std::vector<ModelSummary> all(g.size());
+  g.allgather(&mine, sizeof mine, all.data(), "the model check (allgather), the first collective");
+  for (int q = 1; q < g.size(); ++q) {
+    const ModelSummary& a = all[0];
+    const ModelSummary& b = all[q];
+    auto differs = [&](const char* what, std::uint64_t x, std::uint64_t y) {
+      return Error(where(g) + "the ranks' models differ: " + what + " " + std::to_string(x) + " on rank 0 but " +
+                   std::to_string(y) + " on rank " + std::to_string(q) + "; every rank must build the same model");
+    };
+    if (a.dtype != b.dtype) throw differs("element size", a.dtype, b.dtype);
+    if (a.shards != b.shards) throw differs("shards", a.shards, b.shards);
+    if (a.combine != b.combine) throw differs("combine mode", a.combine, b.combine);
+    if (a.count != b.count) throw differs("parameter count", a.count, b.count);
+    if (a.elements != b.elements || a.shapes != b.shapes)
+      throw Error(where(g) + "the ranks' models differ: the parameter shapes of rank " + std::to_string(q) +
+                  " are not rank 0's (" + std::to_string(b.elements) + " elements against " +
+                  std::to_string(a.elements) + "; this rank's are " + shapes +
+                  "); every rank must build the same model");
+  }
+}
+
+// Every rank learns every shard's loss (into `losses`, S values), and
+// whether a rank failed (`failure`: this rank's reason, "" if none): then
+// every rank throws. One allgather of a fixed-size record per rank.
+template <class T>
+void gather_shard_losses(Group& g, const ShardOptions& options, std::span<const T> own_losses,
+                         const std::string& failure, std::uint64_t step, std::span<T> losses) {
+  const int world = g.size();
+  const std::size_t max_owned = owned_shards(options.shards, world, 0).size();  // the first blocks are largest
+  std::vector<T> mine(1 + max_owned, T(0));
+  mine[0] = failure.empty() ? T(0) : T(1);
+  std::copy(own_losses.begin(), own_losses.end(), mine.begin() + 1);
+  std::vector<T> all(mine.size() * world);
+  g.allgather(mine.data(), mine.size() * sizeof(T), all.data(), "the shard losses (allgather)");
+  std::string failed;
+  for (int q = 0; q < world; ++q) {
+    const T* row = all.data() + q * mine.size();
+    if (row[0] != T(0)) failed += (failed.empty() ? "" : ", ") + std::to_string(q);
+    const Range o = owned_shards(options.shards, world, q);
+    for (std::size_t k = 0; k < o.size(); ++k) losses[o.begin + k] = row[1 + k];
+  }
+  if (!failed.empty())
+    throw Error(where(g) + "step " + std::to_string(step) + " failed on rank(s) " + failed +
+                (failure.empty() ? " (their own messages say why)" : ": " + failure));
+}
+
+// Compares every rank's parameter checksum with rank 0's; throws Error on
+// every rank, naming the ranks that differ, when one does.
+inline void compare_checksums(Group& g, std::uint64_t mine, std::uint64_t steps, std::uint64_t every) {
+  std::vector<std::uint64_t> all(g.size());
+  g.allgather(&mine, sizeof mine, all.data(), "the replica check (allgather)");
+  std::string differ;
+  for (int q = 1; q < g.size(); ++q)
+    if (all[q] != all[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(q);
+  if (!differ.empty())
+    throw Error(where(g) + "replicas drifted: after step " + std::to_string(steps) + " the parameters of rank(s) " +
+                differ + " differ from rank 0's" +
+                (every > 0 ? " (checksums compared every " + std::to_string(every) + " steps)" : std::string()));
+}
+
+}  // namespace detail
+
+// Data parallelism over a Group (a Communicator: MPI; SoloGroup: one
+// process): every rank builds the same model and optimizer (same seed) and
+// calls the same steps; rank r computes the shards owned_shards(S, size, r).
+// Construct it after the parameters and constants are recorded (it takes the
+// tape's mark, as LocalShards).
 template <class Opt>
 class DataParallel {
  public:
   using T = value_type_of<Opt>;
 
-  DataParallel(Communicator& comm, Opt& opt, ShardOptions options)
-      : comm_(&comm), opt_(&opt), options_(options), world_(comm.size()), rank_(comm.rank()) {
+  DataParallel(Group& group, Opt& opt, ShardOptions options)
+      : group_(&group), opt_(&opt), options_(options), rank_(group.rank()) {
     if (options.shards == 0) throw Error("grad::dist: shards must be at least 1");
-    if (options.shards < static_cast<std::size_t>(world_))
-      throw Error("grad::dist: " + std::to_string(options.shards) + " shards for " + std::to_string(world_) +
-                  " ranks: every rank needs at least one shard (use more shards or fewer ranks)");
     if (!opt.tape()) throw Error("grad::dist: the optimizer has no parameters (add them before)");
+    exchange_.emplace(group, opt.elements(), options);
     mark_ = opt.tape()->mark();
     check_model();
     if (options.broadcast_initial) broadcast_parameters();
-    own_ = owned_shards(options.shards, world_, rank_);
-    const std::size_t p = opt.elements();
-    send_counts_.resize(world_);
-    send_displs_.resize(world_);
-    recv_counts_.resize(world_);
-    recv_displs_.resize(world_);
-    gather_counts_.resize(world_);
-    gather_displs_.resize(world_);
-    std::size_t sent = 0, received = 0;
-    const Range mine = slice_of(p, world_, rank_);
-    for (int q = 0; q < world_; ++q) {
-      const Range slice = slice_of(p, world_, q);
-      send_counts_[q] = q == rank_ ? 0 : own_.size() * slice.size();  // its own pieces stay where they are
-      send_displs_[q] = sent;
-      sent += own_.size() * slice.size();
-      recv_counts_[q] = q == rank_ ? 0 : owned_shards(options.shards, world_, q).size() * mine.size();
-      recv_displs_[q] = received;
-      received += recv_counts_[q];
-      gather_counts_[q] = slice.size();
-      gather_displs_[q] = slice.begin;
-    }
-    send_.resize(sent);
-    recv_.resize(received);
-    reduced_.resize(p);
-    own_losses_.resize(own_.size());
+    own_losses_.resize(owned().size());
     losses_.resize(options.shards);
-    pieces_.resize(options.shards);
   }
 
   // This rank's shards (loss_of(s) records shard s's loss after the mark and
@@ -262,12 +397,13 @@ class DataParallel {
   T backward(LossOf&& loss_of) {
     using clock = std::chrono::steady_clock;
     const auto t0 = clock::now();
-    comm_->set_step(opt_->steps() + 1);
+    group_->set_step(opt_->steps() + 1);
     Tape<T>& tp = *opt_->tape();
     const std::size_t p = opt_->elements();
+    const int world = group_->size();
     std::string failure;
-    for (std::size_t k = 0; k < own_.size() && failure.empty(); ++k) {
-      const std::size_t s = own_.begin + k;
+    for (std::size_t k = 0; k < owned().size() && failure.empty(); ++k) {
+      const std::size_t s = owned().begin + k;
       tp.reset_to(mark_);
       Var<T> loss;
       try {  // an exception on one rank must not leave the others waiting in the next collective
@@ -281,32 +417,15 @@ class DataParallel {
         break;
       }
       own_losses_[k] = tp.scalar(loss);
-      // Shard s's pieces of every rank's slice, where the exchange sends them from.
-      for (int q = 0; q < world_ && failure.empty(); ++q) {
-        const Range slice = slice_of(p, world_, q);
-        failure = copy_flat_grads(*opt_, slice, send_.data() + send_displs_[q] + k * slice.size());
+      // Shard s's pieces of every rank's slice, straight from the tape into the send buffer.
+      for (int q = 0; q < world && failure.empty(); ++q) {
+        failure = copy_flat_grads(*opt_, slice_of(p, world, q), exchange_->piece(k, q));
         if (!failure.empty()) failure = "shard " + std::to_string(s) + ": " + failure;
       }
     }
     compute_seconds_ += std::chrono::duration<double>(clock::now() - t0).count();
-    exchange_losses(failure);
-    comm_->alltoallv(send_.data(), send_counts_.data(), send_displs_.data(), recv_.data(), recv_counts_.data(),
-                     recv_displs_.data(), "the gradient exchange (alltoallv)");
-    // Shard s's piece of this rank's slice: received (other ranks' shards,
-    // ascending) or still in the send buffer (this rank's own: the exchange
-    // does not copy them to itself).
-    const auto t1 = clock::now();
-    const Range mine = slice_of(p, world_, rank_);
-    for (std::size_t s = 0, received = 0; s < options_.shards; ++s)
-      if (s >= own_.begin && s < own_.end)
-        pieces_[s] = send_.data() + send_displs_[rank_] + (s - own_.begin) * mine.size();
-      else
-        pieces_[s] = recv_.data() + (received++) * mine.size();
-    fold_pieces<T>(pieces_, reduced_.data() + mine.begin, mine.size(), options_.combine);
-    fold_seconds_ += std::chrono::duration<double>(clock::now() - t1).count();
-    comm_->allgatherv(reduced_.data() + mine.begin, mine.size(), reduced_.data(), gather_counts_.data(),
-                      gather_displs_.data(), "the gradient gather (allgatherv)");
-    write_flat_grads(*opt_, reduced_.data());
+    detail::gather_shard_losses<T>(*group_, options_, own_losses_, failure, opt_->steps() + 1, losses_);
+    write_flat_grads(*opt_, exchange_->reduce(fold_seconds_).data());
     return fold_losses<T>(losses_, options_.combine);
   }
 
@@ -316,7 +435,7 @@ class DataParallel {
   T step(LossOf&& loss_of) {
     const T loss = backward(loss_of);
     const auto t0 = std::chrono::steady_clock::now();
-    if (!opt_->step()) throw Error(where() + "the optimizer step failed: " + opt_->tape()->error());
+    if (!opt_->step()) throw Error(detail::where(*group_) + "the optimizer step failed: " + opt_->tape()->error());
     compute_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (options_.check_every > 0 && opt_->steps() % options_.check_every == 0) check_replicas();
     return loss;
@@ -325,23 +444,14 @@ class DataParallel {
   // Compares every rank's parameter checksum with rank 0's; throws Error on
   // every rank, naming the ranks that differ, when one does.
   void check_replicas() {
-    const std::uint64_t mine = parameter_checksum(*opt_);
-    std::vector<std::uint64_t> all(world_);
-    comm_->allgather(&mine, sizeof mine, all.data(), "the replica check (allgather)");
-    std::string differ;
-    for (int q = 1; q < world_; ++q)
-      if (all[q] != all[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(q);
-    if (!differ.empty())
-      throw Error(where() + "replicas drifted: after step " + std::to_string(opt_->steps()) +
-                  " the parameters of rank(s) " + differ + " differ from rank 0's (checksums compared every " +
-                  std::to_string(options_.check_every) + " steps)");
+    detail::compare_checksums(*group_, parameter_checksum(*opt_), opt_->steps(), options_.check_every);
   }
 
   // Copies rank 0's parameter values to every rank.
   void broadcast_parameters() {
     for (const auto& e : opt_->params()) {
       std::span<T> v = opt_->tape()->leaf_value(e.var);
-      comm_->broadcast(v.data(), v.size_bytes(), 0, "the initial parameter broadcast");
+      group_->broadcast(v.data(), v.size_bytes(), 0, "the initial parameter broadcast");
     }
   }
 
@@ -353,10 +463,10 @@ class DataParallel {
     if (rank_ == 0)
       if (CheckpointResult r = grad::save_checkpoint(path, *opt_->tape(), *opt_); !r) why = r.error;
     std::uint32_t length = static_cast<std::uint32_t>(std::min<std::size_t>(why.size(), 1000));
-    comm_->broadcast(&length, sizeof length, 0, "the checkpoint status");
+    group_->broadcast(&length, sizeof length, 0, "the checkpoint status");
     why.resize(length);
-    if (length > 0) comm_->broadcast(why.data(), length, 0, "the checkpoint status");
-    if (!why.empty()) throw Error(where() + "rank 0 could not write the checkpoint: " + why);
+    if (length > 0) group_->broadcast(why.data(), length, 0, "the checkpoint status");
+    if (!why.empty()) throw Error(detail::where(*group_) + "rank 0 could not write the checkpoint: " + why);
   }
   // Every rank reads the same file (a shared file system, or a copy on every
   // host); the replicas are then compared. The rank count may differ from
@@ -365,107 +475,49 @@ class DataParallel {
     std::string why;
     if (CheckpointResult r = grad::load_checkpoint(path, *opt_->tape(), *opt_); !r) why = r.error;
     const std::uint32_t failed = why.empty() ? 0 : 1;
-    std::vector<std::uint32_t> all(world_);
-    comm_->allgather(&failed, sizeof failed, all.data(), "the checkpoint load status");
-    for (int q = 0; q < world_; ++q)
+    std::vector<std::uint32_t> all(group_->size());
+    group_->allgather(&failed, sizeof failed, all.data(), "the checkpoint load status");
+    for (int q = 0; q < group_->size(); ++q)
       if (all[q] != 0)
-        throw Error(where() + "rank " + std::to_string(q) + " could not load the checkpoint" +
+        throw Error(detail::where(*group_) + "rank " + std::to_string(q) + " could not load the checkpoint" +
                     (q == rank_ ? ": " + why : " (its own message says why)"));
     check_replicas();
   }
 
-  Communicator& communicator() const { return *comm_; }
-  Range owned() const { return own_; }
+  Group& group() const { return *group_; }
+  Range owned() const { return exchange_->owned(); }
   std::span<const T> shard_losses() const { return losses_; }
   const ShardOptions& options() const { return options_; }
   // Seconds this rank spent computing its shards and the update, and folding.
   double compute_seconds() const { return compute_seconds_; }
   double fold_seconds() const { return fold_seconds_; }
-  void reset_timers() {
-    compute_seconds_ = fold_seconds_ = 0;
-    comm_->reset_stats();
-  }
+  void reset_timers() { compute_seconds_ = fold_seconds_ = 0; }
 
  private:
-  std::string where() const {
-    return "grad::dist: rank " + std::to_string(rank_) + " of " + std::to_string(world_) + ": ";
-  }
-
   // Every rank's parameter list against rank 0's: the first collective.
   void check_model() {
-    struct Summary {
-      std::uint64_t dtype, shards, combine, count, elements, shapes;
-    };
-    std::uint64_t shapes = 0xcbf29ce484222325ULL;
-    std::vector<std::uint64_t> mine_shapes;
+    std::vector<std::uint64_t> shapes;
+    std::string words;
     for (const auto& e : opt_->params()) {
       const View<T> v = opt_->tape()->value(e.var);
-      mine_shapes.push_back(v.rank());
-      for (std::size_t d : v.shape) mine_shapes.push_back(d);
+      shapes.push_back(v.rank());
+      for (std::size_t d : v.shape) shapes.push_back(d);
+      if (!words.empty()) words += ' ';
+      words += shape_string(v.shape);
     }
-    for (std::uint64_t x : mine_shapes) shapes = (shapes ^ x) * 0x100000001b3ULL;
-    const Summary mine{
-        sizeof(T),        options_.shards, static_cast<std::uint64_t>(options_.combine), opt_->params().size(),
-        opt_->elements(), shapes};
-    std::vector<Summary> all(world_);
-    comm_->allgather(&mine, sizeof mine, all.data(), "the model check (allgather), the first collective");
-    for (int q = 1; q < world_; ++q) {
-      const Summary& a = all[0];
-      const Summary& b = all[q];
-      auto differs = [&](const char* what, std::uint64_t x, std::uint64_t y) {
-        return Error(where() + "the ranks' models differ: " + what + " " + std::to_string(x) + " on rank 0 but " +
-                     std::to_string(y) + " on rank " + std::to_string(q) + "; every rank must build the same model");
-      };
-      if (a.dtype != b.dtype) throw differs("element size", a.dtype, b.dtype);
-      if (a.shards != b.shards) throw differs("shards", a.shards, b.shards);
-      if (a.combine != b.combine) throw differs("combine mode", a.combine, b.combine);
-      if (a.count != b.count) throw differs("parameter count", a.count, b.count);
-      if (a.elements != b.elements || a.shapes != b.shapes)
-        throw Error(where() + "the ranks' models differ: the parameter shapes of rank " + std::to_string(q) +
-                    " are not rank 0's (" + std::to_string(b.elements) + " elements against " +
-                    std::to_string(a.elements) + "; this rank's are " + shape_list() +
-                    "); every rank must build the same model");
-    }
-  }
-  std::string shape_list() const {
-    std::string s;
-    for (const auto& e : opt_->params()) {
-      if (!s.empty()) s += ' ';
-      s += shape_string(opt_->tape()->value(e.var).shape);
-    }
-    return s;
+    detail::check_same_model(*group_,
+                             {sizeof(T), options_.shards, static_cast<std::uint64_t>(options_.combine),
+                              opt_->params().size(), opt_->elements(), detail::fingerprint(shapes)},
+                             words);
   }
 
-  // Every rank learns every shard's loss, and whether a rank failed.
-  void exchange_losses(const std::string& failure) {
-    // Per rank: a status and up to max_owned losses (fixed size, so one allgather).
-    const std::size_t max_owned = owned_shards(options_.shards, world_, 0).size();  // the first blocks are largest
-    std::vector<T> mine(1 + max_owned, T(0));
-    mine[0] = failure.empty() ? T(0) : T(1);
-    for (std::size_t k = 0; k < own_.size(); ++k) mine[1 + k] = own_losses_[k];
-    std::vector<T> all(mine.size() * world_);
-    comm_->allgather(mine.data(), mine.size() * sizeof(T), all.data(), "the shard losses (allgather)");
-    std::string failed;
-    for (int q = 0; q < world_; ++q) {
-      const T* row = all.data() + q * mine.size();
-      if (row[0] != T(0)) failed += (failed.empty() ? "" : ", ") + std::to_string(q);
-      const Range o = owned_shards(options_.shards, world_, q);
-      for (std::size_t k = 0; k < o.size(); ++k) losses_[o.begin + k] = row[1 + k];
-    }
-    if (!failed.empty())
-      throw Error(where() + "step " + std::to_string(opt_->steps() + 1) + " failed on rank(s) " + failed +
-                  (failure.empty() ? " (their own messages say why)" : ": " + failure));
-  }
-
-  Communicator* comm_;
+  Group* group_;
   Opt* opt_;
   ShardOptions options_;
-  int world_, rank_;
-  Range own_;
+  int rank_;
+  std::optional<ShardExchange<T>> exchange_;
   typename Tape<T>::Mark mark_;
-  std::vector<std::size_t> send_counts_, send_displs_, recv_counts_, recv_displs_, gather_counts_, gather_displs_;
-  std::vector<T> send_, recv_, reduced_, own_losses_, losses_;
-  std::vector<const T*> pieces_;
+  std::vector<T> own_losses_, losses_;
   double compute_seconds_ = 0, fold_seconds_ = 0;
 };
 

@@ -99,6 +99,14 @@ class Engine {
   virtual void write_values(std::size_t offset, std::span<const S> src) = 0;
   virtual void read_values(std::size_t offset, std::span<S> dst) = 0;
   virtual void read_grads(std::size_t offset, std::span<S> dst) = 0;
+  // Overwrites gradient elements, e.g. with a gradient reduced across
+  // processes between backward() and optimizer_step() (grad::dist).
+  virtual void write_grads(std::size_t offset, std::span<const S> src) = 0;
+  // The gradient buffer itself, in the backend's memory (device memory on
+  // CUDA), after running every queued phase: for code on the same backend
+  // that moves gradients without a host copy (NCCL). Valid for the engine's
+  // lifetime.
+  virtual S* grads_in_place() = 0;
   virtual void forward() = 0;
   virtual void backward() = 0;
 

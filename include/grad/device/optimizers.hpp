@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -81,6 +82,11 @@ class Optimizer {
     ++steps_;
   }
   std::uint64_t steps() const { return steps_; }
+  // The parameters a step updates (those the captured loss reaches), in add
+  // order, where they lie in the program's buffers; and how many were added.
+  std::span<const ParamSlot> slots() const { return slots_; }
+  std::size_t added() const { return added_.size(); }
+  Program<T>& program() const { return *program_; }
 
  protected:
   Optimizer(Program<T>& program, const char* name, bool adam, T lr) : program_(&program), name_(name) {

@@ -92,6 +92,14 @@ class ReplayEngine final : public Engine<S> {
     flush();
     run_.download(dst.data(), grads_ + offset, dst.size_bytes());
   }
+  void write_grads(std::size_t offset, std::span<const S> src) override {
+    flush();
+    run_.upload(grads_ + offset, src.data(), src.size_bytes());
+  }
+  S* grads_in_place() override {
+    flush();
+    return grads_;
+  }
 
   void forward() override { queue(Phase::forward); }
   void backward() override { queue(Phase::backward); }

@@ -112,6 +112,66 @@ struct CommStats {
   std::uint64_t calls = 0;
 };
 
+// The processes that train together, as the shard scheme needs them: a
+// rank, a size and a few collectives over every rank (each throws Error when
+// it fails). Communicator is the MPI one (src/dist_mpi.cpp); SoloGroup is
+// one process without MPI, where every collective is a copy, so code written
+// against a Group runs unchanged (and on the same bits) in one process.
+class Group {
+ public:
+  virtual ~Group() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // What the next collectives belong to (shown by timeout and SIGTERM messages).
+  virtual void set_step(std::uint64_t) {}
+
+  virtual void barrier(const char* what) = 0;
+  virtual void broadcast(void* data, std::size_t bytes, int root, const char* what) = 0;
+  // Every rank sends `bytes`; recv gets size() * bytes, by rank.
+  virtual void allgather(const void* send, std::size_t bytes, void* recv, const char* what) = 0;
+  // Typed exchanges (counts and displacements in elements, by rank).
+  virtual void alltoallv(const float* send, const std::size_t* send_counts, const std::size_t* send_displs, float* recv,
+                         const std::size_t* recv_counts, const std::size_t* recv_displs, const char* what) = 0;
+  virtual void alltoallv(const double* send, const std::size_t* send_counts, const std::size_t* send_displs,
+                         double* recv, const std::size_t* recv_counts, const std::size_t* recv_displs,
+                         const char* what) = 0;
+  virtual void allgatherv(const float* send, std::size_t count, float* recv, const std::size_t* counts,
+                          const std::size_t* displs, const char* what) = 0;
+  virtual void allgatherv(const double* send, std::size_t count, double* recv, const std::size_t* counts,
+                          const std::size_t* displs, const char* what) = 0;
+};
+
+// One process, no MPI: rank 0 of 1.
+class SoloGroup final : public Group {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void barrier(const char*) override {}
+  void broadcast(void*, std::size_t, int, const char*) override {}
+  void allgather(const void* send, std::size_t bytes, void* recv, const char*) override { copy(recv, send, bytes); }
+  void alltoallv(const float* send, const std::size_t* sc, const std::size_t* sd, float* recv, const std::size_t*,
+                 const std::size_t* rd, const char*) override {
+    copy(recv + rd[0], send + sd[0], sc[0] * sizeof(float));
+  }
+  void alltoallv(const double* send, const std::size_t* sc, const std::size_t* sd, double* recv, const std::size_t*,
+                 const std::size_t* rd, const char*) override {
+    copy(recv + rd[0], send + sd[0], sc[0] * sizeof(double));
+  }
+  void allgatherv(const float* send, std::size_t count, float* recv, const std::size_t*, const std::size_t* displs,
+                  const char*) override {
+    copy(recv + displs[0], send, count * sizeof(float));
+  }
+  void allgatherv(const double* send, std::size_t count, double* recv, const std::size_t*, const std::size_t* displs,
+                  const char*) override {
+    copy(recv + displs[0], send, count * sizeof(double));
+  }
+
+ private:
+  static void copy(void* to, const void* from, std::size_t bytes) {
+    if (bytes > 0 && to != from) std::memmove(to, from, bytes);
+  }
+};
+
 // MPI_COMM_WORLD with grad's failure rules. The constructor initialises MPI
 // (unless the program already has) and makes MPI errors return instead of
 // aborting, so they become dist::Error with the call and MPI's message; it
@@ -119,34 +179,30 @@ struct CommStats {
 // collective runs past its timeout, and installs a SIGTERM handler that says
 // why the launcher stopped this rank. The destructor finalises MPI if the
 // constructor initialised it.
-class Communicator {
+class Communicator final : public Group {
  public:
   Communicator(int* argc, char*** argv, CommOptions options = {});
-  ~Communicator();
+  ~Communicator() override;
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
-  int rank() const;
-  int size() const;
+  int rank() const override;
+  int size() const override;
   const CommStats& stats() const;
   void reset_stats();
-  // What the next collectives belong to (shown by the timeout and SIGTERM messages).
-  void set_step(std::uint64_t step);
+  void set_step(std::uint64_t step) override;
 
-  // Collectives over every rank; each throws Error when MPI reports a failure.
-  void barrier(const char* what);
-  void broadcast(void* data, std::size_t bytes, int root, const char* what);
-  // Every rank sends `bytes`; recv gets size() * bytes, by rank.
-  void allgather(const void* send, std::size_t bytes, void* recv, const char* what);
-  // Typed exchanges (counts and displacements in elements, by rank).
+  void barrier(const char* what) override;
+  void broadcast(void* data, std::size_t bytes, int root, const char* what) override;
+  void allgather(const void* send, std::size_t bytes, void* recv, const char* what) override;
   void alltoallv(const float* send, const std::size_t* send_counts, const std::size_t* send_displs, float* recv,
-                 const std::size_t* recv_counts, const std::size_t* recv_displs, const char* what);
+                 const std::size_t* recv_counts, const std::size_t* recv_displs, const char* what) override;
   void alltoallv(const double* send, const std::size_t* send_counts, const std::size_t* send_displs, double* recv,
-                 const std::size_t* recv_counts, const std::size_t* recv_displs, const char* what);
+                 const std::size_t* recv_counts, const std::size_t* recv_displs, const char* what) override;
   void allgatherv(const float* send, std::size_t count, float* recv, const std::size_t* counts,
-                  const std::size_t* displs, const char* what);
+                  const std::size_t* displs, const char* what) override;
   void allgatherv(const double* send, std::size_t count, double* recv, const std::size_t* counts,
-                  const std::size_t* displs, const char* what);
+                  const std::size_t* displs, const char* what) override;
 
   // Prints "grad::dist: rank r of n: <why>" on stderr and ends every rank (MPI_Abort).
   [[noreturn]] void abort(const std::string& why, int code = 1);
