@@ -12,6 +12,8 @@
 // wider), --drift-rank R --drift-step K (rank R nudges one weight after step K),
 // --hang-rank R --hang-step K (rank R stops calling collectives; --timeout S),
 // --poison-rank R --poison-step K (rank R's shard poisons its tape at step K).
+// --engine per_node|graph|fused: the shard episode as a captured device
+// program (CPU backend) trained by grad::dist::ProgramParallel instead.
 // Checkpoints: --save-at K --ckpt PATH (rank 0 writes after step K, then
 // every rank stops), --resume PATH (continue from it: the rank count may differ).
 #include <signal.h>
@@ -23,7 +25,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <grad/device/device.hpp>
 #include <grad/dist.hpp>
+#include <grad/dist/program.hpp>
 #include <grad/grad.hpp>
 #include <string>
 #include <vector>
@@ -38,7 +42,7 @@ using grad::Var;
 using T = double;
 
 struct Args {
-  std::string model = "ae", out = "dist_out", ckpt, resume;
+  std::string model = "ae", out = "dist_out", ckpt, resume, engine;
   bool reference = false, verbose = false;
   std::size_t shards = 6, steps = 24, save_at = 0;
   std::uint64_t check_every = 4;
@@ -63,6 +67,8 @@ Args parse(int argc, char** argv) {
       a.model = next();
     else if (k == "--out")
       a.out = next();
+    else if (k == "--engine")
+      a.engine = next();
     else if (k == "--reference")
       a.reference = true;
     else if (k == "--verbose")
@@ -141,20 +147,36 @@ struct Autoencoder {
       opt.add(b.back(), T(0));
     }
   }
-  // Shard s of step t's batch: mse of its rows (a mean over the shard's elements).
-  Var<T> loss(Tape<T>& tp, std::size_t t, std::size_t shards, std::size_t s) const {
+  // Shard s of step t's batch.
+  Tensor<T> rows(std::size_t t, std::size_t shards, std::size_t s) const {
     const std::size_t first = ((t - 1) % (autoencoder::rows / batch)) * batch;
     const grad::dist::Range r = grad::dist::shard_rows(batch, shards, s);
     Tensor<T> x({r.size(), autoencoder::dim});
     autoencoder::copy_rows(data, first + r.begin, r.size(), std::span<T>(x.data()));
-    Var<T> h = tp.constant(x);
-    const Var<T> in = h;
+    return x;
+  }
+  // mse of the input's reconstruction (a mean over the shard's elements).
+  Var<T> loss_of(Var<T> in) const {
+    Var<T> h = in;
     for (std::size_t l = 0; l < w.size(); ++l) {
       h = grad::matmul(h, w[l]) + b[l];
       if (l + 1 < w.size()) h = grad::tanh(h);
     }
     return grad::mse(h, in);
   }
+  Var<T> loss(Tape<T>& tp, std::size_t t, std::size_t shards, std::size_t s) const {
+    return loss_of(tp.constant(rows(t, shards, s)));
+  }
+  // As a captured program (grad::dist::ProgramParallel): shard 0's episode
+  // is recorded once; a shard is its rows written into the input.
+  Var<T> episode(Tape<T>& tp, std::size_t shards) {
+    input = tp.constant(rows(1, shards, 0));
+    return loss_of(input);
+  }
+  void set_shard(grad::device::Program<T>& program, std::size_t t, std::size_t shards, std::size_t s) const {
+    program.set_input(input, rows(t, shards, s));
+  }
+  Var<T> input;
 };
 
 // ---- the LoRA block of examples/lora_block.cpp, on 2 sequences per shard ----
@@ -228,6 +250,16 @@ struct LoraBlock {
     const Var<T> x3 = x2 + apply(6, nn::swiglu(apply(4, h2), apply(5, h2)));
     return nn::cross_entropy_rows(nn::linear(x3, w_vocab), onehot[q], seq - 1);
   }
+  // As a captured program: shard 0's sequences are the inputs; shard s
+  // writes its own sequences' rows and targets into them.
+  Var<T> episode(Tape<T>& tp, std::size_t) const { return loss(tp, 0, 0, 0); }
+  void set_shard(grad::device::Program<T>& program, std::size_t, std::size_t, std::size_t s) const {
+    for (std::size_t k = 0; k < per_shard; ++k) {
+      program.set_input(x[k], value_of(x[s * per_shard + k]));
+      program.set_input(onehot[k], value_of(onehot[s * per_shard + k]));
+    }
+  }
+  static Tensor<T> value_of(Var<T> v) { return v.tape()->value(v).tensor(); }
   // Shard s: the sum of its sequences' losses.
   Var<T> loss(Tape<T>&, std::size_t, std::size_t, std::size_t s) const {
     Var<T> l = block(s * per_shard);
@@ -330,6 +362,51 @@ int train(const Args& args, Tape<T>& tp, grad::Adam<T>& opt, Model& model, int a
   return 0;
 }
 
+// --engine MODE: the shard episode captured as a device program on the CPU
+// backend (per_node, graph or fused), trained by ProgramParallel with the
+// host optimizer's settings. Writes the step losses and final parameters
+// (the device optimizer's moments stay on its backend): the lines of the
+// tape reference's file that begin with "step" or "param".
+template <class Model>
+int train_program(const Args& args, Tape<T>& tp, grad::Adam<T>& host, Model& model, int argc, char** argv) {
+  namespace device = grad::device;
+  const device::Mode mode = args.engine == "graph"   ? device::Mode::graph
+                            : args.engine == "fused" ? device::Mode::fused
+                                                     : device::Mode::per_node;
+  device::Program<T> program = device::capture(tp, model.episode(tp, args.shards), {.mode = mode});
+  device::Adam<T> opt(program, host.lr());
+  for (const auto& e : host.params()) opt.add(e.var, e.l2);
+  opt.set_clip(host.clip());
+  grad::dist::Communicator comm(&argc, &argv);
+  const int rank = comm.rank();
+  std::vector<std::string> lines;
+  try {
+    grad::dist::ProgramParallel<T> ddp(comm, opt, {.shards = args.shards, .check_every = args.check_every});
+    for (std::uint64_t t = 1; t <= args.steps; ++t) {
+      const T loss = ddp.step([&](std::size_t s) { model.set_shard(program, t, args.shards, s); });
+      char text[96];
+      std::snprintf(text, sizeof text, "step %" PRIu64 " loss %.17g ", t, loss);
+      lines.push_back(text + hex(&loss, sizeof loss));
+    }
+  } catch (const grad::dist::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 3;
+  }
+  for (const auto& e : host.params()) {
+    const Tensor<T> v = program.value(e.var);
+    lines.push_back("param " + hex(v.data().data(), v.size() * sizeof(T)));
+  }
+  std::ofstream f(args.out + ".rank" + std::to_string(rank));
+  for (const auto& l : lines) f << l << "\n";
+  return 0;
+}
+
+template <class Model>
+int run(const Args& args, Tape<T>& tp, grad::Adam<T>& opt, Model& model, int argc, char** argv) {
+  return args.engine.empty() ? train(args, tp, opt, model, argc, argv)
+                             : train_program(args, tp, opt, model, argc, argv);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -345,11 +422,11 @@ int main(int argc, char** argv) {
   opt.set_clip(args.model == "ae" ? T(0.05) : T(0.5));  // small enough that it clips
   if (args.model == "ae") {
     Autoencoder model(tp, opt, wider);
-    return train(args, tp, opt, model, argc, argv);
+    return run(args, tp, opt, model, argc, argv);
   }
   if (args.model == "lora") {
     LoraBlock model(tp, opt, args.shards, wider);
-    return train(args, tp, opt, model, argc, argv);
+    return run(args, tp, opt, model, argc, argv);
   }
   std::fprintf(stderr, "dist_train: unknown model %s (ae or lora)\n", args.model.c_str());
   return 2;

@@ -8,6 +8,9 @@
 #    reference (LocalShards, no MPI) and under mpirun -np 1, 2, 3 and 4: every
 #    rank's loss trace, final parameters and Adam moments must be the
 #    reference's, byte for byte.
+# 1b. The same through grad::dist::ProgramParallel: the shard episode as a
+#    captured device program (CPU backend; per-node, graph and fused modes),
+#    -np 1-4, against the tape reference's losses and parameters.
 # 2. Checkpoints: 2 ranks train 12 steps and rank 0 writes a checkpoint; 3
 #    ranks, and one process without MPI, resume from it: steps 13-24 and the
 #    final state must be the uninterrupted reference's.
@@ -84,6 +87,39 @@ else
   fail "control: S = 3 and S = 6 gave the same bits, or the run failed"
 fi
 
+# ---- 1b. captured device programs (CPU backend) through ProgramParallel ----
+# The shard episode captured once (equal shards: the autoencoder with S = 8,
+# 25 rows each; the LoRA block with S = 5), a shard = its inputs written into
+# the program; the reduced gradient goes back into the program before its
+# device Adam steps. Losses and final parameters must be the tape
+# reference's bits (its "step" and "param" lines), in every mode and on
+# every rank count.
+programs() {
+  model=$1 shards=$2
+  shift 2
+  if ! timeout 120 "$bin" --reference --model "$model" --shards "$shards" --out "$model.s$shards" >/dev/null 2>&1; then
+    fail "$model: the $shards-shard tape reference failed"; return
+  fi
+  grep -E '^(step|param)' "$model.s$shards.ref" >"$model.s$shards.expected"
+  for mode in "$@"; do
+    for n in 1 2 3 4; do
+      name=$model.$mode.np$n
+      if ! timeout 120 $mpirun_cmd -np "$n" "$bin" --model "$model" --shards "$shards" --engine "$mode" \
+        --out "$name" >"$name.log" 2>&1; then
+        fail "$model program ($mode): mpirun -np $n failed"; cat "$name.log"; continue
+      fi
+      r=0 bad=0
+      while [ "$r" -lt "$n" ]; do
+        cmp -s "$model.s$shards.expected" "$name.rank$r" || { bad=1; fail "$model program ($mode): rank $r of $n differs from the tape reference"; }
+        r=$((r + 1))
+      done
+      [ "$bad" = 0 ] && ok "$model as a captured program ($mode, CPU backend), S = $shards, $n rank(s): losses and parameters bitwise equal to the tape reference"
+    done
+  done
+}
+programs ae 8 per_node graph fused
+programs lora 5 fused
+
 # ---- 2. checkpoint on 2 ranks, resume on 3 and on 1 process ----
 if timeout 120 $mpirun_cmd -np 2 "$bin" --model ae --save-at 12 --ckpt "$work/ae.ckpt" --out ae.part >ae.part.log 2>&1 &&
   [ -f ae.ckpt ]; then
@@ -139,6 +175,8 @@ expect() {
 expect killed-rank 20 'grad::dist: rank [02] of 3: stopped by the launcher' 2 --kill-rank 1 --kill-step 5
 # Rank 2 builds a hidden layer one unit wider: all three refuse at the model check.
 expect shape-mismatch 20 "the ranks' models differ" 3 --bad-rank 2
+# The same with captured programs (ProgramParallel's model check).
+expect program-shape-mismatch 20 "the ranks' models differ" 3 --bad-rank 2 --engine fused --shards 8
 # Rank 2 stops calling collectives before step 3: the others' 3 s timeout stops them.
 expect hung-rank 30 'did not complete within 3 s' 2 --hang-rank 2 --hang-step 3 --timeout 3
 # Rank 0's shard poisons its tape at step 4: every rank stops at that step, naming rank 0.
