@@ -7,13 +7,17 @@
 //
 //   mpirun -np 2 build/bench/bench_dist --shards 2 --steps 20 [--f64] [--threads N] [--model ae]
 // (--model ae: workload A, the autoencoder, f64, batch 200; --model lm: tinylm's default model, f32, one
-// sequence of 256 random bytes per shard.)
+// sequence of 256 random bytes per shard.) --engine per_node|graph|fused: the
+// shard episode as a captured device program (CPU backend) through
+// grad::dist::ProgramParallel instead of the tape.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <grad/device/device.hpp>
 #include <grad/dist.hpp>
+#include <grad/dist/program.hpp>
 #include <grad/grad.hpp>
 #include <memory>
 #include <string>
@@ -41,8 +45,57 @@ grad::Var<T> rows_of(grad::Tape<T>& tp, const grad::Tensor<T>& t, std::size_t ro
   return tp.constant(part);
 }
 
+// --engine MODE: shard 0's episode captured as a device program on the CPU
+// backend and trained by ProgramParallel (the same shards and reduction;
+// each shard = its rows written into the program's inputs). Shards must be
+// equal (B % S == 0).
 template <class T>
-int run(int argc, char** argv, const std::string& model, std::size_t shards, int steps, int warmup) {
+int run_program(grad::dist::Communicator& comm, grad::Tape<T>& tp, grad::Adam<T>& host, grad::Var<T> episode,
+                const std::vector<grad::Var<T>>& targets, const std::vector<grad::Var<T>>& inputs,
+                const std::string& engine, std::size_t shards, int steps, int warmup, const char* name) {
+  namespace device = grad::device;
+  const device::Mode mode = engine == "graph"   ? device::Mode::graph
+                            : engine == "fused" ? device::Mode::fused
+                                                : device::Mode::per_node;
+  device::Program<T> program = device::capture(tp, episode, {.mode = mode});
+  device::Adam<T> opt(program, host.lr());
+  for (const auto& e : host.params()) opt.add(e.var);
+  std::vector<grad::Tensor<T>> in, out;  // every shard's inputs, made once
+  for (std::size_t s = 0; s < shards; ++s) {
+    in.push_back(tp.value(inputs[s]).tensor());
+    out.push_back(tp.value(targets[s]).tensor());
+  }
+  const bool same = inputs[0].index() == targets[0].index();  // the autoencoder's target is its input
+  grad::dist::ProgramParallel<T> ddp(comm, opt, {.shards = shards});
+  std::vector<double> step_s, comm_s;
+  double last_loss = 0;
+  for (int i = 0; i < warmup + steps; ++i) {
+    comm.barrier("the step start");
+    comm.reset_stats();
+    const auto t0 = std::chrono::steady_clock::now();
+    last_loss = static_cast<double>(ddp.step([&](std::size_t s) {
+      program.set_input(inputs[0], in[s]);
+      if (!same) program.set_input(targets[0], out[s]);
+    }));
+    program.loss();  // the queued optimizer phase runs (graph and fused modes)
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (i >= warmup) {
+      step_s.push_back(took);
+      comm_s.push_back(comm.stats().seconds);
+    }
+  }
+  if (comm.rank() == 0)
+    std::printf(
+        "bench_dist program %s %s %s ranks %d shards %zu steps %d: step median %.2f ms (min %.2f), "
+        "communication median %.2f ms, final loss %.9g\n",
+        engine.c_str(), name, sizeof(T) == 4 ? "f32" : "f64", comm.size(), shards, steps, 1e3 * median(step_s),
+        1e3 * *std::min_element(step_s.begin(), step_s.end()), 1e3 * median(comm_s), last_loss);
+  return 0;
+}
+
+template <class T>
+int run(int argc, char** argv, const std::string& model, std::size_t shards, int steps, int warmup,
+        const std::string& engine) {
   using namespace grad_bench;
   grad::Tape<T> tp;
   grad::Adam<T> opt(T(model == "ae" ? 0.005 : 1e-3));
@@ -103,6 +156,14 @@ int run(int argc, char** argv, const std::string& model, std::size_t shards, int
   };
 
   grad::dist::Communicator comm(&argc, &argv);
+  if (!engine.empty()) {
+    if (lm) {
+      std::fprintf(stderr, "bench_dist: --engine takes --model ae or mlp\n");
+      return 2;
+    }
+    return run_program<T>(comm, tp, opt, loss_of(0), ae ? xs : ts, xs, engine, shards, steps, warmup,
+                          ae ? "autoencoder" : "workload-B");
+  }
   grad::dist::DataParallel<grad::Adam<T>> ddp(comm, opt, {.shards = shards});
   std::vector<double> step_s, comm_s, fold_s, update_s;
   double last_loss = 0;
@@ -182,7 +243,7 @@ int main(int argc, char** argv) {
   std::size_t shards = 2, threads = 1;
   int steps = 20, warmup = 3;
   bool f64 = false;
-  std::string model = "mlp";
+  std::string model = "mlp", engine;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (k == "--shards" && i + 1 < argc)
@@ -197,9 +258,11 @@ int main(int argc, char** argv) {
       f64 = true;
     else if (k == "--model" && i + 1 < argc)
       model = argv[++i];
+    else if (k == "--engine" && i + 1 < argc)
+      engine = argv[++i];
   }
   grad::set_num_threads(threads);
   if (model == "ae") f64 = true;  // workload A's headline figures are f64
-  return f64 ? run<double>(argc, argv, model, shards, steps, warmup)
-             : run<float>(argc, argv, model, shards, steps, warmup);
+  return f64 ? run<double>(argc, argv, model, shards, steps, warmup, engine)
+             : run<float>(argc, argv, model, shards, steps, warmup, engine);
 }

@@ -192,11 +192,11 @@ TEST_CASE("a file that is not a checkpoint is refused") {
 
 TEST_CASE("an unknown format version is refused") {
   auto bytes = good_file();
-  const std::uint32_t version = 2;
+  const std::uint32_t version = 3;
   std::memcpy(bytes.data() + 8, &version, 4);
   const std::string path = scratch.file("version.ckpt");
   write_bytes(path, bytes);
-  refused(path, "unsupported format version 2; this build reads version 1");
+  refused(path, "unsupported format version 3; this build reads version 1 to 2");
 }
 
 TEST_CASE("a float32 checkpoint does not load into a float64 tape") {
@@ -272,4 +272,38 @@ TEST_CASE("a resumed run continues its learning-rate schedule at the restored st
   };
   check(double{}, scratch.file("schedule64.ckpt"));
   check(float{}, scratch.file("schedule32.ckpt"));
+}
+
+TEST_CASE("notes: saved with the state (format version 2 only then), checked on load before anything is written") {
+  Run<double, grad::Adam> a(0.05);
+  a.train(5);
+  const std::string plain = scratch.file("plain.ckpt"), noted = scratch.file("noted.ckpt");
+  REQUIRE(grad::save_checkpoint(plain, a.tp, a.opt).ok());
+  const grad::CheckpointNote notes[] = {{"grad.dist.shards", 6}, {"grad.dist.combine", 2}};
+  REQUIRE(grad::save_checkpoint(noted, a.tp, a.opt, notes).ok());
+  std::uint32_t version = 0;
+  std::memcpy(&version, read_bytes(plain).data() + 8, 4);
+  CHECK(version == 1);  // an ordinary checkpoint keeps the format older builds read
+  std::memcpy(&version, read_bytes(noted).data() + 8, 4);
+  CHECK(version == 2);
+
+  const grad::CheckpointNote same[] = {{"grad.dist.shards", 6}};
+  const grad::CheckpointNote other[] = {{"grad.dist.shards", 8}};
+  const grad::CheckpointNote absent[] = {{"not.in.the.file", 3}};
+  {
+    Run<double, grad::Adam> b(0.05, 5, 77);
+    const auto before = b.state();
+    const auto r = grad::load_checkpoint(noted, b.tp, b.opt, other);
+    CHECK(r.error ==
+          "grad: checkpoint '" + noted + "': the file was written with grad.dist.shards = 6; this run has 8");
+    CHECK(bitwise_equal<double>(b.state(), before));
+  }
+  for (const std::string& path : {noted, plain})
+    for (std::span<const grad::CheckpointNote> expect :
+         {std::span<const grad::CheckpointNote>(same), std::span<const grad::CheckpointNote>(absent)}) {
+      Run<double, grad::Adam> c(0.05, 5, 77);
+      const auto r = grad::load_checkpoint(path, c.tp, c.opt, expect);
+      REQUIRE_MESSAGE(r.ok(), r.error);
+      CHECK(bitwise_equal<double>(c.state(), a.state()));
+    }
 }

@@ -275,3 +275,28 @@ TEST_CASE("ProgramParallel refuses what it cannot reduce, and a failing shard st
                        doctest::Contains("step 1 failed on rank(s) 0: shard 0: grad::device::set_input"), dist::Error);
   CHECK_THROWS_AS(dist::ProgramParallel<double>(solo, *c.opt, {.shards = 0}), dist::Error);
 }
+
+TEST_CASE("DataParallel checkpoints record the shard count: resuming with another S is refused, changing nothing") {
+  const grad::testing::ScratchDir scratch("dist");
+  const std::string path = scratch.file("s4.ckpt");
+  dist::SoloGroup solo;
+  Net a;
+  dist::DataParallel<grad::Adam<double>> four(solo, a.opt, {.shards = 4});
+  for (int step = 0; step < 3; ++step) four.step([&](std::size_t s) { return a.loss(dist::shard_rows(10, 4, s)); });
+  four.save_checkpoint(path);
+
+  Net b;
+  dist::DataParallel<grad::Adam<double>> five(solo, b.opt, {.shards = 5});
+  const std::vector<double> before = b.params();
+  CHECK_THROWS_WITH_AS(five.load_checkpoint(path),
+                       doctest::Contains("the file was written with grad.dist.shards = 4; this run has 5"),
+                       dist::Error);
+  CHECK(same_bits(b.params(), before));
+  CHECK(b.opt.steps() == 0);
+
+  Net c;
+  dist::DataParallel<grad::Adam<double>> again(solo, c.opt, {.shards = 4});
+  again.load_checkpoint(path);
+  CHECK(same_bits(c.params(), a.params()));
+  CHECK(c.opt.steps() == 3);
+}

@@ -38,6 +38,12 @@
 //            per parameter: u32 rank, u64 dims[rank], T l2
 //            per parameter: values; then (Adam) all first moments, all second moments
 //   trailer  u64 FNV-1a hash of every byte before it
+// Version 2 (written only when the caller passes notes; version 1 files load
+// as before) appends to the payload
+//            u32 note count, per note: u32 key length, key bytes, u64 value
+// Notes are named integers a caller keeps with the state: grad::dist saves
+// its shard count (and combine mode) there and refuses to resume with
+// another, since another count sums the gradient in another order.
 //
 // The frame (header, checksum trailer), the atomic write and the bounded
 // read are shared with named model files (grad/model_file.hpp: detail::frame,
@@ -49,6 +55,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -69,7 +76,13 @@ struct [[nodiscard]] CheckpointResult {
   explicit operator bool() const { return ok(); }
 };
 
-inline constexpr std::uint32_t checkpoint_version = 1;
+inline constexpr std::uint32_t checkpoint_version = 2;  // the newest version written and read (1 still reads)
+
+// A named integer saved with a checkpoint (see "Version 2" above).
+struct CheckpointNote {
+  std::string key;
+  std::uint64_t value = 0;
+};
 
 namespace detail {
 
@@ -235,8 +248,9 @@ struct Frame {
 // checksum. On success `bytes` holds the whole file and `f` its header
 // (the payload starts at checkpoint_header_bytes). "" or what failed;
 // `noun` names the kind of file in messages ("checkpoint", "model file").
-inline std::string read_framed(const std::string& path, const char (&magic)[8], std::uint32_t version_expected,
-                               const char* noun, std::vector<unsigned char>& bytes, Frame& f) {
+// Versions oldest .. newest are read.
+inline std::string read_framed(const std::string& path, const char (&magic)[8], std::uint32_t oldest,
+                               std::uint32_t newest, const char* noun, std::vector<unsigned char>& bytes, Frame& f) {
   const std::string a_noun = std::string(noun);
   std::uint64_t file_size = 0;
   {
@@ -271,9 +285,9 @@ inline std::string read_framed(const std::string& path, const char (&magic)[8], 
   f.dtype = header.get<std::uint32_t>();
   f.kind = header.get<std::uint32_t>();
   f.payload_bytes = header.get<std::uint64_t>();
-  if (f.version != version_expected)
+  if (f.version < oldest || f.version > newest)
     return "unsupported format version " + std::to_string(f.version) + "; this build reads version " +
-           std::to_string(version_expected);
+           (oldest == newest ? std::to_string(newest) : std::to_string(oldest) + " to " + std::to_string(newest));
   if (order != byte_order_marker) return "written on a machine with a different byte order";
   // Compared without adding to payload_bytes, which may be anything up to 2^64 - 1.
   constexpr std::uint64_t frame_bytes = checkpoint_header_bytes + sizeof(std::uint64_t);
@@ -355,7 +369,8 @@ struct CheckpointAccess {
 };
 
 template <class T, template <class> class OptT>
-CheckpointResult save_checkpoint(const std::string& path, const Tape<T>& tp, const OptT<T>& opt) {
+CheckpointResult save_checkpoint(const std::string& path, const Tape<T>& tp, const OptT<T>& opt,
+                                 std::span<const CheckpointNote> notes = {}) {
   using Access = CheckpointAccess<T, OptT<T>>;
   auto failed = [&](const std::string& what) { return CheckpointResult{"grad: checkpoint '" + path + "': " + what}; };
   if (!tp.ok()) return failed("the tape is poisoned (" + tp.error() + "); refusing to save");
@@ -380,23 +395,36 @@ CheckpointResult save_checkpoint(const std::string& path, const Tape<T>& tp, con
     payload.put_all(opt.first_moments());
     payload.put_all(opt.second_moments());
   }
+  if (!notes.empty()) {
+    payload.put(static_cast<std::uint32_t>(notes.size()));
+    for (const CheckpointNote& n : notes) {
+      payload.put(static_cast<std::uint32_t>(n.key.size()));
+      payload.bytes.insert(payload.bytes.end(), n.key.begin(), n.key.end());
+      payload.put(n.value);
+    }
+  }
 
   const std::vector<unsigned char> file =
-      detail::frame(detail::checkpoint_magic, checkpoint_version, detail::dtype_code<T>,
+      detail::frame(detail::checkpoint_magic, notes.empty() ? 1 : 2, detail::dtype_code<T>,
                     static_cast<std::uint32_t>(OptT<T>::kind), payload.bytes);
   if (std::string why = detail::write_atomically(path, file, "checkpoint"); !why.empty()) return failed(why);
   return {};
 }
 
 template <class T, template <class> class OptT>
-CheckpointResult load_checkpoint(const std::string& path, Tape<T>& tp, OptT<T>& opt) {
+// `expect`: notes the file must agree with: a key the file holds with another
+// value refuses the load (before anything is written); a key it lacks is
+// accepted (a version 1 file, or a run that did not record it).
+CheckpointResult load_checkpoint(const std::string& path, Tape<T>& tp, OptT<T>& opt,
+                                 std::span<const CheckpointNote> expect = {}) {
   using Access = CheckpointAccess<T, OptT<T>>;
   auto failed = [&](const std::string& what) { return CheckpointResult{"grad: checkpoint '" + path + "': " + what}; };
   if (!tp.ok()) return failed("the tape is poisoned (" + tp.error() + "); refusing to load");
 
   std::vector<unsigned char> bytes;
   detail::Frame f;
-  if (std::string why = detail::read_framed(path, detail::checkpoint_magic, checkpoint_version, "checkpoint", bytes, f);
+  if (std::string why =
+          detail::read_framed(path, detail::checkpoint_magic, 1, checkpoint_version, "checkpoint", bytes, f);
       !why.empty())
     return failed(why);
   const std::uint32_t dtype = f.dtype, kind = f.kind;
@@ -444,6 +472,20 @@ CheckpointResult load_checkpoint(const std::string& path, Tape<T>& tp, OptT<T>& 
   if constexpr (Access::is_adam) {
     m = r.template take<T>(n);
     v = r.template take<T>(n);
+  }
+  if (f.version >= 2) {
+    const auto notes = r.get<std::uint32_t>();
+    for (std::uint32_t k = 0; k < notes && !r.short_read; ++k) {
+      const auto length = r.get<std::uint32_t>();
+      const auto key = r.template take<char>(length);
+      const auto value = r.get<std::uint64_t>();
+      if (r.short_read) break;
+      const std::string_view name(reinterpret_cast<const char*>(key.data()), key.size());
+      for (const CheckpointNote& e : expect)
+        if (e.key == name && e.value != value)
+          return failed("the file was written with " + e.key + " = " + std::to_string(value) + "; this run has " +
+                        std::to_string(e.value));
+    }
   }
   if (r.short_read || r.at != r.bytes.size())
     return failed("corrupted: the payload does not match its own parameter list");

@@ -461,7 +461,7 @@ class DataParallel {
   void save_checkpoint(const std::string& path) {
     std::string why;
     if (rank_ == 0)
-      if (CheckpointResult r = grad::save_checkpoint(path, *opt_->tape(), *opt_); !r) why = r.error;
+      if (CheckpointResult r = grad::save_checkpoint(path, *opt_->tape(), *opt_, notes()); !r) why = r.error;
     std::uint32_t length = static_cast<std::uint32_t>(std::min<std::size_t>(why.size(), 1000));
     group_->broadcast(&length, sizeof length, 0, "the checkpoint status");
     why.resize(length);
@@ -470,17 +470,23 @@ class DataParallel {
   }
   // Every rank reads the same file (a shared file system, or a copy on every
   // host); the replicas are then compared. The rank count may differ from
-  // the run that wrote it: nothing in the file depends on it.
+  // the run that wrote it: nothing in the file depends on it. The shard
+  // count and combine mode may not (the file records them: another S sums
+  // in another order, so the run would not continue on the same bits); to
+  // change them on purpose, load with grad::load_checkpoint on every rank
+  // before constructing the DataParallel.
   void load_checkpoint(const std::string& path) {
     std::string why;
-    if (CheckpointResult r = grad::load_checkpoint(path, *opt_->tape(), *opt_); !r) why = r.error;
+    if (CheckpointResult r = grad::load_checkpoint(path, *opt_->tape(), *opt_, notes()); !r) why = r.error;
     const std::uint32_t failed = why.empty() ? 0 : 1;
     std::vector<std::uint32_t> all(group_->size());
     group_->allgather(&failed, sizeof failed, all.data(), "the checkpoint load status");
+    std::string ranks;
     for (int q = 0; q < group_->size(); ++q)
-      if (all[q] != 0)
-        throw Error(detail::where(*group_) + "rank " + std::to_string(q) + " could not load the checkpoint" +
-                    (q == rank_ ? ": " + why : " (its own message says why)"));
+      if (all[q] != 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
+    if (!ranks.empty())
+      throw Error(detail::where(*group_) + "the checkpoint could not be loaded on rank(s) " + ranks +
+                  (why.empty() ? " (their own messages say why)" : ": " + why));
     check_replicas();
   }
 
@@ -494,6 +500,11 @@ class DataParallel {
   void reset_timers() { compute_seconds_ = fold_seconds_ = 0; }
 
  private:
+  // What a checkpoint records of the shard scheme, and a resumed run must match.
+  std::vector<CheckpointNote> notes() const {
+    return {{"grad.dist.shards", options_.shards}, {"grad.dist.combine", static_cast<std::uint64_t>(options_.combine)}};
+  }
+
   // Every rank's parameter list against rank 0's: the first collective.
   void check_model() {
     std::vector<std::uint64_t> shapes;

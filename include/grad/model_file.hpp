@@ -88,7 +88,8 @@ ModelFileResult load_model(const std::string& path, Tape<T>& tp, std::span<const
   if (!tp.ok()) return failed("the tape is poisoned (" + tp.error() + "); refusing to load");
   std::vector<unsigned char> bytes;
   detail::Frame f;
-  if (std::string why = detail::read_framed(path, detail::model_magic, model_file_version, "model", bytes, f);
+  if (std::string why =
+          detail::read_framed(path, detail::model_magic, model_file_version, model_file_version, "model", bytes, f);
       !why.empty())
     return failed(why);
   if (f.dtype != 1 && f.dtype != 2) return failed("corrupted: unknown dtype code " + std::to_string(f.dtype));

@@ -137,6 +137,14 @@ if timeout 120 $mpirun_cmd -np 2 "$bin" --model ae --save-at 12 --ckpt "$work/ae
   else
     fail "checkpoint: the 3-rank resume failed"; cat ae.resumed.log
   fi
+  # The file records S: resuming with another shard count (another order of sums) is refused on every rank.
+  if timeout 60 $mpirun_cmd -np 2 "$bin" --model ae --shards 5 --resume "$work/ae.ckpt" --out ae.s5 >ae.s5.log 2>&1; then
+    fail "checkpoint: resuming an S = 6 checkpoint with S = 5 was accepted"
+  elif [ "$(grep -c 'written with grad.dist.shards = 6; this run has 5' ae.s5.log)" -ge 2 ]; then
+    ok "checkpoint: resuming with S = 5 a run written with S = 6 is refused on both ranks"
+  else
+    fail "checkpoint: the S = 5 resume failed without the expected message"; cat ae.s5.log
+  fi
   if timeout 120 "$bin" --reference --model ae --resume "$work/ae.ckpt" --out ae.resumed1 >ae.resumed1.log 2>&1 &&
     after12 ae.resumed1.ref | cmp -s ae.ref.after12 -; then
     ok "the same checkpoint resumed in one process without MPI: bitwise equal"
