@@ -10,10 +10,14 @@
 //   build/examples/dist_autoencoder --shards 8                     # one process, the same again
 //   mpirun --hostfile hosts -np 8 build/examples/dist_autoencoder --shards 8 --save ae.ckpt
 //   mpirun -np 2 build/examples/dist_autoencoder --shards 8 --resume ae.ckpt --steps 600
+//   mpirun -np 2 build/examples/dist_autoencoder --shards 8 --program   # a captured device program per
+//                                       rank (CUDA when a GPU answers, else the CPU backend): the same fingerprint
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <grad/device/device.hpp>
 #include <grad/dist.hpp>
+#include <grad/dist/program.hpp>
 #include <grad/grad.hpp>
 #include <string>
 
@@ -22,6 +26,7 @@
 int main(int argc, char** argv) {
   std::size_t shards = 8, steps = 300, batch = 200;
   std::string save, resume;
+  bool program = false;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (k == "--shards" && i + 1 < argc)
@@ -32,6 +37,8 @@ int main(int argc, char** argv) {
       save = argv[++i];
     else if (k == "--resume" && i + 1 < argc)
       resume = argv[++i];
+    else if (k == "--program")
+      program = true;
   }
 
   grad::dist::Communicator comm(&argc, &argv);  // MPI_Init (also without mpirun: one rank)
@@ -42,31 +49,68 @@ int main(int argc, char** argv) {
   for (std::size_t p = 0; p < model.params.size(); ++p) opt.add(model.params[p], p % 2 == 0 ? 1e-4 : 0.0);
   opt.set_clip(1.0);
 
+  const std::size_t batches = autoencoder::rows / batch;
+  auto shard_of = [&](std::uint64_t step, std::size_t s) {  // step's minibatch, from the step count
+    const grad::dist::Range r = grad::dist::shard_rows(batch, shards, s);
+    grad::Tensor<double> x({r.size(), autoencoder::dim});
+    autoencoder::copy_rows(data, (step % batches) * batch + r.begin, r.size(), std::span<double>(x.data()));
+    return x;
+  };
+  auto report = [&](double loss) {
+    if (comm.rank() != 0) return;
+    const auto& st = comm.stats();
+    std::printf("%d rank(s), %zu shards: final loss %.17g, parameters fnv1a %016" PRIx64
+                "\n(communication %.3f s over %" PRIu64 " collectives, %.1f MB sent by rank 0)\n",
+                comm.size(), shards, loss, grad::dist::parameter_checksum(opt), st.seconds, st.calls,
+                double(st.bytes) / 1e6);
+  };
+
+  if (program) try {
+      // One shard's episode, captured; each shard writes its rows into the input.
+      if (batch % shards != 0 || !save.empty() || !resume.empty())
+        throw grad::dist::Error("--program needs equal shards (" + std::to_string(batch) +
+                                " rows) and no --save/--resume (the device optimizer's state stays on its backend)");
+      namespace device = grad::device;
+      const grad::Var<double> x = tp.constant(shard_of(0, 0));
+      device::Program<double> prog =
+          device::capture(tp, autoencoder::record_step(model, x),
+                          {.backend = device::cuda_available() ? device::Backend::cuda : device::Backend::cpu,
+                           .mode = device::Mode::graph});
+      device::Adam<double> dopt(prog, opt.lr());
+      for (const auto& e : opt.params()) dopt.add(e.var, e.l2);
+      dopt.set_clip(opt.clip());
+      grad::dist::ProgramParallel<double> ddp(comm, dopt, {.shards = shards, .check_every = 50});
+      double loss = 0;
+      while (dopt.steps() < steps) {
+        const std::uint64_t step = dopt.steps();
+        loss = ddp.step([&](std::size_t s) { prog.set_input(x, shard_of(step, s)); });
+        if (comm.rank() == 0 && (dopt.steps() % 50 == 0 || dopt.steps() == 1))
+          std::printf("step %4" PRIu64 "  loss %.9g  (%s backend)\n", dopt.steps(), loss,
+                      std::string(device::backend_name(prog.backend())).c_str());
+      }
+      prog.sync_params_to(tp);  // the fingerprint below reads the tape
+      report(loss);
+      return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      return 1;
+    }
+
   try {
     // After the parameters: each shard is recorded after the mark it takes.
     grad::dist::DataParallel<grad::Adam<double>> ddp(comm, opt, {.shards = shards, .check_every = 50});
     if (!resume.empty()) ddp.load_checkpoint(resume);
-    const std::size_t batches = autoencoder::rows / batch;
     double loss = 0;
     while (opt.steps() < steps) {
-      const std::size_t first = (opt.steps() % batches) * batch;  // the step's minibatch, from the step count
+      const std::uint64_t step = opt.steps();
       loss = ddp.step([&](std::size_t s) {
-        const grad::dist::Range r = grad::dist::shard_rows(batch, shards, s);
-        grad::Tensor<double> x({r.size(), autoencoder::dim});
-        autoencoder::copy_rows(data, first + r.begin, r.size(), std::span<double>(x.data()));
-        return autoencoder::record_step(model, tp.constant(x));  // the shard's mse
+        return autoencoder::record_step(model, tp.constant(shard_of(step, s)));  // the shard's mse
       });
       if (comm.rank() == 0 && (opt.steps() % 50 == 0 || opt.steps() == 1))
         std::printf("step %4" PRIu64 "  loss %.9g\n", opt.steps(), loss);
     }
     if (!save.empty()) ddp.save_checkpoint(save);
-    if (comm.rank() == 0) {
-      const auto& st = comm.stats();
-      std::printf("%d rank(s), %zu shards: final loss %.17g, parameters fnv1a %016" PRIx64
-                  "\n(communication %.3f s over %" PRIu64 " collectives, %.1f MB sent by rank 0)\n",
-                  comm.size(), shards, loss, grad::dist::parameter_checksum(opt), st.seconds, st.calls,
-                  double(st.bytes) / 1e6);
-    }
+    report(loss);
   } catch (const grad::dist::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;
