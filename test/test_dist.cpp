@@ -300,3 +300,59 @@ TEST_CASE("DataParallel checkpoints record the shard count: resuming with anothe
   CHECK(same_bits(c.params(), a.params()));
   CHECK(c.opt.steps() == 3);
 }
+
+TEST_CASE("ProgramParallel checkpoints: save after 3 steps, resume in a fresh program (or on the tape), same bits") {
+  using grad::device::Mode;
+  const grad::testing::ScratchDir scratch("dist-program");
+  const std::string path = scratch.file("program.ckpt");
+  const std::size_t S = 5;
+  dist::SoloGroup solo;
+  auto train = [&](CapturedNet& c, dist::ProgramParallel<double>& ddp, int steps) {
+    std::vector<double> losses;
+    for (int k = 0; k < steps; ++k)
+      losses.push_back(
+          ddp.step([&](std::size_t s) { c.program->set_input(c.in, c.net.rows(dist::shard_rows(10, S, s))); }));
+    return losses;
+  };
+  CapturedNet straight(S, Mode::graph);
+  dist::ProgramParallel<double> ddp_straight(solo, *straight.opt, {.shards = S});
+  const std::vector<double> all = train(straight, ddp_straight, 6);
+
+  CapturedNet first(S, Mode::graph);
+  dist::ProgramParallel<double> ddp_first(solo, *first.opt, {.shards = S});
+  train(first, ddp_first, 3);
+  ddp_first.save_checkpoint(path, first.net.tp, first.net.opt);  // the Net's host Adam: same parameters, same order
+
+  CapturedNet resumed(S, Mode::fused);  // fresh values, fresh moments, another mode
+  dist::ProgramParallel<double> ddp_resumed(solo, *resumed.opt, {.shards = S});
+  ddp_resumed.load_checkpoint(path, resumed.net.tp, resumed.net.opt);
+  CHECK(resumed.opt->steps() == 3);
+  const std::vector<double> rest = train(resumed, ddp_resumed, 3);
+  CHECK(same_bits(rest, std::vector<double>(all.begin() + 3, all.end())));
+  CHECK(same_bits(resumed.params(), straight.params()));
+
+  // The same file on the tape: DataParallel continues on the same bits.
+  Net tape;
+  dist::DataParallel<grad::Adam<double>> ddp_tape(solo, tape.opt, {.shards = S});
+  ddp_tape.load_checkpoint(path);
+  for (int k = 0; k < 3; ++k) ddp_tape.step([&](std::size_t s) { return tape.loss(dist::shard_rows(10, S, s)); });
+  CHECK(same_bits(tape.params(), straight.params()));
+
+  // Refusals name what differs and change nothing.
+  CapturedNet other(S, Mode::per_node);
+  dist::ProgramParallel<double> ddp_other(solo, *other.opt, {.shards = S});
+  grad::Adam<double> fewer(0.01);
+  fewer.add(other.net.w1);
+  CHECK_THROWS_WITH_AS(ddp_other.save_checkpoint(scratch.file("x.ckpt"), other.net.tp, fewer),
+                       doctest::Contains("the host optimizer's parameters are not this optimizer's"), dist::Error);
+  grad::SGD<double> sgd(0.1);
+  for (Var<double> v : {other.net.w1, other.net.b1, other.net.w2}) sgd.add(v);
+  CHECK_THROWS_WITH_AS(ddp_other.save_checkpoint(scratch.file("x.ckpt"), other.net.tp, sgd),
+                       doctest::Contains("the host optimizer is of another kind"), dist::Error);
+  CapturedNet four(4, Mode::per_node);
+  dist::ProgramParallel<double> ddp_four(solo, *four.opt, {.shards = 4});
+  const std::vector<double> before = four.params();
+  CHECK_THROWS_WITH_AS(ddp_four.load_checkpoint(path, four.net.tp, four.net.opt),
+                       doctest::Contains("grad.dist.shards = 5; this run has 4"), dist::Error);
+  CHECK(same_bits(four.params(), before));
+}

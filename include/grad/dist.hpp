@@ -364,6 +364,40 @@ inline void compare_checksums(Group& g, std::uint64_t mine, std::uint64_t steps,
                 (every > 0 ? " (checksums compared every " + std::to_string(every) + " steps)" : std::string()));
 }
 
+// What a checkpoint records of the shard scheme, and a resumed run must match.
+inline std::vector<CheckpointNote> shard_notes(const ShardOptions& o) {
+  return {{"grad.dist.shards", o.shards}, {"grad.dist.combine", static_cast<std::uint64_t>(o.combine)}};
+}
+
+// Rank 0 runs save() ("" or why it failed); every rank returns when it is
+// done, or throws Error with rank 0's reason.
+template <class Save>
+void save_on_rank0(Group& g, Save&& save) {
+  std::string why;
+  if (g.rank() == 0) why = save();
+  std::uint32_t length = static_cast<std::uint32_t>(std::min<std::size_t>(why.size(), 1000));
+  g.broadcast(&length, sizeof length, 0, "the checkpoint status");
+  why.resize(length);
+  if (length > 0) g.broadcast(why.data(), length, 0, "the checkpoint status");
+  if (!why.empty()) throw Error(where(g) + "rank 0 could not write the checkpoint: " + why);
+}
+
+// Every rank runs load() ("" or why it failed); throws Error on every rank,
+// naming the ranks that failed, when one did.
+template <class Load>
+void load_on_every_rank(Group& g, Load&& load) {
+  const std::string why = load();
+  const std::uint32_t failed = why.empty() ? 0 : 1;
+  std::vector<std::uint32_t> all(g.size());
+  g.allgather(&failed, sizeof failed, all.data(), "the checkpoint load status");
+  std::string ranks;
+  for (int q = 0; q < g.size(); ++q)
+    if (all[q] != 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
+  if (!ranks.empty())
+    throw Error(where(g) + "the checkpoint could not be loaded on rank(s) " + ranks +
+                (why.empty() ? " (their own messages say why)" : ": " + why));
+}
+
 }  // namespace detail
 
 // Data parallelism over a Group (a Communicator: MPI; SoloGroup: one
@@ -459,14 +493,10 @@ class DataParallel {
   // every rank returns when the file is in place. Throws Error on every rank
   // when the write failed.
   void save_checkpoint(const std::string& path) {
-    std::string why;
-    if (rank_ == 0)
-      if (CheckpointResult r = grad::save_checkpoint(path, *opt_->tape(), *opt_, notes()); !r) why = r.error;
-    std::uint32_t length = static_cast<std::uint32_t>(std::min<std::size_t>(why.size(), 1000));
-    group_->broadcast(&length, sizeof length, 0, "the checkpoint status");
-    why.resize(length);
-    if (length > 0) group_->broadcast(why.data(), length, 0, "the checkpoint status");
-    if (!why.empty()) throw Error(detail::where(*group_) + "rank 0 could not write the checkpoint: " + why);
+    detail::save_on_rank0(*group_, [&] {
+      CheckpointResult r = grad::save_checkpoint(path, *opt_->tape(), *opt_, detail::shard_notes(options_));
+      return r.error;
+    });
   }
   // Every rank reads the same file (a shared file system, or a copy on every
   // host); the replicas are then compared. The rank count may differ from
@@ -476,17 +506,10 @@ class DataParallel {
   // change them on purpose, load with grad::load_checkpoint on every rank
   // before constructing the DataParallel.
   void load_checkpoint(const std::string& path) {
-    std::string why;
-    if (CheckpointResult r = grad::load_checkpoint(path, *opt_->tape(), *opt_, notes()); !r) why = r.error;
-    const std::uint32_t failed = why.empty() ? 0 : 1;
-    std::vector<std::uint32_t> all(group_->size());
-    group_->allgather(&failed, sizeof failed, all.data(), "the checkpoint load status");
-    std::string ranks;
-    for (int q = 0; q < group_->size(); ++q)
-      if (all[q] != 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(q);
-    if (!ranks.empty())
-      throw Error(detail::where(*group_) + "the checkpoint could not be loaded on rank(s) " + ranks +
-                  (why.empty() ? " (their own messages say why)" : ": " + why));
+    detail::load_on_every_rank(*group_, [&] {
+      CheckpointResult r = grad::load_checkpoint(path, *opt_->tape(), *opt_, detail::shard_notes(options_));
+      return r.error;
+    });
     check_replicas();
   }
 
@@ -500,11 +523,6 @@ class DataParallel {
   void reset_timers() { compute_seconds_ = fold_seconds_ = 0; }
 
  private:
-  // What a checkpoint records of the shard scheme, and a resumed run must match.
-  std::vector<CheckpointNote> notes() const {
-    return {{"grad.dist.shards", options_.shards}, {"grad.dist.combine", static_cast<std::uint64_t>(options_.combine)}};
-  }
-
   // Every rank's parameter list against rank 0's: the first collective.
   void check_model() {
     std::vector<std::uint64_t> shapes;

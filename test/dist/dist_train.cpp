@@ -382,11 +382,17 @@ int train_program(const Args& args, Tape<T>& tp, grad::Adam<T>& host, Model& mod
   std::vector<std::string> lines;
   try {
     grad::dist::ProgramParallel<T> ddp(comm, opt, {.shards = args.shards, .check_every = args.check_every});
-    for (std::uint64_t t = 1; t <= args.steps; ++t) {
+    if (!args.resume.empty()) ddp.load_checkpoint(args.resume, tp, host);  // through the host Adam
+    while (opt.steps() < args.steps) {
+      const std::uint64_t t = opt.steps() + 1;
       const T loss = ddp.step([&](std::size_t s) { model.set_shard(program, t, args.shards, s); });
       char text[96];
       std::snprintf(text, sizeof text, "step %" PRIu64 " loss %.17g ", t, loss);
       lines.push_back(text + hex(&loss, sizeof loss));
+      if (args.save_at == t) {
+        ddp.save_checkpoint(args.ckpt, tp, host);
+        break;
+      }
     }
   } catch (const grad::dist::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -117,6 +117,12 @@ class Engine {
   // The settings go to one record in device memory (uploaded when they
   // change), which the kernels read: no graph is captured again for them.
   virtual void optimizer_step(const OptimizerSettings& s) = 0;
+  // The optimizer's state, for checkpoints (after every queued phase has
+  // run): Adam's moments over set_optimizer's parameters, contiguous in that
+  // order (empty spans for SGD), and b1^t, b2^t. Throws std::logic_error
+  // before set_optimizer and std::invalid_argument for spans of another size.
+  virtual void read_optimizer_state(std::span<S> m, std::span<S> v, S& beta1_power, S& beta2_power) = 0;
+  virtual void write_optimizer_state(std::span<const S> m, std::span<const S> v, S beta1_power, S beta2_power) = 0;
 
   // Graph and fused modes queue forward/backward/optimizer_step and run the
   // queue as one graph at the next copy; flush() runs it now.

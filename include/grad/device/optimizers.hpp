@@ -14,6 +14,7 @@
 // their captured graphs (Program::graph_captures() does not move).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -22,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "grad/checkpoint.hpp"  // CheckpointAccess: the host optimizers' state, for copy_to / copy_from
 #include "grad/device/capture.hpp"
 #include "grad/opt.hpp"  // invalid_setting: the host optimizers' ranges
 
@@ -85,6 +87,82 @@ class Optimizer {
   // The parameters a step updates (those the captured loss reaches), in add
   // order, where they lie in the program's buffers; and how many were added.
   std::span<const ParamSlot> slots() const { return slots_; }
+
+  // Checkpoints go through a host optimizer of the same kind (grad::Adam<T>
+  // for device::Adam, grad::SGD<T> for device::SGD) with the same parameters
+  // added in the same order: copy_to fills it and the tape with this
+  // optimizer's whole state (parameter values, settings, L2 coefficients,
+  // step count, Adam's moments and powers), so grad::save_checkpoint writes
+  // it; copy_from takes it back after grad::load_checkpoint. Every added
+  // parameter must be reached by the captured loss. Throws
+  // std::invalid_argument naming what differs.
+  template <class HostOpt>
+  void copy_to(Tape<T>& tape, HostOpt& host) {
+    using Access = CheckpointAccess<T, HostOpt>;
+    check_host(host, "copy_to");
+    program_->sync_params_to(tape);
+    typename Access::Settings st;
+    st.steps = steps_;
+    st.lr = static_cast<T>(settings_.lr);
+    st.clip = static_cast<T>(settings_.clip);
+    st.beta1 = static_cast<T>(settings_.beta1);
+    st.beta2 = static_cast<T>(settings_.beta2);
+    st.eps = static_cast<T>(settings_.eps);
+    program_->with_engine([&](auto& e, auto zero) {
+      using S = decltype(zero);
+      if (dirty_) e.set_optimizer(slots_, settings_.adam);  // never stepped: zero moments, b^0 = 1
+      dirty_ = false;
+      const std::size_t n = settings_.adam ? moment_count() : 0;
+      std::vector<S> m(n), v(n);
+      S p1 = S(1), p2 = S(1);
+      e.read_optimizer_state(m, v, p1, p2);
+      st.beta1_power = static_cast<T>(p1);
+      st.beta2_power = static_cast<T>(p2);
+      if constexpr (Access::is_adam) {
+        std::transform(m.begin(), m.end(), Access::moments(host, 0)->begin(), [](S x) { return static_cast<T>(x); });
+        std::transform(v.begin(), v.end(), Access::moments(host, 1)->begin(), [](S x) { return static_cast<T>(x); });
+      }
+    });
+    Access::restore(host, st);
+    auto& entries = Access::entries(host);
+    for (std::size_t k = 0; k < slots_.size(); ++k) entries[k].l2 = static_cast<T>(slots_[k].l2);
+  }
+  template <class HostOpt>
+  void copy_from(const Tape<T>& tape, const HostOpt& host) {
+    using Access = CheckpointAccess<T, HostOpt>;
+    check_host(host, "copy_from");
+    const auto st = Access::settings(host);
+    program_->with_engine([&](auto& e, auto zero) {
+      using S = decltype(zero);
+      std::vector<S> staging;
+      auto narrow = [&](std::span<const T> from) -> std::span<const S> {
+        staging.resize(from.size());
+        std::transform(from.begin(), from.end(), staging.begin(), [](T x) { return static_cast<S>(x); });
+        return staging;
+      };
+      for (std::size_t k = 0; k < slots_.size(); ++k) {
+        e.write_values(slots_[k].value, narrow(tape.value(host.params()[k].var).data));
+        slots_[k].l2 = static_cast<double>(host.params()[k].l2);
+      }
+      e.set_optimizer(slots_, settings_.adam);
+      std::vector<S> m, v;
+      if constexpr (Access::is_adam) {
+        const auto to_s = [](T x) { return static_cast<S>(x); };
+        m.resize(moment_count());
+        v.resize(moment_count());
+        std::transform(host.first_moments().begin(), host.first_moments().end(), m.begin(), to_s);
+        std::transform(host.second_moments().begin(), host.second_moments().end(), v.begin(), to_s);
+      }
+      e.write_optimizer_state(m, v, static_cast<S>(st.beta1_power), static_cast<S>(st.beta2_power));
+    });
+    dirty_ = false;
+    steps_ = st.steps;
+    settings_.lr = static_cast<double>(st.lr);
+    settings_.clip = static_cast<double>(st.clip);
+    settings_.beta1 = static_cast<double>(st.beta1);
+    settings_.beta2 = static_cast<double>(st.beta2);
+    settings_.eps = static_cast<double>(st.eps);
+  }
   std::size_t added() const { return added_.size(); }
   Program<T>& program() const { return *program_; }
 
@@ -100,6 +178,27 @@ class Optimizer {
       throw std::invalid_argument("grad::device::" + std::string(name_) + std::string(call) + ": " + why);
     return static_cast<double>(value);
   }
+  std::size_t moment_count() const {
+    std::size_t n = 0;
+    for (const ParamSlot& p : slots_) n += p.size;
+    return n;
+  }
+  template <class HostOpt>
+  void check_host(const HostOpt& host, const char* call) const {
+    const std::string who = "grad::device::" + std::string(name_) + "." + call + ": ";
+    if (CheckpointAccess<T, HostOpt>::is_adam != settings_.adam)
+      throw std::invalid_argument(who + "the host optimizer is of another kind (Adam for device::Adam, SGD for SGD)");
+    if (slots_.size() != added_.size())
+      throw std::invalid_argument(who + std::to_string(added_.size() - slots_.size()) +
+                                  " added parameter(s) are not reached by the captured loss");
+    bool same = host.params().size() == added_.size();
+    for (std::size_t k = 0; same && k < added_.size(); ++k) same = host.params()[k].var.index() == added_[k];
+    if (!same)
+      throw std::invalid_argument(who + "the host optimizer's parameters are not this optimizer's, in add order (" +
+                                  std::to_string(host.params().size()) + " against " + std::to_string(added_.size()) +
+                                  ")");
+  }
+
   Program<T>* program_;
   const char* name_;
   OptimizerSettings settings_;

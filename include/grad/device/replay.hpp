@@ -118,6 +118,8 @@ class ReplayEngine final : public Engine<S> {
       v_ = run_.template allocate<S>(moments);
       moment_capacity_ = moments;
     }
+    adam_ = adam;
+    moments_ = moments;
     if (adam) {
       std::vector<S> zeros(moments, S(0));
       run_.upload(m_, zeros.data(), moments * sizeof(S));
@@ -163,6 +165,27 @@ class ReplayEngine final : public Engine<S> {
       hyper_uploaded_ = true;
     }
     queue(Phase::optimizer);
+  }
+
+  void read_optimizer_state(std::span<S> m, std::span<S> v, S& beta1_power, S& beta2_power) override {
+    flush();
+    check_state_spans(m.size(), v.size());
+    if (!m.empty()) run_.download(m.data(), m_, m.size_bytes());
+    if (!v.empty()) run_.download(v.data(), v_, v.size_bytes());
+    OptimizerState<S> st;
+    run_.download(&st, state_, sizeof st);
+    beta1_power = st.beta1_power;
+    beta2_power = st.beta2_power;
+  }
+  void write_optimizer_state(std::span<const S> m, std::span<const S> v, S beta1_power, S beta2_power) override {
+    flush();
+    check_state_spans(m.size(), v.size());
+    if (!m.empty()) run_.upload(m_, m.data(), m.size_bytes());
+    if (!v.empty()) run_.upload(v_, v.data(), v.size_bytes());
+    OptimizerState<S> st{};
+    st.beta1_power = beta1_power;  // the step's scale and constants are recomputed by the next step
+    st.beta2_power = beta2_power;
+    run_.upload(state_, &st, sizeof st);
   }
 
   const std::string& fallback_reason() const override { return fallback_; }
@@ -214,6 +237,14 @@ class ReplayEngine final : public Engine<S> {
     SegmentKind kind;
     std::size_t first, count, rows, threads;
   };
+
+  void check_state_spans(std::size_t m, std::size_t v) const {
+    if (!state_) throw std::logic_error("grad::device: the optimizer state is read or written before set_optimizer");
+    const std::size_t want = adam_ ? moments_ : 0;
+    if (m != want || v != want)
+      throw std::invalid_argument("grad::device: optimizer state: " + std::to_string(m) + " and " + std::to_string(v) +
+                                  " moments given, the optimizer has " + std::to_string(want) + " of each");
+  }
 
   void flush_if_optimizer_queued() {
     if (std::find(pending_.begin(), pending_.end(), Phase::optimizer) != pending_.end()) flush();
@@ -370,6 +401,8 @@ class ReplayEngine final : public Engine<S> {
   std::vector<ParamView<S>> params_;
   ParamView<S>* views_ = nullptr;
   std::size_t views_capacity_ = 0, moment_capacity_ = 0;
+  std::size_t moments_ = 0;  // elements of each moment buffer in use (Adam)
+  bool adam_ = false;
   S* m_ = nullptr;
   S* v_ = nullptr;
   OptimizerState<S>* state_ = nullptr;

@@ -173,6 +173,37 @@ class ProgramParallel {
     }
   }
 
+  // Checkpoints through a host optimizer of the same kind with the same
+  // parameters in add order (device::Optimizer::copy_to / copy_from):
+  // rank 0 writes (atomically, with S and the combine mode as notes); every
+  // rank reads the same file and the replicas are compared. A file written by
+  // DataParallel or LocalShards on the tape loads here too, and the other way.
+  template <class HostOpt>
+  void save_checkpoint(const std::string& path, Tape<T>& tape, HostOpt& host) {
+    detail::save_on_rank0(*group_, [&]() -> std::string {
+      try {
+        opt_->copy_to(tape, host);
+      } catch (const std::exception& e) {
+        return e.what();
+      }
+      return grad::save_checkpoint(path, tape, host, detail::shard_notes(options_)).error;
+    });
+  }
+  template <class HostOpt>
+  void load_checkpoint(const std::string& path, Tape<T>& tape, HostOpt& host) {
+    detail::load_on_every_rank(*group_, [&]() -> std::string {
+      if (CheckpointResult r = grad::load_checkpoint(path, tape, host, detail::shard_notes(options_)); !r)
+        return r.error;
+      try {
+        opt_->copy_from(tape, host);
+      } catch (const std::exception& e) {
+        return e.what();
+      }
+      return {};
+    });
+    check_replicas();
+  }
+
   Range owned() const { return reduction_->owned(); }
   std::span<const T> shard_losses() const { return losses_; }
   const ShardOptions& options() const { return options_; }
