@@ -35,8 +35,8 @@ ModelFileResult save_lm(const std::string& path, const Lm<T>& model) {
 inline std::string read_lm_config(const std::string& path, LmConfig& out) {
   std::vector<unsigned char> bytes;
   grad::detail::Frame f;
-  if (std::string why =
-          grad::detail::read_framed(path, grad::detail::model_magic, model_file_version, "model", bytes, f);
+  if (std::string why = grad::detail::read_framed(path, grad::detail::model_magic, model_file_version,
+                                                  model_file_version, "model", bytes, f);
       !why.empty())
     return "grad: model file '" + path + "': " + why;
   grad::detail::ByteReader r{
