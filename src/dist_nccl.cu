@@ -138,8 +138,9 @@ struct Core<T>::Impl {
       const char* last = ncclGetLastError(comm);
       if (last && *last) detail = " (NCCL: " + std::string(last) + ")";
       abort();
+      detail += "; the NCCL communicator was aborted";
     }
-    throw Error(who() + why + detail + "; the NCCL communicator was aborted");
+    throw Error(who() + why + detail);
   }
   void abort() {
     if (!comm) return;
