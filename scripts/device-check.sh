@@ -8,12 +8,12 @@
 # Here: takes the committed tree (HEAD, copied into build-device/src, so the
 # binaries are one commit's, whatever else is being edited; --worktree builds
 # the working tree instead), configures it (CUDA for sm_90, release, no
-# downloads), builds the device suites and bench_device, and assembles one folder,
-# build-device/carry/ (at most 64 MiB: stripped binaries with static
-# cudart, the shared libraries they need beyond glibc, a manifest), then
-# prints its size and the exact device command. --dry-run stops there;
-# --build-only too, silently; with neither it goes on to run the device half
-# on this machine, which stops at the preflight when no GPU answers.
+# downloads), builds the device suites, the NCCL checks and bench_device, and
+# assembles one folder, build-device/carry/ (at most 64 MiB: stripped binaries
+# with static cudart, the shared libraries they need beyond glibc and libnccl,
+# a manifest), then prints its size and the exact device command. --dry-run
+# stops there; --build-only too, silently; with neither it goes on to run the
+# device half on this machine, which stops at the preflight when no GPU answers.
 #
 # On the GPU machine (--run DIR; no meson, no compiler, no network needed):
 #   1. preflight: driver, cuda_available(), compute capability (9.0), name
@@ -22,6 +22,13 @@
 #      GRAD_DEVICE_SYNC=1 so that the faulting kernel is named
 #   2b. emit_cuda_check: the CUDA source grad::emit writes, built here from the
 #      generated programs and the tape's answers, run there, compared bitwise
+#   2c. grad::dist over NCCL, one rank (no MPI there): nccl_check (the NCCL
+#      fold = the host fold, bitwise) and nccl_program_check (ProgramParallel
+#      through the NCCL reducer = LocalShards on the tape = HostReduction,
+#      bitwise). libnccl.so.2 is not carried (218 MB): it is looked for there
+#      (ldconfig -p, then python3's nvidia/nccl/lib from the pip package
+#      nvidia-nccl-cu13, then a bounded find under /usr /opt /usr/local); a
+#      row says "skipped" when it is not found, which is not a failure
 #   3. bench_device in all four modes (CPU tape, per-node, graph, fused)
 #   4. compute-sanitizer memcheck / racecheck / synccheck on a short fused
 #      run, when the tool is there
@@ -56,6 +63,34 @@ keep_logs() {
   if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then cp -r "$1" "$OUT/device-check-logs" 2> /dev/null; fi
 }
 
+# The directory of a libnccl.so.2 on this machine, or nothing.
+find_nccl() {
+  local lib dir
+  lib=$({ ldconfig -p || /sbin/ldconfig -p; } 2> /dev/null | awk '$1 == "libnccl.so.2" && $NF ~ /^\// { print $NF; exit }')
+  if [ -n "$lib" ] && [ -f "$lib" ]; then
+    dirname "$lib"
+    return
+  fi
+  # The pip package nvidia-nccl-cu13 (or -cu12): <site-packages>/nvidia/nccl/lib, or wherever under nvidia/.
+  if command -v python3 > /dev/null; then
+    dir=$(timeout 20 python3 -c '
+import os, nvidia
+for top in list(nvidia.__path__):
+    for d, _, files in os.walk(top):
+        if "libnccl.so.2" in files:
+            print(d)
+            raise SystemExit
+' 2> /dev/null | head -1)
+    if [ -n "$dir" ] && [ -f "$dir/libnccl.so.2" ]; then
+      echo "$dir"
+      return
+    fi
+  fi
+  lib=$(timeout 30 find /usr /opt /usr/local -maxdepth 8 -name 'libnccl.so.2' \( -type f -o -type l \) \
+    2> /dev/null | head -1)
+  if [ -n "$lib" ]; then dirname "$lib"; fi
+}
+
 run_device() {
   local carry=$1 t0 t status failed=0
   carry=$(cd "$carry" 2>/dev/null && pwd) || {
@@ -73,9 +108,15 @@ run_device() {
     table "no GPU run"
     exit 2
   fi
-  # Every binary's shared libraries must resolve here (nothing to install).
+  # libnccl.so.2 is not carried: the NCCL checks use this machine's (step 2c).
+  local nccl_dir
+  nccl_dir=$(find_nccl)
+  # Every binary's shared libraries must resolve here (nothing to install; libnccl: above).
   local missing
-  missing=$(for f in "$bin"/*; do ldd "$f" 2>&1 | grep -E 'not found|version .* not found'; done | sort -u)
+  missing=$(for f in "$bin"/*; do
+    LD_LIBRARY_PATH="${nccl_dir:+$nccl_dir:}$LD_LIBRARY_PATH" ldd "$f" 2>&1 |
+      grep -E 'not found|version .* not found' | grep -v -E '^\s*libnccl\.so\.2 => not found'
+  done | sort -u)
   if [ -n "$missing" ]; then
     row "libraries" "FAILED: $missing" "-"
     table "no GPU run"
@@ -131,6 +172,36 @@ run_device() {
   else
     row "emit_cuda_check" "not in the carried folder" "-"
   fi
+
+  # 2c. grad::dist over NCCL, one rank (SoloGroup; the GPU machine has no MPI)
+  local nccl_bin rc
+  for nccl_bin in nccl_check nccl_program_check; do
+    t=$(now)
+    if [ ! -x "$bin/$nccl_bin" ]; then
+      row "$nccl_bin" "not in the carried folder" "-"
+      continue
+    fi
+    if [ -z "$nccl_dir" ]; then
+      row "$nccl_bin" "skipped: libnccl.so.2 not found" "-"
+      continue
+    fi
+    GRAD_REQUIRE_CUDA=1 LD_LIBRARY_PATH="$nccl_dir:$LD_LIBRARY_PATH" timeout 120 "$bin/$nccl_bin" \
+      > "$logs/$nccl_bin.log" 2>&1
+    rc=$?
+    case $rc in
+      0) row "$nccl_bin" "ok ($(grep -c 'bitwise equal' "$logs/$nccl_bin.log") cases bitwise equal)" "$(($(now) - t)) s" ;;
+      77) row "$nccl_bin" "skipped: no CUDA device (exit 77)" "$(($(now) - t)) s" ;;
+      124 | 137) row "$nccl_bin" "FAILED: timed out (120 s)" "$(($(now) - t)) s" ;;
+      *) row "$nccl_bin" "FAILED (exit $rc; see $logs/$nccl_bin.log)" "$(($(now) - t)) s" ;;
+    esac
+    if [ $rc -ne 0 ] && [ $rc -ne 77 ]; then
+      failed=1
+      tail -20 "$logs/$nccl_bin.log"
+    else
+      cat "$logs/$nccl_bin.log"
+    fi
+  done
+  if [ -n "$nccl_dir" ]; then echo "libnccl.so.2 from $nccl_dir"; fi
 
   # 3. bench_device: tape, per-node, graph, fused (exit status non-zero on a fallback)
   t=$(now)
@@ -242,6 +313,10 @@ build_carry() {
   fi
   local targets=(bench/bench_device test/emit_cuda_check)
   for s in "${suites[@]}"; do targets+=("test/$s"); done
+  # The NCCL checks, when meson found NCCL (grad_dist_nccl).
+  for s in nccl_check nccl_program_check; do
+    if grep -q "^build test/$s:" "$build/build.ninja"; then targets+=("test/$s"); fi
+  done
   if ! ninja -C "$build" -j "${JOBS:-$(nproc)}" "${targets[@]}" > "$build.log" 2>&1; then
     grep -E 'error|FAILED' -A5 "$build.log" | head -40
     echo "device-check: the build failed (log: $build.log)" >&2
@@ -257,6 +332,7 @@ build_carry() {
   for f in "$carry"/bin/*; do ldd "$f"; done | awk '$3 ~ /^\// { print $3 }' | sort -u | while read -r lib; do
     case $(basename "$lib") in
       libc.so* | libm.so* | libdl.so* | librt.so* | libpthread.so* | ld-linux*) ;;
+      libnccl.so*) ;; # 218 MB: the GPU machine's own is used (run_device, find_nccl)
       *) cp -L "$lib" "$carry/lib/" ;;
     esac
   done

@@ -1,10 +1,13 @@
-// The NCCL path of grad::dist on one or more GPUs (one rank per GPU; run
-// without mpirun for one rank): S shards of deterministic values go through
-// grad::dist::nccl::ShardReducer and must come back as the host fold of
-// grad/dist.hpp (fold_pieces), bit for bit, on every rank, float and double.
+// The NCCL path of grad::dist on one GPU (one rank, SoloGroup: no MPI): S
+// shards of deterministic values go through grad::dist::nccl::ShardReducer
+// and must come back as the host fold of grad/dist.hpp (fold_pieces), bit for
+// bit, float and double. Exit status 1 on a difference, 2 on an error, 77 when
+// no CUDA device answers (nothing was checked).
 //   nccl_check [--shards S] [--elements P]
 #include <cstdio>
 #include <cstring>
+#include <grad/device/engine.hpp>
+#include <grad/dist.hpp>
 #include <grad/dist_nccl.hpp>
 #include <grad/random.hpp>
 #include <string>
@@ -13,7 +16,7 @@
 namespace {
 
 template <class T>
-bool check(grad::dist::Communicator& comm, std::size_t shards, std::size_t p) {
+bool check(grad::dist::Group& comm, std::size_t shards, std::size_t p) {
   namespace dist = grad::dist;
   // Every shard's values, on every rank (each rank uploads only its own).
   std::vector<std::vector<T>> all(shards, std::vector<T>(p));
@@ -49,11 +52,15 @@ int main(int argc, char** argv) {
     else if (k == "--elements")
       p = std::stoul(argv[++i]);
   }
-  grad::dist::Communicator comm(&argc, &argv);
+  if (!grad::device::cuda_available()) {
+    std::printf("nccl_check: skipped, no CUDA device: %s\n", grad::device::cuda_unavailable_reason().c_str());
+    return 77;
+  }
+  grad::dist::SoloGroup comm;
   try {
     const bool ok = check<float>(comm, shards, p) & check<double>(comm, shards, p);
     return ok ? 0 : 1;
-  } catch (const grad::dist::Error& e) {
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;
   }
