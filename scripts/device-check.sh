@@ -185,16 +185,17 @@ run_device() {
       row "$nccl_bin" "skipped: libnccl.so.2 not found" "-"
       continue
     fi
-    GRAD_REQUIRE_CUDA=1 LD_LIBRARY_PATH="$nccl_dir:$LD_LIBRARY_PATH" timeout 120 "$bin/$nccl_bin" \
-      > "$logs/$nccl_bin.log" 2>&1
+    # NCCL_DEBUG=WARN: NCCL says why in the log when it fails.
+    NCCL_DEBUG=${NCCL_DEBUG:-WARN} GRAD_REQUIRE_CUDA=1 LD_LIBRARY_PATH="$nccl_dir:$LD_LIBRARY_PATH" \
+      timeout 120 "$bin/$nccl_bin" > "$logs/$nccl_bin.log" 2>&1
     rc=$?
     case $rc in
       0) row "$nccl_bin" "ok ($(grep -c 'bitwise equal' "$logs/$nccl_bin.log") cases bitwise equal)" "$(($(now) - t)) s" ;;
-      77) row "$nccl_bin" "skipped: no CUDA device (exit 77)" "$(($(now) - t)) s" ;;
+      77) row "$nccl_bin" "FAILED: exit 77, no CUDA device (preflight: one)" "$(($(now) - t)) s" ;;
       124 | 137) row "$nccl_bin" "FAILED: timed out (120 s)" "$(($(now) - t)) s" ;;
       *) row "$nccl_bin" "FAILED (exit $rc; see $logs/$nccl_bin.log)" "$(($(now) - t)) s" ;;
     esac
-    if [ $rc -ne 0 ] && [ $rc -ne 77 ]; then
+    if [ $rc -ne 0 ]; then
       failed=1
       tail -20 "$logs/$nccl_bin.log"
     else
