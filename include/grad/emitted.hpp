@@ -5,7 +5,7 @@
 // bodies are the rounding source of truth) and the optimizers' element rules
 // (update_rules.hpp). An emitted file compiles with
 //
-//   g++ -std=c++20 -O2 -ffp-contract=off -I <grad>/include model.cpp
+//   g++ -std=c++20 -O2 -ffp-contract=off -I path/to/grad/include model.cpp
 //
 // and links nothing of grad. Every node of an emitted program is one call of
 // forward<Op, N> / backward<Op, In, N> below, N being the node's shapes as a
