@@ -6,11 +6,14 @@
 # (GRAD_WITH_SKLEARN=0 skips it). Open MPI (libopenmpi-dev, openmpi-bin) builds
 # grad::dist's library and lets the test suite run it under mpirun
 # (GRAD_WITH_MPI=0 skips it: grad::dist's MPI test then reports itself skipped).
+# doxygen builds the API reference (`ninja -C build docs`; GRAD_WITH_DOCS=0
+# skips it). CLI11 (libcli11-dev, header-only) parses the programs' options.
 set -eu
-want="meson ninja-build pkg-config cmake g++ doctest-dev libboost-dev libbenchmark-dev"
+want="meson ninja-build pkg-config cmake g++ doctest-dev libboost-dev libbenchmark-dev libcli11-dev"
 [ "${GRAD_WITH_TORCH:-1}" = 1 ] && want="$want python3-torch"
 [ "${GRAD_WITH_SKLEARN:-1}" = 1 ] && want="$want python3-sklearn"
 [ "${GRAD_WITH_MPI:-1}" = 1 ] && want="$want libopenmpi-dev openmpi-bin"
+[ "${GRAD_WITH_DOCS:-1}" = 1 ] && want="$want doxygen"
 missing=""
 for p in $want; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
