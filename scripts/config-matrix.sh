@@ -145,9 +145,12 @@ pkgconfig() {
       -Dbenchmarks=disabled -Dcuda=disabled >"$work/install.log" 2>&1
     meson install -C "$from" --destdir "$prefix" >>"$work/install.log" 2>&1 || { tail -20 "$work/install.log"; fail "install"; return; }
   fi
+  # --destdir keeps the build's prefix inside the .pc files: point copies of them at the stage
+  # (PKG_CONFIG_SYSROOT_DIR would move -L/usr/local/cuda/lib64 as well).
   pcdir=$(dirname "$(find "$prefix" -name grad.pc | head -1)")
-  # --destdir keeps the prefix inside the .pc files: point pkg-config at the staged tree.
-  export PKG_CONFIG_PATH="$pcdir" PKG_CONFIG_SYSROOT_DIR="$prefix"
+  rm -rf "$work/pc"; mkdir -p "$work/pc"
+  for f in "$pcdir"/*.pc; do sed "s|^prefix=\(.*\)|prefix=$prefix\1|" "$f" >"$work/pc/$(basename "$f")"; done
+  export PKG_CONFIG_PATH="$work/pc"
   cat >"$work/pc-grad.cpp" <<'CPP'
 #include <grad/grad.hpp>
 int main() {
@@ -186,7 +189,7 @@ CPP
       cat "$work/pc-$pc.log"; fail "pkg-config $pc"
     fi
   done
-  unset PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR
+  unset PKG_CONFIG_PATH
 }
 
 mkdir -p "$work"

@@ -11,13 +11,24 @@
 #     standard: the .pc files must not set one) at -O1 and -O2, linked with
 #     nothing but what `pkg-config --libs` says (-pthread included).
 #     (-O3 and -march=native are the benchmark script's, bench/consumer_bench.sh.)
-# usage: run.sh <grad source root> <scratch dir>
+# usage: run.sh <grad source root> <scratch dir> [<grad build dir to install from>]
 set -eu
 src=$(cd "$1" && pwd)
 work=$2
 rm -rf "$work"
 mkdir -p "$work/sub/subprojects"
 fail() { echo "consumer: $*"; exit 1; }
+# stage_pc_files STAGE DIR: copies the .pc files under STAGE (a --destdir
+# install) into DIR with their prefix moved into STAGE; prints the directory
+# they came from. (PKG_CONFIG_SYSROOT_DIR would move -L/usr/local/cuda/lib64 too.)
+stage_pc_files() {
+  from=$(dirname "$(find "$1" -name grad.pc | head -1)")
+  mkdir -p "$2"
+  for f in "$from"/*.pc; do
+    sed "s|^prefix=\(.*\)|prefix=$1\1|" "$f" >"$2/$(basename "$f")"
+  done
+  echo "$from"
+}
 
 # 1. subproject, both modes
 cp "$src/test/consumer/consumer.cpp" "$work/sub/"
@@ -56,16 +67,28 @@ PY
 "$work/sub/build/consumer" >"$work/out-sub-header-only"
 "$work/sub/build/consumer-compiled" >"$work/out-sub-compiled"
 
-# 2. installed, found by pkg-config, both modes
-meson setup "$work/grad-build" "$src" --prefix="$work/prefix" --libdir=lib \
-  -Dtests=false -Dexamples=false -Dbenchmarks=disabled -Dcuda=disabled >"$work/install.log" 2>&1 ||
-  { cat "$work/install.log"; exit 1; }
-meson install -C "$work/grad-build" >>"$work/install.log" 2>&1 || { cat "$work/install.log"; exit 1; }
-export PKG_CONFIG_PATH="$work/prefix/lib/pkgconfig"
-test -f "$work/prefix/include/grad/grad.hpp"
-test -f "$work/prefix/lib/libgrad_kernels.a"
+# 2. installed, found by pkg-config, both modes: the build that runs this
+# test, staged with --destdir (nothing compiled again), or a lean build of its
+# own when no build directory is given
+if [ -n "${3:-}" ]; then
+  meson install -C "$3" --no-rebuild --destdir "$work/stage" >"$work/install.log" 2>&1 ||
+    { cat "$work/install.log"; exit 1; }
+  # The .pc files name the build's prefix: point copies of them at the stage.
+  pcdir=$(stage_pc_files "$work/stage" "$work/pc")
+  export PKG_CONFIG_PATH="$work/pc"
+else
+  meson setup "$work/grad-build" "$src" --prefix="$work/stage" --libdir=lib \
+    -Dtests=false -Dexamples=false -Dbenchmarks=disabled -Dcuda=disabled >"$work/install.log" 2>&1 ||
+    { cat "$work/install.log"; exit 1; }
+  meson install -C "$work/grad-build" >>"$work/install.log" 2>&1 || { cat "$work/install.log"; exit 1; }
+  pcdir="$work/stage/lib/pkgconfig"
+  export PKG_CONFIG_PATH="$pcdir"
+fi
+libdir=$(dirname "$pcdir")
+[ -n "$(find "$work/stage" -path '*/include/grad/grad.hpp')" ] || fail "no include/grad/grad.hpp installed"
+test -f "$libdir/libgrad_kernels.a" || fail "no libgrad_kernels.a in $libdir"
 # The device library is installed when it is built, with its own .pc.
-test -f "$work/prefix/lib/libgrad_device.a"
+test -f "$libdir/libgrad_device.a" || fail "no libgrad_device.a in $libdir"
 pkg-config --libs grad-device | grep -q -- '-lgrad_device' || fail "grad-device.pc does not link libgrad_device"
 for pc in grad grad-kernels grad-device; do
   case " $(pkg-config --cflags $pc) " in *" -std="*) fail "$pc.pc sets the consumer's -std: $(pkg-config --cflags $pc)" ;; esac
