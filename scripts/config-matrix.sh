@@ -9,12 +9,11 @@
 #     names: top-level default (nvcc on PATH, as scripts/build.sh), demo's
 #     options, -Ddevice=false, -Dmpi=disabled, -Dcuda=disabled, no nvcc on
 #     PATH, grad as a meson subproject with no options and with
-#     -Dgrad:tests=true;
+#     -Dgrad:tests=true, and no python3-torch (the oracle suites of build/
+#     on their golden data alone);
 #  3. pkg-config: an installed copy (meson install of build/, else a lean
 #     build of its libraries) and one small program per .pc file: grad,
 #     grad-kernels, grad-device, grad-dist (when Open MPI is there).
-# (python3-torch is a run-time choice, not a configure one: the oracle
-# suites skip without it, which scripts/test.sh shows either way.)
 # usage: scripts/config-matrix.sh [sweep|rows|pkgconfig]...  (default: all)
 set -eu
 cd "$(dirname "$0")/.."
@@ -131,6 +130,26 @@ rows() {
     fail "row subproject-tests: -Dgrad:tests=true defines no suite"
   fi
   rm -rf "$work/rows/subproject" "$work/rows/subproject-tests"
+  no_torch_row
+}
+
+# No python3-torch: the suites with live PyTorch oracles (built in build/)
+# must pass on their checked-in golden data alone. `python3 -S` leaves out
+# site-packages, where Debian's python3-torch lives (GRAD_PYTHON: test/golden.hpp).
+no_torch_row() {
+  if [ ! -x build/test/test_op_cases ]; then
+    echo "config-matrix: row no-torch: no build/test/ suites (scripts/build.sh first)"; return
+  fi
+  start=$(date +%s)
+  for s in op_cases nn optimizers; do
+    if ! GRAD_PYTHON="/usr/bin/python3 -S" GRAD_ORACLE_DIR="$src/test/oracle" "build/test/test_$s" \
+        >"$work/no-torch-$s.log" 2>&1; then
+      tail -20 "$work/no-torch-$s.log"; fail "row no-torch: test_$s"
+    fi
+  done
+  grep -q 'cannot import torch' "$work/no-torch-op_cases.log" ||
+    fail "row no-torch: test_op_cases did not say that it skipped its live oracle"
+  echo "config-matrix: row no-torch: test_op_cases, test_nn, test_optimizers pass on golden data in $(($(date +%s) - start)) s"
 }
 
 pkgconfig() {

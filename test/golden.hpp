@@ -19,6 +19,22 @@ inline std::string oracle_dir() {
   return d ? d : "test/oracle";
 }
 
+// The Python that runs the live oracles: GRAD_PYTHON (a command, e.g.
+// "/usr/bin/python3 -S", which hides site-packages and so torch: the
+// configuration matrix's no-torch row), else Debian's /usr/bin/python3, the
+// only one that sees python3-torch.
+inline std::string python() {
+  const char* p = std::getenv("GRAD_PYTHON");
+  return p && *p ? p : "/usr/bin/python3";
+}
+
+// Whether python() can import torch: the live oracle cases skip without it
+// (the checked-in golden data is compared either way).
+inline bool torch_available() {
+  static const bool available = std::system((python() + " -c 'import torch' >/dev/null 2>&1").c_str()) == 0;
+  return available;
+}
+
 inline std::map<std::string, Tensor<double>> load_golden(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot open golden file " + path);

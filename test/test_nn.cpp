@@ -389,20 +389,13 @@ TEST_CASE("the block matches PyTorch float64 (checked-in golden): loss <= 1e-14,
   check_against_oracle(load_golden(oracle_dir() + "/qwen_block_golden.txt"));
 }
 
-namespace {
-bool torch_available() {
-  return std::system(
-             "/usr/bin/python3 -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(\"torch\") is None)'"
-             " >/dev/null 2>&1") == 0;
-}
-}  // namespace
 
 TEST_CASE("the block matches PyTorch float64 run live now" * doctest::skip(!torch_available())) {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("grad_nn_oracle_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const std::string fresh = (dir / "qwen_block_golden.txt").string();
-  const std::string command = "/usr/bin/python3 -B '" + oracle_dir() + "/qwen_block.py' '" + fresh + "'";
+  const std::string command = python() + " -B '" + oracle_dir() + "/qwen_block.py' '" + fresh + "'";
   REQUIRE(std::system(command.c_str()) == 0);
   const auto live = load_golden(fresh);
   std::filesystem::remove_all(dir);

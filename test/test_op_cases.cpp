@@ -227,8 +227,8 @@ TEST_CASE("every case matches float64 PyTorch: loss <= 1e-14, every gradient ele
 }
 
 TEST_CASE("a live run of cases.py on the table's tapes reproduces the golden file") {
-  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
-    MESSAGE("skipped: /usr/bin/python3 cannot import torch (apt-get install python3-torch)");
+  if (!grad::testing::torch_available()) {
+    MESSAGE("skipped: " + grad::testing::python() + " cannot import torch (apt-get install python3-torch)");
     return;
   }
   char dir_template[] = "/tmp/grad_cases_XXXXXX";
@@ -240,7 +240,7 @@ TEST_CASE("a live run of cases.py on the table's tapes reproduces the golden fil
   }
   const std::string fresh_path = (dir / "cases_golden.txt").string();
   const std::string command =
-      "/usr/bin/python3 -B '" + oracle_dir() + "/cases.py' '" + (dir / "cases.txt").string() + "' '" + fresh_path + "'";
+      grad::testing::python() + " -B '" + oracle_dir() + "/cases.py' '" + (dir / "cases.txt").string() + "' '" + fresh_path + "'";
   const int rc = std::system(command.c_str());
   const Golden fresh = rc == 0 ? load_golden(fresh_path) : Golden{};
   std::filesystem::remove_all(dir);

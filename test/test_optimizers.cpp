@@ -311,8 +311,6 @@ void compare_all(const std::string& path) {
   compare_with_torch(g, "sgd_clip", grad::SGD(0.3), {0.01, 0.0, 0.02, 0.0, 0.5}, 0.2);
 }
 
-bool python_has_torch() { return std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") == 0; }
-
 }  // namespace
 
 TEST_CASE("20 steps of Adam and SGD (L2, clipping, a skipped parameter) match torch.optim within 1e-12") {
@@ -321,12 +319,12 @@ TEST_CASE("20 steps of Adam and SGD (L2, clipping, a skipped parameter) match to
   compare_all(grad::testing::oracle_dir() + "/optim_golden.txt");
 }
 
-TEST_CASE("the optimizer oracle, run live, still agrees" * doctest::skip(!python_has_torch())) {
+TEST_CASE("the optimizer oracle, run live, still agrees" * doctest::skip(!grad::testing::torch_available())) {
   char path[] = "/tmp/grad_optim_golden_XXXXXX";
   const int fd = mkstemp(path);
   REQUIRE(fd >= 0);
   close(fd);
-  const std::string cmd = "/usr/bin/python3 '" + grad::testing::oracle_dir() + "/optim_oracle.py' " + path;
+  const std::string cmd = grad::testing::python() + " '" + grad::testing::oracle_dir() + "/optim_oracle.py' " + path;
   REQUIRE(std::system(cmd.c_str()) == 0);
   compare_all(path);
   std::remove(path);
