@@ -228,7 +228,8 @@ TEST_CASE("every case matches float64 PyTorch: loss <= 1e-14, every gradient ele
 
 TEST_CASE("a live run of cases.py on the table's tapes reproduces the golden file") {
   if (!grad::testing::torch_available()) {
-    MESSAGE("skipped: " + grad::testing::python() + " cannot import torch (apt-get install python3-torch)");
+    const std::string why = grad::testing::python() + " cannot import torch (apt-get install python3-torch)";
+    MESSAGE("skipped: " << why);
     return;
   }
   char dir_template[] = "/tmp/grad_cases_XXXXXX";
