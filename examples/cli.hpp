@@ -67,6 +67,11 @@ inline std::string output_file_problem(const std::string& path) {
   return {};
 }
 
+// As output_file_problem, but a path is needed (a model, not an optional plot).
+inline std::string required_output_file_problem(const std::string& path) {
+  return path.empty() ? "a path is needed" : output_file_problem(path);
+}
+
 // "" when `path` is an existing, writable directory.
 inline std::string output_dir_problem(const std::string& path) {
   std::error_code ec;
@@ -96,12 +101,15 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Throws UsageError naming the flag when `path` cannot be written.
-inline void check_output_file(const std::string& flag, const std::string& path) {
-  if (std::string why = output_file_problem(path); !why.empty()) throw UsageError(flag + ": " + why);
+// Throws UsageError naming the flag when `path` cannot be written (or is
+// empty and `required`).
+inline void check_output_file(const std::string& flag, const std::string& path, bool required = false) {
+  if (std::string why = required ? required_output_file_problem(path) : output_file_problem(path); !why.empty())
+    throw UsageError(flag + ": " + why);
 }
 
 inline const CLI::Validator output_file(output_file_problem, "FILE", "OUTPUT_FILE");
+inline const CLI::Validator required_output_file(required_output_file_problem, "FILE", "REQUIRED_OUTPUT_FILE");
 inline const CLI::Validator output_dir(output_dir_problem, "DIR", "OUTPUT_DIR");
 inline CLI::Validator input_file(std::uintmax_t max_bytes) {
   return CLI::Validator([=](const std::string& p) { return input_file_problem(p, max_bytes); },

@@ -55,7 +55,7 @@ struct TrainOptions {
 void add_options(CLI::App& c, TrainOptions& o) {
   c.add_option("--text", o.text, "text to train on (the last tenth held out for validation)")
       ->check(cli::input_file(max_text_bytes));
-  c.add_option("--out", o.out, "where to write the trained model")->check(cli::output_file);
+  c.add_option("--out", o.out, "where to write the trained model")->check(cli::required_output_file);
   c.add_option("--csv", o.csv, "loss curve as CSV ('' for none)")->check(cli::output_file);
   c.add_option("--svg", o.svg, "loss curve as an SVG plot ('' for none)")->check(cli::output_file);
   c.add_option("--steps", o.steps, "Adam steps")->check(cli::range(1L, 10'000'000L));
@@ -88,7 +88,7 @@ void add_options(CLI::App& c, FinetuneOptions& o) {
   c.add_option("--base", o.base, "the pretrained model (tinylm train)")->check(CLI::ExistingFile);
   c.add_option("--text", o.text, "text to memorise (more than 17 bytes, at most the model's max-seq)")
       ->check(cli::input_file(max_text_bytes));
-  c.add_option("--out", o.out, "where to write the model with its adapters")->check(cli::output_file);
+  c.add_option("--out", o.out, "where to write the model with its adapters")->check(cli::required_output_file);
   c.add_option("--csv", o.csv, "loss curve as CSV ('' for none)")->check(cli::output_file);
   c.add_option("--svg", o.svg, "loss curve as an SVG plot ('' for none)")->check(cli::output_file);
   c.add_option("--rank", o.rank, "LoRA rank")->check(cli::range<std::size_t>(1, 256));
@@ -115,7 +115,7 @@ struct MergeOptions {
 
 void add_options(CLI::App& c, MergeOptions& o) {
   c.add_option("--in", o.in, "a model with adapters (tinylm finetune)")->check(CLI::ExistingFile);
-  c.add_option("--out", o.out, "where to write the merged model")->check(cli::output_file);
+  c.add_option("--out", o.out, "where to write the merged model")->check(cli::required_output_file);
 }
 
 struct GenerateOptions {
@@ -166,12 +166,12 @@ std::string read_text(const std::string& path) {
 
 // Every output path is checked before the work, defaults included.
 void check_outputs(const TrainOptions& o) {
-  cli::check_output_file("--out", o.out);
+  cli::check_output_file("--out", o.out, true);
   cli::check_output_file("--csv", o.csv);
   cli::check_output_file("--svg", o.svg);
 }
 void check_outputs(const FinetuneOptions& o) {
-  cli::check_output_file("--out", o.out);
+  cli::check_output_file("--out", o.out, true);
   cli::check_output_file("--csv", o.csv);
   cli::check_output_file("--svg", o.svg);
 }
@@ -425,7 +425,7 @@ int finetune(const FinetuneOptions& o) {
 }
 
 int merge(const MergeOptions& o) {
-  cli::check_output_file("--out", o.out);
+  cli::check_output_file("--out", o.out, true);
   const std::string &from = o.in, &to = o.out;
   nn::LmConfig c;
   if (std::string why = nn::read_lm_config(from, c); !why.empty()) throw std::runtime_error(why);
@@ -560,7 +560,7 @@ int main(int argc, char** argv) {
     generate_o.model = merge_o.out;
     model_config(train_o);
     check_outputs(finetune_o);
-    cli::check_output_file("--out", merge_o.out);
+    cli::check_output_file("--out", merge_o.out, true);
     if (int r = train(train_o); r != 0) return r;
     if (int r = finetune(finetune_o); r != 0) return r;
     if (int r = merge(merge_o); r != 0) return r;

@@ -57,6 +57,7 @@ expect 2 "--csv: cannot write 'nodir/x.csv': no directory 'nodir'" train --csv n
 expect 2 "--svg: cannot write 'nodir/x.svg': no directory 'nodir'" train --svg nodir/x.svg
 expect 2 "--out: cannot write 'nodir/m.model': no directory 'nodir'" train --out nodir/m.model
 expect 2 "--out: 'adir' is a directory" merge --out adir
+expect 2 "--out: a path is needed" train --out ''
 expect 2 "--csv: cannot write 'nodir/f.csv'" finetune --csv nodir/f.csv
 expect 2 "unknown projection 'zz'" finetune --targets q,zz
 expect 2 "--rank: '0' is not a whole number in [1, 256]" finetune --rank 0
