@@ -241,8 +241,10 @@ int run(int argc, char** argv, const std::string& model, std::size_t shards, int
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"bench_dist: a workload trained data-parallel with grad::dist under mpirun; rank 0 prints the step "
-               "and communication medians", "bench_dist"};
+  CLI::App app{
+      "bench_dist: a workload trained data-parallel with grad::dist under mpirun; rank 0 prints the step "
+      "and communication medians",
+      "bench_dist"};
   cli::setup(app);
   std::size_t shards = 2, threads = 1;
   int steps = 20, warmup = 3;

@@ -55,6 +55,11 @@ int run(const std::string& dir, const std::string& name, std::size_t steps, std:
   return 0;
 }
 
+bool is_identifier(const std::string& s) {
+  auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  return !s.empty() && !std::isdigit(static_cast<unsigned char>(s[0])) && std::all_of(s.begin(), s.end(), word);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -67,11 +72,7 @@ int main(int argc, char** argv) {
   app.add_option("--out", dir, "directory for NAME.hpp and NAME.cuh")->check(cli::output_dir);
   app.add_option("--name", name, "the files' name and the emitted namespace (a C++ identifier)")
       ->check(CLI::Validator(
-          [](const std::string& v) {
-            const bool ok = !v.empty() && !std::isdigit(static_cast<unsigned char>(v[0])) &&
-                            std::all_of(v.begin(), v.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
-            return ok ? std::string() : "'" + v + "' is not a C++ identifier";
-          },
+          [](const std::string& v) { return is_identifier(v) ? std::string() : "'" + v + "' is not a C++ identifier"; },
           "IDENTIFIER"));
   app.add_option("--steps", steps, "training steps before the step is emitted")
       ->check(cli::range<std::size_t>(0, 1'000'000));

@@ -93,7 +93,8 @@ void add_options(CLI::App& c, FinetuneOptions& o) {
   c.add_option("--svg", o.svg, "loss curve as an SVG plot ('' for none)")->check(cli::output_file);
   c.add_option("--rank", o.rank, "LoRA rank")->check(cli::range<std::size_t>(1, 256));
   c.add_option("--scale", o.scale, "LoRA scale (alpha / rank)")->check(cli::range(1e-6, 1e3));
-  c.add_option("--targets", o.targets, "adapted projections: all, or a comma-separated list of q, k, v, o, gate, up, down")
+  c.add_option("--targets", o.targets,
+               "adapted projections: all, or a comma-separated list of q, k, v, o, gate, up, down")
       ->check(CLI::Validator(
           [](const std::string& v) {
             try {
@@ -128,10 +129,10 @@ struct GenerateOptions {
 
 void add_options(CLI::App& c, GenerateOptions& o) {
   c.add_option("--model", o.model, "the model to generate with")->check(CLI::ExistingFile);
-  auto* prompt = c.add_option("--prompt", o.prompt, "the prompt itself (instead of --prompt-file)")
-                     ->check(CLI::Validator(
-                         [](const std::string& v) { return v.empty() ? std::string("empty prompt") : std::string(); },
-                         "TEXT"));
+  auto* prompt =
+      c.add_option("--prompt", o.prompt, "the prompt itself (instead of --prompt-file)")
+          ->check(CLI::Validator(
+              [](const std::string& v) { return v.empty() ? std::string("empty prompt") : std::string(); }, "TEXT"));
   c.add_option("--prompt-file", o.prompt_file,
                "the prompt is this file's first --prompt-bytes bytes; the rest is what greedy decoding should give")
       ->check(cli::input_file(max_text_bytes))
@@ -139,11 +140,13 @@ void add_options(CLI::App& c, GenerateOptions& o) {
   c.add_option("--prompt-bytes", o.prompt_bytes, "prompt bytes taken from --prompt-file")
       ->check(cli::range<std::size_t>(1, max_text_bytes))
       ->excludes(prompt);
-  c.add_option("--count", o.count, "bytes to generate (default: the rest of --prompt-file; 200 after --prompt)")
+  c.add_option("--count", o.count, "bytes to generate (200 after --prompt)")
       ->check(cli::range<std::size_t>(0, 1'000'000))
+      ->default_str("the rest of --prompt-file")
       ->each([&o](const std::string&) { o.count_given = true; });
   c.add_option("--temperature", o.temperature, "0: greedy; above 0: sampled")->check(cli::range(0.0, 100.0));
-  c.add_option("--top-k", o.top_k, "sample among the k likeliest bytes (0: all)")->check(cli::range<std::size_t>(0, 256));
+  c.add_option("--top-k", o.top_k, "sample among the k likeliest bytes (0: all)")
+      ->check(cli::range<std::size_t>(0, 256));
   c.add_option("--seed", o.seed, "sampling")->check(cli::seed());
 }
 
@@ -534,7 +537,8 @@ int main(int argc, char** argv) {
   auto* finetune_cmd = app.add_subcommand("finetune", "LoRA adapters until greedy decoding reproduces a text");
   auto* merge_cmd = app.add_subcommand("merge", "fold a finetuned model's adapters into its weights");
   auto* generate_cmd = app.add_subcommand("generate", "continue a prompt, greedy or sampled (KV cache)");
-  auto* all_cmd = app.add_subcommand("all", "train (with train's options), then finetune, merge and generate on its model");
+  auto* all_cmd =
+      app.add_subcommand("all", "train (with train's options), then finetune, merge and generate on its model");
   auto* bench_cmd = app.add_subcommand("bench", "training and generation tokens/s at the default size");
   add_options(*train_cmd, train_o);
   add_options(*all_cmd, train_o);
