@@ -29,8 +29,9 @@ int main(int argc, char** argv) {
   std::size_t batch_size = 64;
   float lr = 1e-3f;
   std::uint64_t seed = 1;
+  // A regular file, bounded: /dev/zero as --data would never end.
   app.add_option("--data", data, "CSV (or .csv.gz): 64 pixel columns (0..16), the class id last")
-      ->check(CLI::ExistingFile);
+      ->check(cli::input_file(256u << 20));
   app.add_option("--epochs", epochs, "passes over the training rows")->check(cli::range(1, 100'000));
   app.add_option("--batch", batch_size, "rows per Adam step")->check(cli::range<std::size_t>(1, 100'000));
   app.add_option("--lr", lr, "Adam learning rate")->check(cli::range(1e-7f, 10.0f));
