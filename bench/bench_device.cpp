@@ -24,6 +24,7 @@
 //                                                must print the same lines
 //   bench_device --short-fused-run               a few fused CUDA steps (for compute-sanitizer)
 // Any benchmark that fell back or failed makes the exit status non-zero.
+// --help lists these options with Google Benchmark's, which pass on to it.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -36,6 +37,7 @@
 #include <vector>
 
 #include "../examples/autoencoder.hpp"
+#include "bench_cli.hpp"
 
 namespace {
 
@@ -260,17 +262,25 @@ BENCHMARK(BM_tape_step)->Arg(200)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_tape_mlp_step)->Unit(benchmark::kMicrosecond);
 
 int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  auto value_of = [&](const std::string& flag, const std::string& fallback) {
-    for (std::size_t i = 0; i + 1 < args.size(); ++i)
-      if (args[i] == flag) return args[i + 1];
-    return fallback;
-  };
-  auto has = [&](const std::string& flag) { return std::find(args.begin(), args.end(), flag) != args.end(); };
+  CLI::App app{"bench_device: one training step on the device engine's backends in every mode, against the tape",
+               "bench_device"};
+  cli::setup(app);
+  cli::allow_benchmark_flags(app);
+  bool preflight_only = false, fingerprint_only = false, short_fused_run = false;
+  double expect_cc = 0;
+  int steps = 20;
+  app.add_flag("--preflight", preflight_only, "only: the CUDA device, or why there is none (exit 3)");
+  app.add_option("--expect-cc", expect_cc, "--preflight: the compute capability expected (0: any)")
+      ->check(cli::range(0.0, 20.0));
+  app.add_flag("--fingerprint", fingerprint_only,
+               "only: --steps training steps per mode on CUDA and the CPU backend, one hash per line");
+  app.add_option("--steps", steps, "--fingerprint: training steps")->check(cli::range(1, 100'000));
+  app.add_flag("--short-fused-run", short_fused_run, "only: a few fused CUDA steps (for compute-sanitizer)");
+  if (auto status = cli::parse(app, argc, argv)) return *status;
   try {
-    if (has("--preflight")) return preflight(std::stod(value_of("--expect-cc", "0")));
-    if (has("--fingerprint")) return fingerprint(std::stoi(value_of("--steps", "20")));
-    if (has("--short-fused-run")) {
+    if (preflight_only) return preflight(expect_cc);
+    if (fingerprint_only) return fingerprint(steps);
+    if (short_fused_run) {
       const std::vector<double> r = train_run(dev::Backend::cuda, dev::Mode::fused, false, 3);
       std::printf("short fused run: 3 steps, final loss %.17g\n", r[2]);
       return 0;
@@ -292,8 +302,7 @@ int main(int argc, char** argv) {
     }
     register_device("ae", ae200, dev::Backend::cuda, dev::Mode::fused, true);
   }
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  if (!cli::initialize_benchmark(app, argv[0])) return 1;
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   if (failures) std::fprintf(stderr, "bench_device: %d benchmark(s) fell back or failed\n", failures);

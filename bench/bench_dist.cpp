@@ -9,7 +9,7 @@
 // (--model ae: workload A, the autoencoder, f64, batch 200; --model lm: tinylm's default model, f32, one
 // sequence of 256 random bytes per shard.) --engine per_node|graph|fused: the
 // shard episode as a captured device program (CPU backend) through
-// grad::dist::ProgramParallel instead of the tape.
+// grad::dist::ProgramParallel instead of the tape. --help: every option, its default and range.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -26,6 +26,7 @@
 #include <grad/lm.hpp>
 
 #include "../examples/autoencoder.hpp"
+#include "../examples/cli.hpp"
 #include "mlp_workload.hpp"
 
 namespace {
@@ -240,27 +241,28 @@ int run(int argc, char** argv, const std::string& model, std::size_t shards, int
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{
+      "bench_dist: a workload trained data-parallel with grad::dist under mpirun; rank 0 prints the step "
+      "and communication medians",
+      "bench_dist"};
+  cli::setup(app);
   std::size_t shards = 2, threads = 1;
   int steps = 20, warmup = 3;
   bool f64 = false;
-  std::string model = "mlp", engine;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (k == "--shards" && i + 1 < argc)
-      shards = std::stoul(argv[++i]);
-    else if (k == "--steps" && i + 1 < argc)
-      steps = std::stoi(argv[++i]);
-    else if (k == "--warmup" && i + 1 < argc)
-      warmup = std::stoi(argv[++i]);
-    else if (k == "--threads" && i + 1 < argc)
-      threads = std::stoul(argv[++i]);
-    else if (k == "--f64")
-      f64 = true;
-    else if (k == "--model" && i + 1 < argc)
-      model = argv[++i];
-    else if (k == "--engine" && i + 1 < argc)
-      engine = argv[++i];
-  }
+  std::string model = "mlp", engine = "tape";
+  app.add_option("--shards", shards, "shards per batch (the batch's rows cut into this many)")
+      ->check(cli::range<std::size_t>(1, 200));
+  app.add_option("--steps", steps, "timed steps")->check(cli::range(1, 100'000));
+  app.add_option("--warmup", warmup, "untimed steps first")->check(cli::range(0, 10'000));
+  app.add_option("--threads", threads, "worker threads per rank")->check(cli::range<std::size_t>(1, 256));
+  app.add_flag("--f64", f64, "double instead of float (always for --model ae)");
+  app.add_option("--model", model, "mlp: workload B; ae: workload A, the autoencoder; lm: tinylm's default model")
+      ->check(CLI::IsMember({"mlp", "ae", "lm"}));
+  app.add_option("--engine", engine, "tape, or the shard episode as a captured device program (CPU backend)")
+      ->check(CLI::IsMember({"tape", "per_node", "graph", "fused"}));
+  // Parsed before MPI starts: --help and a bad option need no MPI.
+  if (auto status = cli::parse(app, argc, argv)) return *status;
+  if (engine == "tape") engine.clear();
   grad::set_num_threads(threads);
   if (model == "ae") f64 = true;  // workload A's headline figures are f64
   return f64 ? run<double>(argc, argv, model, shards, steps, warmup, engine)

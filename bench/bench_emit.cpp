@@ -7,6 +7,7 @@
 #include <benchmark/benchmark.h>
 
 #include "../examples/autoencoder.hpp"
+#include "bench_cli.hpp"
 
 void register_emitted_items();
 void register_emitted_host_loops();
@@ -25,13 +26,17 @@ void BM_tape_step(benchmark::State& state) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{"bench_emit: the autoencoder's training step on the tape and as emitted source", "bench_emit"};
+  cli::setup(app);
+  cli::allow_benchmark_flags(app);
+  if (auto status = cli::parse(app, argc, argv)) return *status;
   benchmark::RegisterBenchmark("tape/ae_b200_f64", BM_tape_step<double>)->Arg(200)->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("tape/ae_b200_f32", BM_tape_step<float>)->Arg(200)->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("tape/ae_b20_f64", BM_tape_step<double>)->Arg(20)->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("tape/ae_b2_f64", BM_tape_step<double>)->Arg(2)->Unit(benchmark::kMicrosecond);
   register_emitted_items();
   register_emitted_host_loops();
-  benchmark::Initialize(&argc, argv);
+  if (!cli::initialize_benchmark(app, argv[0])) return 1;
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

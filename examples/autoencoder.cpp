@@ -8,6 +8,7 @@
 //
 //   autoencoder [--epochs 60] [--batch 200] [--lr 0.005] [--seed 7] [--f32]
 //               [--save FILE] [--resume FILE] [--csv FILE] [--svg FILE]
+// (autoencoder --help: every option with its default and range.)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "autoencoder.hpp"
+#include "cli.hpp"
 #include "report.hpp"
 
 namespace {
@@ -33,67 +35,19 @@ struct Options {
   std::string csv = "autoencoder_loss.csv", svg = "autoencoder_loss.svg";
 };
 
-const char* usage =
-    "usage: autoencoder [--epochs N] [--batch N] [--lr X] [--seed N] [--f32]\n"
-    "                   [--save FILE] [--resume FILE] [--csv FILE] [--svg FILE]\n"
-    "  --epochs N     passes over the 2,000 rows (default 60)\n"
-    "  --batch N      rows per Adam step (default 200)\n"
-    "  --lr X         Adam learning rate (default 0.005; overrides a resumed checkpoint's)\n"
-    "  --seed N       data and initial weights (default 7)\n"
-    "  --f32          train in float instead of double\n"
-    "  --save FILE    write a checkpoint when training ends\n"
-    "  --resume FILE  start from a checkpoint written by --save (same --seed, --f32)\n"
-    "  --csv FILE     loss curve as CSV (default autoencoder_loss.csv; '' for none)\n"
-    "  --svg FILE     loss curve as an SVG plot (default autoencoder_loss.svg; '' for none)\n";
-
-[[noreturn]] void bad_usage(const std::string& why) {
-  std::fprintf(stderr, "autoencoder: %s\n%s", why.c_str(), usage);
-  std::exit(2);
-}
-
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) bad_usage(arg + " needs a value");
-      return argv[++i];
-    };
-    auto number = [&](double lo, double hi) {
-      const std::string v = value();
-      char* end = nullptr;
-      const double x = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end != '\0' || !(x >= lo && x <= hi))
-        bad_usage(arg + " " + v + ": expected a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-      return x;
-    };
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(usage, stdout);
-      std::exit(0);
-    } else if (arg == "--epochs") {
-      o.epochs = static_cast<int>(number(0, 1e6));
-    } else if (arg == "--batch") {
-      o.batch = static_cast<std::size_t>(number(1, autoencoder::rows));
-    } else if (arg == "--lr") {
-      o.lr = number(1e-12, 10);
-      o.lr_given = true;
-    } else if (arg == "--seed") {
-      o.seed = static_cast<std::uint64_t>(number(0, 9007199254740992.0));
-    } else if (arg == "--f32") {
-      o.f32 = true;
-    } else if (arg == "--save") {
-      o.save = value();
-    } else if (arg == "--resume") {
-      o.resume = value();
-    } else if (arg == "--csv") {
-      o.csv = value();
-    } else if (arg == "--svg") {
-      o.svg = value();
-    } else {
-      bad_usage("unknown option " + arg);
-    }
-  }
-  return o;
+void add_options(CLI::App& app, Options& o) {
+  app.add_option("--epochs", o.epochs, "passes over the 2,000 rows")->check(cli::range(0, 1'000'000));
+  app.add_option("--batch", o.batch, "rows per Adam step")->check(cli::range<std::size_t>(1, autoencoder::rows));
+  app.add_option("--lr", o.lr, "Adam learning rate (overrides a resumed checkpoint's)")
+      ->check(cli::range(1e-12, 10.0))
+      ->each([&o](const std::string&) { o.lr_given = true; });
+  app.add_option("--seed", o.seed, "data and initial weights")->check(cli::seed());
+  app.add_flag("--f32", o.f32, "train in float instead of double");
+  app.add_option("--save", o.save, "write a checkpoint when training ends ('' for none)")->check(cli::output_file);
+  app.add_option("--resume", o.resume, "start from a checkpoint written by --save (same --seed, --f32)")
+      ->check(CLI::ExistingFile);
+  app.add_option("--csv", o.csv, "loss curve as CSV ('' for none)")->check(cli::output_file);
+  app.add_option("--svg", o.svg, "loss curve as an SVG plot ('' for none)")->check(cli::output_file);
 }
 
 struct EpochRecord {
@@ -239,6 +193,17 @@ int train(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+  CLI::App app{"autoencoder: a 6-64-32-64-6 tanh autoencoder trained with Adam; writes its loss curve", "autoencoder"};
+  cli::setup(app);
+  Options o;
+  add_options(app, o);
+  if (auto status = cli::parse(app, argc, argv)) return *status;
+  // The defaults are checked too, before any training.
+  for (const auto& [flag, path] : {std::pair{"--csv", o.csv}, {"--svg", o.svg}}) {
+    if (std::string why = cli::output_file_problem(path); !why.empty()) {
+      std::fprintf(stderr, "autoencoder: %s: %s\n", flag, why.c_str());
+      return 2;
+    }
+  }
   return o.f32 ? train<float>(o) : train<double>(o);
 }

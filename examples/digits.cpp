@@ -2,6 +2,7 @@
 // (1,797 8x8 images, 10 classes), written with grad's everyday API.
 //
 //   digits [--data FILE] [--epochs 30] [--batch 64] [--lr 1e-3] [--seed 1] [--save FILE] [--svg FILE]
+// (digits --help: every option with its default and range.)
 //
 // The data: Debian's python3-sklearn ships it (apt-get install python3-sklearn);
 // --data defaults to its path. Any CSV with 64 pixel columns (0..16) and the
@@ -15,30 +16,35 @@
 #include <grad/data.hpp>
 #include <grad/model_file.hpp>
 #include <grad/modules.hpp>
-#include <map>
 #include <string>
 
+#include "cli.hpp"
 #include "report.hpp"
 
 int main(int argc, char** argv) {
-  std::map<std::string, std::string> o = {
-      {"--data", "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz"},
-      {"--epochs", "30"},
-      {"--batch", "64"},
-      {"--lr", "1e-3"},
-      {"--seed", "1"},
-      {"--save", ""},
-      {"--svg", "digits.svg"}};
-  for (int i = 1; i < argc; i += 2)
-    if (!o.count(argv[i]) || i + 1 == argc)
-      return std::fprintf(stderr, "digits: bad option %s\n", argv[i]), 2;
-    else
-      o[argv[i]] = argv[i + 1];
-  const int epochs = std::stoi(o["--epochs"]);
-  const std::uint64_t seed = std::stoull(o["--seed"]);
+  CLI::App app{"digits: a 64-128-64-10 relu classifier on scikit-learn's handwritten digits", "digits"};
+  cli::setup(app);
+  std::string data = "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz", save, svg = "digits.svg";
+  int epochs = 30;
+  std::size_t batch_size = 64;
+  float lr = 1e-3f;
+  std::uint64_t seed = 1;
+  // A regular file, bounded: /dev/zero as --data would never end.
+  app.add_option("--data", data, "CSV (or .csv.gz): 64 pixel columns (0..16), the class id last")
+      ->check(cli::input_file(256u << 20));
+  app.add_option("--epochs", epochs, "passes over the training rows")->check(cli::range(1, 100'000));
+  app.add_option("--batch", batch_size, "rows per Adam step")->check(cli::range<std::size_t>(1, 100'000));
+  app.add_option("--lr", lr, "Adam learning rate")->check(cli::range(1e-7f, 10.0f));
+  app.add_option("--seed", seed, "initial weights and batch order")->check(cli::seed());
+  app.add_option("--save", save, "write the trained model ('' for none)")->check(cli::output_file);
+  app.add_option("--svg", svg, "accuracy curves as an SVG plot ('' for none)")->check(cli::output_file);
+  if (auto status = cli::parse(app, argc, argv)) return *status;
+  if (std::string why = cli::output_file_problem(svg); !why.empty())  // the default is checked too
+    return std::fprintf(stderr, "digits: --svg: %s\n", why.c_str()), 2;
+
   grad::LabeledData<float> all;
   try {
-    all = grad::read_labeled_csv<float>(o["--data"]);
+    all = grad::read_labeled_csv<float>(data);
   } catch (const std::exception& e) {
     return std::fprintf(stderr, "digits: %s\n  (apt-get install python3-sklearn, or pass --data FILE)\n", e.what()), 1;
   }
@@ -50,11 +56,11 @@ int main(int argc, char** argv) {
   grad::Tape<float> tp;
   grad::SplitMix64 gen(seed);
   auto model = grad::nn::mlp<float>(tp, {cols, 128, 64, 10}, gen);
-  grad::Adam<float> opt(std::stof(o["--lr"]));
+  grad::Adam<float> opt(lr);
   grad::nn::add_parameters(opt, model);
-  grad::Batches<float> batches(train.inputs, train.labels, {.batch = std::stoul(o["--batch"]), .seed = seed});
-  std::printf("digits: %zu train / %zu test rows, %zu-128-64-10 relu, Adam lr %s, batch %zu, seed %llu\n",
-              train.labels.size(), test.labels.size(), cols, o["--lr"].c_str(), batches.batch_size(),
+  grad::Batches<float> batches(train.inputs, train.labels, {.batch = batch_size, .seed = seed});
+  std::printf("digits: %zu train / %zu test rows, %zu-128-64-10 relu, Adam lr %g, batch %zu, seed %llu\n",
+              train.labels.size(), test.labels.size(), cols, static_cast<double>(lr), batches.batch_size(),
               static_cast<unsigned long long>(seed));
 
   const auto mark = tp.mark();
@@ -85,12 +91,14 @@ int main(int argc, char** argv) {
   const auto predicted = grad::predict(tp, model, test.inputs);
   std::printf("test accuracy %.2f%% after %d epochs, %.3f s training\n%s", 100 * grad::accuracy(predicted, test.labels),
               epochs, seconds, grad::confusion_string(grad::confusion_matrix(predicted, test.labels, 10), 10).c_str());
-  if (const std::string save = o["--save"]; !save.empty()) {
+  if (!save.empty()) {
     if (auto r = grad::save_model(save, model); !r) return std::fprintf(stderr, "digits: %s\n", r.error.c_str()), 1;
     std::printf("model: %s\n", save.c_str());
   }
   const report::Plot plot{"grad digits classifier", "epoch", "accuracy (%)", false, {train_acc, test_acc}, {}};
-  if (const std::string svg = o["--svg"]; !svg.empty() && report::write_svg(svg, plot))
+  if (!svg.empty()) {
+    if (!report::write_svg(svg, plot)) return std::fprintf(stderr, "digits: cannot write %s\n", svg.c_str()), 1;
     std::printf("plot: %s\n", svg.c_str());
+  }
   return 0;
 }

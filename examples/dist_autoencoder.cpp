@@ -12,6 +12,7 @@
 //   mpirun -np 2 build/examples/dist_autoencoder --shards 8 --resume ae.ckpt --steps 600
 //   mpirun -np 2 build/examples/dist_autoencoder --shards 8 --program   # a captured device program per
 //                                       rank (CUDA when a GPU answers, else the CPU backend): the same fingerprint
+//   build/examples/dist_autoencoder --help                         # every option, its default and range
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -22,24 +23,25 @@
 #include <string>
 
 #include "autoencoder.hpp"
+#include "cli.hpp"
 
 int main(int argc, char** argv) {
+  CLI::App app{"dist_autoencoder: the autoencoder trained data-parallel with grad::dist (under mpirun, or alone)",
+               "dist_autoencoder"};
+  cli::setup(app);
   std::size_t shards = 8, steps = 300, batch = 200;
   std::string save, resume;
   bool program = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (k == "--shards" && i + 1 < argc)
-      shards = std::stoul(argv[++i]);
-    else if (k == "--steps" && i + 1 < argc)
-      steps = std::stoul(argv[++i]);
-    else if (k == "--save" && i + 1 < argc)
-      save = argv[++i];
-    else if (k == "--resume" && i + 1 < argc)
-      resume = argv[++i];
-    else if (k == "--program")
-      program = true;
-  }
+  app.add_option("--shards", shards, "shards per 200-row minibatch (the results depend on it, not on the ranks)")
+      ->check(cli::range<std::size_t>(1, batch));
+  app.add_option("--steps", steps, "train until the optimizer has taken this many steps")
+      ->check(cli::range<std::size_t>(1, 1'000'000));
+  app.add_option("--save", save, "write a checkpoint at the end ('' for none)")->check(cli::output_file);
+  app.add_option("--resume", resume, "continue from a checkpoint written by --save")->check(CLI::ExistingFile);
+  app.add_flag("--program", program,
+               "each rank replays a captured device program (CUDA when a GPU answers, else the CPU backend)");
+  // Parsed before MPI starts: --help and a bad option need no MPI.
+  if (auto status = cli::parse(app, argc, argv)) return *status;
 
   grad::dist::Communicator comm(&argc, &argv);  // MPI_Init (also without mpirun: one rank)
   grad::Tape<double> tp;

@@ -9,13 +9,15 @@
 //
 // examples/emit_model_call.cpp calls the header (README, "Emitting a program").
 //
-//   emit_model [--out DIR] [--name NAME] [--steps N] [--batch N] [--f32]
+//   emit_model [--out DIR] [--name NAME] [--steps N] [--batch N] [--f32]   (--help: defaults and ranges)
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
-#include <cstdlib>
 #include <grad/emit.hpp>
 #include <string>
 
 #include "autoencoder.hpp"
+#include "cli.hpp"
 
 namespace {
 
@@ -53,33 +55,32 @@ int run(const std::string& dir, const std::string& name, std::size_t steps, std:
   return 0;
 }
 
+bool is_identifier(const std::string& s) {
+  auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  return !s.empty() && !std::isdigit(static_cast<unsigned char>(s[0])) && std::all_of(s.begin(), s.end(), word);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{"emit_model: trains the autoencoder briefly, then writes its training step as C++ and CUDA source",
+               "emit_model"};
+  cli::setup(app);
   std::string dir = ".", name = "ae_model";
   std::size_t steps = 50, batch = 200;
   bool f32 = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (arg == "--out" && has_value)
-      dir = argv[++i];
-    else if (arg == "--name" && has_value)
-      name = argv[++i];
-    else if (arg == "--steps" && has_value)
-      steps = std::strtoull(argv[++i], nullptr, 10);
-    else if (arg == "--batch" && has_value)
-      batch = std::strtoull(argv[++i], nullptr, 10);
-    else if (arg == "--f32")
-      f32 = true;
-    else {
-      std::fprintf(stderr, "usage: emit_model [--out DIR] [--name NAME] [--steps N] [--batch N] [--f32]\n");
-      return 2;
-    }
-  }
-  if (batch == 0 || batch > autoencoder::rows) {
-    std::fprintf(stderr, "emit_model: --batch must be in [1, %zu]\n", autoencoder::rows);
-    return 2;
-  }
+  app.add_option("--out", dir, "directory for NAME.hpp and NAME.cuh")->check(cli::output_dir);
+  app.add_option("--name", name, "the files' name and the emitted namespace (a C++ identifier)")
+      ->check(CLI::Validator(
+          [](const std::string& v) { return is_identifier(v) ? std::string() : "'" + v + "' is not a C++ identifier"; },
+          "IDENTIFIER"));
+  app.add_option("--steps", steps, "training steps before the step is emitted")
+      ->check(cli::range<std::size_t>(0, 1'000'000));
+  app.add_option("--batch", batch, "rows per step (every shape in the emitted code is a constant)")
+      ->check(cli::range<std::size_t>(1, autoencoder::rows));
+  app.add_flag("--f32", f32, "float instead of double");
+  if (auto status = cli::parse(app, argc, argv)) return *status;
+  if (std::string why = cli::output_dir_problem(dir); !why.empty())  // the default is checked too
+    return std::fprintf(stderr, "emit_model: --out: %s\n", why.c_str()), 2;
   return f32 ? run<float>(dir, name, steps, batch) : run<double>(dir, name, steps, batch);
 }

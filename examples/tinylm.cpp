@@ -5,7 +5,7 @@
 //   tinylm merge    [--in tinylm_lora.model] [--out tinylm_merged.model]
 //   tinylm generate [--model tinylm_merged.model] [--prompt TEXT | --prompt-file F [--prompt-bytes 16]]
 //                   [--count N] [--temperature 0] [--top-k 0] [--seed 1]
-//   tinylm all      the four above with their defaults
+//   tinylm all      train (with its options), then the other three on its model
 //   tinylm bench    training and generation tokens/s at the default size (bench/peer_torch_lm.py)
 //
 // train: pretrains on a text file (the last tenth held out), printing loss,
@@ -15,21 +15,19 @@
 // (the base frozen: no gradient for it) until greedy generation from the
 // text's first 16 bytes reproduces the rest. merge: folds the adapters into
 // the base weights. generate: a KV-cache decoder, greedy or sampled.
-// Options: --steps, --batch, --seq, --lr, --seed, --d, --layers, --heads,
-// --kv-heads, --ffn, --max-seq (train), --rank, --scale (finetune),
-// --csv/--svg (train, finetune), --threads.
+// `tinylm COMMAND --help` lists each command's options with their defaults
+// and ranges.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <grad/grad.hpp>
 #include <grad/lm.hpp>
-#include <map>
-#include <sstream>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "cli.hpp"
 #include "report.hpp"
 
 namespace {
@@ -38,33 +36,152 @@ using T = float;
 using Clock = std::chrono::steady_clock;
 namespace nn = grad::nn;
 
-struct Args {
-  std::map<std::string, std::string> kv;
-  std::string get(const std::string& k, const std::string& d) const {
-    auto it = kv.find(k);
-    return it == kv.end() ? d : it->second;
-  }
-  long num(const std::string& k, long d) const {
-    const std::string v = get(k, "");
-    if (v.empty()) return d;
-    std::size_t used = 0;
-    const long x = std::stol(v, &used);
-    if (used != v.size() || x < 0) throw std::invalid_argument("--" + k + " " + v + ": expected a whole number >= 0");
-    return x;
-  }
-  double real(const std::string& k, double d) const {
-    const std::string v = get(k, "");
-    return v.empty() ? d : std::stod(v);
-  }
+// Text files are read whole; the bound keeps /dev/zero-sized mistakes out.
+constexpr std::uintmax_t max_text_bytes = 64u << 20;
+// Sizes are bounded so that a typo fails at the command line, not in
+// std::bad_alloc halfway through: the largest model (--d 1024, --layers 16,
+// --ffn 4096) has about 270M parameters.
+constexpr std::size_t max_tokens_per_step = 8192;  // --batch x --seq
+
+struct TrainOptions {
+  std::string text = "/usr/share/common-licenses/GPL-3", out = "tinylm_base.model", csv = "tinylm_train.csv",
+              svg = "tinylm_train.svg";
+  std::size_t d = 64, layers = 2, heads = 4, kv_heads = 2, ffn = 176, max_seq = 256, seq = 256, batch = 4;
+  long steps = 600;
+  double lr = 3e-3;
+  std::uint64_t seed = 1;
 };
 
+void add_options(CLI::App& c, TrainOptions& o) {
+  c.add_option("--text", o.text, "text to train on (the last tenth held out for validation)")
+      ->check(cli::input_file(max_text_bytes));
+  c.add_option("--out", o.out, "where to write the trained model")->check(cli::required_output_file);
+  c.add_option("--csv", o.csv, "loss curve as CSV ('' for none)")->check(cli::output_file);
+  c.add_option("--svg", o.svg, "loss curve as an SVG plot ('' for none)")->check(cli::output_file);
+  c.add_option("--steps", o.steps, "Adam steps")->check(cli::range(1L, 10'000'000L));
+  c.add_option("--batch", o.batch, "windows per step (--batch x --seq at most 8192)")
+      ->check(cli::range<std::size_t>(1, 64));
+  c.add_option("--seq", o.seq, "bytes per window (at most --max-seq)")->check(cli::range<std::size_t>(1, 1024));
+  c.add_option("--lr", o.lr, "Adam's peak learning rate (warm-up over 5% of the steps, cosine decay to a tenth)")
+      ->check(cli::range(1e-7, 1.0));
+  c.add_option("--seed", o.seed, "initial weights and window sampling")->check(cli::seed());
+  c.add_option("--d", o.d, "model width (d_model; a multiple of 2 x --heads)")->check(cli::range<std::size_t>(2, 1024));
+  c.add_option("--layers", o.layers, "transformer blocks")->check(cli::range<std::size_t>(1, 16));
+  c.add_option("--heads", o.heads, "attention heads")->check(cli::range<std::size_t>(1, 32));
+  c.add_option("--kv-heads", o.kv_heads, "key/value heads (grouped-query attention; divides --heads)")
+      ->check(cli::range<std::size_t>(1, 32));
+  c.add_option("--ffn", o.ffn, "feed-forward width")->check(cli::range<std::size_t>(1, 4096));
+  c.add_option("--max-seq", o.max_seq, "positions the model holds (its context; generation needs 2)")
+      ->check(cli::range<std::size_t>(2, 1024));
+}
+
+struct FinetuneOptions {
+  std::string base = "tinylm_base.model", text = GRAD_TINYLM_FINETUNE_TEXT, out = "tinylm_lora.model",
+              csv = "tinylm_finetune.csv", svg = "tinylm_finetune.svg", targets = "all";
+  std::size_t rank = 8;
+  double scale = 2.0, lr = 1e-2;
+  long steps = 400;
+  std::uint64_t seed = 1;
+};
+
+void add_options(CLI::App& c, FinetuneOptions& o) {
+  c.add_option("--base", o.base, "the pretrained model (tinylm train)")->check(CLI::ExistingFile);
+  c.add_option("--text", o.text, "text to memorise (more than 17 bytes, at most the model's max-seq)")
+      ->check(cli::input_file(max_text_bytes));
+  c.add_option("--out", o.out, "where to write the model with its adapters")->check(cli::required_output_file);
+  c.add_option("--csv", o.csv, "loss curve as CSV ('' for none)")->check(cli::output_file);
+  c.add_option("--svg", o.svg, "loss curve as an SVG plot ('' for none)")->check(cli::output_file);
+  c.add_option("--rank", o.rank, "LoRA rank")->check(cli::range<std::size_t>(1, 256));
+  c.add_option("--scale", o.scale, "LoRA scale (alpha / rank)")->check(cli::range(1e-6, 1e3));
+  c.add_option("--targets", o.targets,
+               "adapted projections: all, or a comma-separated list of q, k, v, o, gate, up, down")
+      ->check(CLI::Validator(
+          [](const std::string& v) {
+            try {
+              return nn::parse_projections(v) == 0 ? std::string("no projection named") : std::string();
+            } catch (const std::invalid_argument& e) {
+              return std::string(e.what());
+            }
+          },
+          "LIST"));
+  c.add_option("--steps", o.steps, "at most this many Adam steps (stops once the text is reproduced)")
+      ->check(cli::range(1L, 1'000'000L));
+  c.add_option("--lr", o.lr, "Adam learning rate")->check(cli::range(1e-7, 1.0));
+  c.add_option("--seed", o.seed, "initial adapter weights")->check(cli::seed());
+}
+
+struct MergeOptions {
+  std::string in = "tinylm_lora.model", out = "tinylm_merged.model";
+};
+
+void add_options(CLI::App& c, MergeOptions& o) {
+  c.add_option("--in", o.in, "a model with adapters (tinylm finetune)")->check(CLI::ExistingFile);
+  c.add_option("--out", o.out, "where to write the merged model")->check(cli::required_output_file);
+}
+
+struct GenerateOptions {
+  std::string model = "tinylm_merged.model", prompt, prompt_file = GRAD_TINYLM_FINETUNE_TEXT;
+  std::size_t prompt_bytes = 16, count = 200, top_k = 0;
+  bool count_given = false;
+  double temperature = 0;
+  std::uint64_t seed = 1;
+};
+
+void add_options(CLI::App& c, GenerateOptions& o) {
+  c.add_option("--model", o.model, "the model to generate with")->check(CLI::ExistingFile);
+  auto* prompt =
+      c.add_option("--prompt", o.prompt, "the prompt itself (instead of --prompt-file)")
+          ->check(CLI::Validator(
+              [](const std::string& v) { return v.empty() ? std::string("empty prompt") : std::string(); }, "TEXT"));
+  c.add_option("--prompt-file", o.prompt_file,
+               "the prompt is this file's first --prompt-bytes bytes; the rest is what greedy decoding should give")
+      ->check(cli::input_file(max_text_bytes))
+      ->excludes(prompt);
+  c.add_option("--prompt-bytes", o.prompt_bytes, "prompt bytes taken from --prompt-file")
+      ->check(cli::range<std::size_t>(1, max_text_bytes))
+      ->excludes(prompt);
+  c.add_option("--count", o.count, "bytes to generate (200 after --prompt)")
+      ->check(cli::range<std::size_t>(0, 1'000'000))
+      ->default_str("the rest of --prompt-file")
+      ->each([&o](const std::string&) { o.count_given = true; });
+  c.add_option("--temperature", o.temperature, "0: greedy; above 0: sampled")->check(cli::range(0.0, 100.0));
+  c.add_option("--top-k", o.top_k, "sample among the k likeliest bytes (0: all)")
+      ->check(cli::range<std::size_t>(0, 256));
+  c.add_option("--seed", o.seed, "sampling")->check(cli::seed());
+}
+
+struct BenchOptions {
+  std::size_t seq = 256, batch = 4;
+  long steps = 20;
+};
+
+void add_options(CLI::App& c, BenchOptions& o) {
+  c.add_option("--seq", o.seq, "bytes per window")->check(cli::range<std::size_t>(1, 256));
+  c.add_option("--batch", o.batch, "windows per step")->check(cli::range<std::size_t>(1, 32));
+  c.add_option("--steps", o.steps, "timed steps (after 2 untimed)")->check(cli::range(1L, 100'000L));
+}
+
 std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot open the text file '" + path + "'");
-  std::stringstream s;
-  s << in.rdbuf();
-  if (s.str().empty()) throw std::runtime_error("the text file '" + path + "' is empty: nothing to train on");
-  return s.str();
+  std::string s = cli::read_file(path, max_text_bytes);
+  if (s.empty()) throw std::runtime_error("the text file '" + path + "' is empty");
+  return s;
+}
+
+// Every output path is checked before the work, defaults included.
+void check_outputs(const TrainOptions& o) {
+  cli::check_output_file("--out", o.out, true);
+  cli::check_output_file("--csv", o.csv);
+  cli::check_output_file("--svg", o.svg);
+}
+void check_outputs(const FinetuneOptions& o) {
+  cli::check_output_file("--out", o.out, true);
+  cli::check_output_file("--csv", o.csv);
+  cli::check_output_file("--svg", o.svg);
+}
+
+// A save that fails is an error: the program exits non-zero.
+void check_saved(const grad::ModelFileResult& r) {
+  if (!r) throw std::runtime_error(r.error);
 }
 
 // Cross-entropy of a unigram byte model (counts from `train`, add-one
@@ -123,11 +240,16 @@ struct Curve {
   std::vector<double> step, train_bpb, val_bpb;
   void write(const std::string& csv, const std::string& svg, const std::string& title, double unigram) const {
     if (!csv.empty()) {
-      std::ofstream f(csv);
-      f << "step,train_bits_per_byte,val_bits_per_byte\n";
-      for (std::size_t i = 0; i < step.size(); ++i)
-        f << step[i] << "," << train_bpb[i] << ","
-          << (std::isnan(val_bpb[i]) ? std::string() : std::to_string(val_bpb[i])) << "\n";
+      std::FILE* f = std::fopen(csv.c_str(), "w");
+      if (!f) throw std::runtime_error("cannot write " + csv);
+      std::fprintf(f, "step,train_bits_per_byte,val_bits_per_byte\n");
+      for (std::size_t i = 0; i < step.size(); ++i) {
+        std::fprintf(f, "%g,%g,", step[i], train_bpb[i]);
+        if (!std::isnan(val_bpb[i])) std::fprintf(f, "%f", val_bpb[i]);
+        std::fprintf(f, "\n");
+      }
+      if (std::ferror(f) != 0 || std::fclose(f) != 0) throw std::runtime_error("cannot write " + csv);
+      std::printf("loss curve: %s\n", csv.c_str());
     }
     if (!svg.empty()) {
       report::Plot p{title, "step", "bits per byte", false, {}, {}};
@@ -140,30 +262,39 @@ struct Curve {
         }
       if (!v.x.empty()) p.series.push_back(v);
       if (unigram > 0) p.references.push_back({unigram, "unigram baseline"});
-      if (!report::write_svg(svg, p)) std::fprintf(stderr, "tinylm: cannot write %s\n", svg.c_str());
+      if (!report::write_svg(svg, p)) throw std::runtime_error("cannot write " + svg);
+      std::printf("loss plot: %s\n", svg.c_str());
     }
   }
 };
 
-void check_saved(const grad::ModelFileResult& r) {
-  if (!r) throw std::runtime_error(r.error);
+// The options that depend on each other; UsageError names them.
+nn::LmConfig model_config(const TrainOptions& o) {
+  nn::LmConfig c;
+  c.d_model = o.d;
+  c.layers = o.layers;
+  c.heads = o.heads;
+  c.kv_heads = o.kv_heads;
+  c.ffn = o.ffn;
+  c.max_seq = o.max_seq;
+  if (std::string why = c.check(); !why.empty()) throw cli::UsageError("--d, --heads, --kv-heads: " + why);
+  if (o.seq > o.max_seq)
+    throw cli::UsageError("--seq " + std::to_string(o.seq) + ": more than --max-seq " + std::to_string(o.max_seq));
+  if (o.batch * o.seq > max_tokens_per_step)
+    throw cli::UsageError("--batch x --seq is " + std::to_string(o.batch * o.seq) + "; at most " +
+                          std::to_string(max_tokens_per_step) + " bytes per step");
+  return c;
 }
 
-int train(const Args& a) {
-  const std::string path = a.get("text", "/usr/share/common-licenses/GPL-3");
+int train(const TrainOptions& o) {
+  const nn::LmConfig c = model_config(o);
+  check_outputs(o);
+  const std::string& path = o.text;
   const std::vector<int> tokens = nn::ByteTokenizer::encode(read_text(path));
-  nn::LmConfig c;
-  c.d_model = static_cast<std::size_t>(a.num("d", 64));
-  c.layers = static_cast<std::size_t>(a.num("layers", 2));
-  c.heads = static_cast<std::size_t>(a.num("heads", 4));
-  c.kv_heads = static_cast<std::size_t>(a.num("kv-heads", 2));
-  c.ffn = static_cast<std::size_t>(a.num("ffn", 176));
-  c.max_seq = static_cast<std::size_t>(a.num("max-seq", 256));
-  const std::size_t seq = static_cast<std::size_t>(a.num("seq", 256)),
-                    batch = static_cast<std::size_t>(a.num("batch", 4));
-  const long steps = a.num("steps", 600);
-  const double lr = a.real("lr", 3e-3);
-  const std::uint64_t seed = static_cast<std::uint64_t>(a.num("seed", 1));
+  const std::size_t seq = o.seq, batch = o.batch;
+  const long steps = o.steps;
+  const double lr = o.lr;
+  const std::uint64_t seed = o.seed;
   const std::size_t held = tokens.size() / 10;
   if (tokens.size() < 2 * (seq + 1) + held)
     throw std::runtime_error("the text '" + path + "' has " + std::to_string(tokens.size()) +
@@ -222,38 +353,37 @@ int train(const Args& a) {
   const double val = curve.val_bpb.back();
   std::printf("validation: %.3f bits/byte (uniform 8.000, unigram %.3f); training %.0f tokens/s, %.1f s\n", val,
               unigram, tokens_done / seconds, seconds);
-  curve.write(a.get("csv", "tinylm_train.csv"), a.get("svg", "tinylm_train.svg"), "tinylm pretraining on " + path,
-              unigram);
-  const std::string to = a.get("out", "tinylm_base.model");
-  check_saved(nn::save_lm(to, model));
-  std::printf("saved %s\n", to.c_str());
+  check_saved(nn::save_lm(o.out, model));
+  std::printf("saved %s\n", o.out.c_str());
+  curve.write(o.csv, o.svg, "tinylm pretraining on " + path, unigram);
   return 0;
 }
 
-int finetune(const Args& a) {
-  const std::string base = a.get("base", "tinylm_base.model"), path = a.get("text", GRAD_TINYLM_FINETUNE_TEXT);
+int finetune(const FinetuneOptions& o) {
+  check_outputs(o);
+  const std::string &base = o.base, &path = o.text;
   const std::vector<int> tokens = nn::ByteTokenizer::encode(read_text(path));
   nn::LmConfig c;
   if (std::string why = nn::read_lm_config(base, c); !why.empty()) throw std::runtime_error(why);
-  c.lora_rank = static_cast<std::size_t>(a.num("rank", 8));
-  c.lora_scale = a.real("scale", 2.0);
-  c.lora_targets = nn::parse_projections(a.get("targets", "all"));
+  c.lora_rank = o.rank;
+  c.lora_scale = o.scale;
+  c.lora_targets = nn::parse_projections(o.targets);
   const std::size_t prompt = 16;
   if (tokens.size() <= prompt + 1 || tokens.size() > c.max_seq)
     throw std::runtime_error("the finetune text '" + path + "' has " + std::to_string(tokens.size()) +
                              " bytes; expected more than " + std::to_string(prompt + 1) + " and at most max_seq " +
                              std::to_string(c.max_seq));
   grad::Tape<T> tp;
-  nn::Lm<T> model(tp, c, static_cast<std::uint64_t>(a.num("seed", 1)), nn::Lm<T>::Train::lora);
+  nn::Lm<T> model(tp, c, o.seed, nn::Lm<T>::Train::lora);
   check_saved(nn::load_lm(base, model));
-  grad::Adam<T> opt(static_cast<T>(a.real("lr", 1e-2)));
+  grad::Adam<T> opt(static_cast<T>(o.lr));
   opt.set_clip(T(1));
   std::size_t adapter_elements = 0;
   for (const auto& p : model.trainable()) {
     opt.add(p.var);
     adapter_elements += tp.value(p.var).size();
   }
-  const long steps = a.num("steps", 400);
+  const long steps = o.steps;
   std::printf("tinylm finetune: %s (%zu bytes) on %s\nmodel: %s; %zu adapter parameters of %zu\n", path.c_str(),
               tokens.size(), base.c_str(), c.describe().c_str(), adapter_elements, model.parameter_count());
   const std::size_t n = tokens.size() - 1;
@@ -291,16 +421,15 @@ int finetune(const Args& a) {
   std::printf(
       "gradient buffers: adapters %zu bytes (the whole tape %zu), base weights 0 bytes (full finetuning: %zu)\n",
       adapter_elements * sizeof(T), grad_bytes, base_bytes);
-  curve.write(a.get("csv", "tinylm_finetune.csv"), a.get("svg", "tinylm_finetune.svg"),
-              "tinylm LoRA finetune on " + path, 0);
-  const std::string to = a.get("out", "tinylm_lora.model");
-  check_saved(nn::save_lm(to, model));
-  std::printf("saved %s\n", to.c_str());
+  check_saved(nn::save_lm(o.out, model));
+  std::printf("saved %s\n", o.out.c_str());
+  curve.write(o.csv, o.svg, "tinylm LoRA finetune on " + path, 0);
   return exact ? 0 : 1;
 }
 
-int merge(const Args& a) {
-  const std::string from = a.get("in", "tinylm_lora.model"), to = a.get("out", "tinylm_merged.model");
+int merge(const MergeOptions& o) {
+  cli::check_output_file("--out", o.out, true);
+  const std::string &from = o.in, &to = o.out;
   nn::LmConfig c;
   if (std::string why = nn::read_lm_config(from, c); !why.empty()) throw std::runtime_error(why);
   if (c.lora_rank == 0) throw std::runtime_error("'" + from + "' has no adapters to merge");
@@ -317,36 +446,35 @@ int merge(const Args& a) {
   return 0;
 }
 
-int generate(const Args& a) {
-  const std::string from = a.get("model", "tinylm_merged.model");
+int generate(const GenerateOptions& o) {
+  const std::string& from = o.model;
   nn::LmConfig c;
   if (std::string why = nn::read_lm_config(from, c); !why.empty()) throw std::runtime_error(why);
   grad::Tape<T> tp;
   nn::Lm<T> model(tp, c, 1);
   check_saved(nn::load_lm(from, model));
-  std::string prompt = a.get("prompt", ""), expected;
+  std::string prompt = o.prompt, expected;
   if (prompt.empty()) {
-    const std::string text = read_text(a.get("prompt-file", GRAD_TINYLM_FINETUNE_TEXT));
-    const std::size_t k = std::min<std::size_t>(static_cast<std::size_t>(a.num("prompt-bytes", 16)), text.size());
+    const std::string text = read_text(o.prompt_file);
+    const std::size_t k = std::min(o.prompt_bytes, text.size());
     prompt = text.substr(0, k);
     expected = text.substr(k);
   }
-  const std::size_t count =
-      static_cast<std::size_t>(a.num("count", expected.empty() ? 200 : static_cast<long>(expected.size())));
-  nn::SampleOptions o;
-  o.temperature = a.real("temperature", 0);
-  o.top_k = static_cast<std::size_t>(a.num("top-k", 0));
-  o.seed = static_cast<std::uint64_t>(a.num("seed", 1));
+  const std::size_t count = o.count_given || expected.empty() ? o.count : expected.size();
+  nn::SampleOptions so;
+  so.temperature = o.temperature;
+  so.top_k = o.top_k;
+  so.seed = o.seed;
   nn::KvDecoder<T> dec(model);
   const std::vector<int> p = nn::ByteTokenizer::encode(prompt);
   const auto t0 = Clock::now();
-  const std::vector<int> out = nn::generate(dec, p, count, o);
+  const std::vector<int> out = nn::generate(dec, p, count, so);
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   const std::string text = nn::ByteTokenizer::decode(out);
   std::printf("%s%s\n", prompt.c_str(), text.c_str());
   std::fprintf(stderr, "[%zu tokens in %.3f s: %.0f tokens/s, KV cache, %s]\n", p.size() + out.size(), s,
-               static_cast<double>(p.size() + out.size()) / s, o.temperature > 0 ? "sampled" : "greedy");
-  if (!expected.empty() && o.temperature <= 0 && count == expected.size())
+               static_cast<double>(p.size() + out.size()) / s, so.temperature > 0 ? "sampled" : "greedy");
+  if (!expected.empty() && so.temperature <= 0 && count == expected.size())
     std::fprintf(stderr, "[the rest of the prompt file: %s]\n",
                  text == expected ? "reproduced exactly" : "NOT reproduced");
   return 0;
@@ -354,12 +482,11 @@ int generate(const Args& a) {
 
 // Speed at the default size, one thread: training steps (forward, backward,
 // Adam) on batch x seq windows, and greedy KV-cache generation.
-int bench(const Args& a) {
+int bench(const BenchOptions& o) {
   nn::LmConfig c;  // the example's default size (train)
   c.max_seq = 256;
-  const std::size_t seq = static_cast<std::size_t>(a.num("seq", 256)),
-                    batch = static_cast<std::size_t>(a.num("batch", 4));
-  const long steps = a.num("steps", 20);
+  const std::size_t seq = o.seq, batch = o.batch;
+  const long steps = o.steps;
   grad::Tape<T> tp;
   nn::Lm<T> model(tp, c, 1);
   grad::Adam<T> opt(T(1e-3));
@@ -396,36 +523,60 @@ int bench(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fprintf(stderr,
-                 "usage: tinylm train|finetune|merge|generate|all [--option value ...] (see examples/tinylm.cpp)\n");
-    return 2;
-  }
-  const std::string cmd = argv[1];
-  Args a;
-  for (int i = 2; i < argc; i += 2) {
-    const std::string k = argv[i];
-    if (k.rfind("--", 0) != 0 || i + 1 >= argc) {
-      std::fprintf(stderr, "tinylm: expected --option value pairs, got '%s'\n", k.c_str());
-      return 2;
-    }
-    a.kv[k.substr(2)] = argv[i + 1];
-  }
+  CLI::App app{"tinylm: a byte-level transformer language model: pretrain, LoRA finetune, merge, generate", "tinylm"};
+  cli::setup(app);
+  app.require_subcommand(1);
+  app.footer("tinylm COMMAND --help lists the command's options with their defaults and ranges.");
+  TrainOptions train_o;
+  FinetuneOptions finetune_o;
+  MergeOptions merge_o;
+  GenerateOptions generate_o;
+  BenchOptions bench_o;
+  std::size_t threads = 1;
+  auto* train_cmd = app.add_subcommand("train", "pretrain on a text file; write the model and its loss curve");
+  auto* finetune_cmd = app.add_subcommand("finetune", "LoRA adapters until greedy decoding reproduces a text");
+  auto* merge_cmd = app.add_subcommand("merge", "fold a finetuned model's adapters into its weights");
+  auto* generate_cmd = app.add_subcommand("generate", "continue a prompt, greedy or sampled (KV cache)");
+  auto* all_cmd =
+      app.add_subcommand("all", "train (with train's options), then finetune, merge and generate on its model");
+  auto* bench_cmd = app.add_subcommand("bench", "training and generation tokens/s at the default size");
+  add_options(*train_cmd, train_o);
+  add_options(*all_cmd, train_o);
+  add_options(*finetune_cmd, finetune_o);
+  add_options(*merge_cmd, merge_o);
+  add_options(*generate_cmd, generate_o);
+  add_options(*bench_cmd, bench_o);
+  for (CLI::App* cmd : {train_cmd, finetune_cmd, merge_cmd, generate_cmd, all_cmd, bench_cmd})
+    cmd->add_option("--threads", threads, "worker threads")->check(cli::range<std::size_t>(1, 256));
+  if (auto status = cli::parse(app, argc, argv)) return *status;
+
+  const std::string cmd = app.get_subcommands().front()->get_name();
   try {
-    grad::set_num_threads(static_cast<std::size_t>(a.num("threads", 1)));
-    if (cmd == "train") return train(a);
-    if (cmd == "finetune") return finetune(a);
-    if (cmd == "merge") return merge(a);
-    if (cmd == "generate") return generate(a);
-    if (cmd == "bench") return bench(a);
-    if (cmd == "all") {
-      if (int r = train(a); r != 0) return r;
-      if (int r = finetune(Args{}); r != 0) return r;
-      if (int r = merge(Args{}); r != 0) return r;
-      return generate(Args{});
-    }
-    std::fprintf(stderr, "tinylm: unknown command '%s' (train, finetune, merge, generate, all)\n", cmd.c_str());
+    grad::set_num_threads(threads);
+    if (cmd == "train") return train(train_o);
+    if (cmd == "finetune") return finetune(finetune_o);
+    if (cmd == "merge") return merge(merge_o);
+    if (cmd == "generate") return generate(generate_o);
+    if (cmd == "bench") return bench(bench_o);
+    // all: each step reads the model the one before wrote; every path is checked before training.
+    finetune_o.base = train_o.out;
+    merge_o.in = finetune_o.out;
+    generate_o.model = merge_o.out;
+    model_config(train_o);
+    check_outputs(finetune_o);
+    cli::check_output_file("--out", merge_o.out, true);
+    if (int r = train(train_o); r != 0) return r;
+    if (int r = finetune(finetune_o); r != 0) return r;
+    if (int r = merge(merge_o); r != 0) return r;
+    return generate(generate_o);
+  } catch (const cli::UsageError& e) {
+    std::fprintf(stderr, "tinylm %s: %s\nRun with --help for every option with its default and range.\n", cmd.c_str(),
+                 e.what());
     return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "tinylm %s: out of memory: try a smaller --batch, --seq, --d, --layers or --ffn\n",
+                 cmd.c_str());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tinylm %s: %s\n", cmd.c_str(), e.what());
     return 1;
