@@ -230,6 +230,13 @@ GRAD_INLINE inline Pack<T, B> fma(Pack<T, B> a, Pack<T, B> b, Pack<T, B> c) {
   return Pack<T, B>::raw(fma_lanes<T>(a.v, b.v, c.v));
 }
 
+// The same under the name the GRAD_HD rules call (update_rules.hpp: an
+// unqualified fma_hd finds this one for packs by argument-dependent lookup).
+template <class T, std::size_t B>
+GRAD_INLINE inline Pack<T, B> fma_hd(Pack<T, B> a, Pack<T, B> b, Pack<T, B> c) {
+  return fma(a, b, c);
+}
+
 // An operand of a loop over packs: contiguous (one element per lane, from
 // p + i) or broadcast (every lane *p) — a bias row read along a row, a
 // per-row scalar. Contiguous is a template argument so that the loop has no
