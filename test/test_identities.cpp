@@ -66,7 +66,7 @@ TEST_CASE_TEMPLATE("forward sum, mean and row_sum follow the documented order (3
   }
 }
 
-TEST_CASE_TEMPLATE("matmul equals a plain loop accumulating in ascending k, forward and backward", T, double, float) {
+TEST_CASE_TEMPLATE("matmul equals a plain loop of fmas accumulating in ascending k, forward and backward", T, double, float) {
   Rng rng(3);
   const std::size_t m = 5, k = 9, n = 4;
   const Tensor<T> a = random_tensor<T>({m, k}, rng), b = random_tensor<T>({k, n}, rng),
@@ -79,20 +79,20 @@ TEST_CASE_TEMPLATE("matmul equals a plain loop accumulating in ascending k, forw
   for (std::size_t i = 0; i < m; ++i)
     for (std::size_t j = 0; j < n; ++j) {
       T acc = 0;
-      for (std::size_t p = 0; p < k; ++p) acc = acc + a[i * k + p] * b[p * n + j];
+      for (std::size_t p = 0; p < k; ++p) acc = grad::fma_hd(a[i * k + p], b[p * n + j], acc);
       c[i * n + j] = acc;
     }
   // upstream gradient of y is w * 1 (sum's gradient is exactly 1)
   for (std::size_t i = 0; i < m; ++i)
     for (std::size_t p = 0; p < k; ++p) {
       T acc = 0;
-      for (std::size_t j = 0; j < n; ++j) acc = acc + w[i * n + j] * b[p * n + j];
+      for (std::size_t j = 0; j < n; ++j) acc = grad::fma_hd(w[i * n + j], b[p * n + j], acc);
       da[i * k + p] = acc;
     }
   for (std::size_t p = 0; p < k; ++p)
     for (std::size_t j = 0; j < n; ++j) {
       T acc = 0;
-      for (std::size_t i = 0; i < m; ++i) acc = acc + a[i * k + p] * w[i * n + j];
+      for (std::size_t i = 0; i < m; ++i) acc = grad::fma_hd(a[i * k + p], w[i * n + j], acc);
       db[p * n + j] = acc;
     }
   CHECK(bitwise_equal<T>(tp.value(y).data, c));

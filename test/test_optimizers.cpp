@@ -58,9 +58,9 @@ TEST_CASE("Adam: two steps equal the hand computation bit for bit") {
     const double step_size = 0.1 * std::sqrt(1.0 - b2p) / (1.0 - b1p);
     for (int i = 0; i < 2; ++i) {
       const double g = expect[i] + expect[i];
-      m1[i] = 0.9 * m1[i] + (1.0 - 0.9) * g;
-      v2[i] = 0.999 * v2[i] + (1.0 - 0.999) * (g * g);
-      expect[i] = expect[i] - step_size * (m1[i] / (std::sqrt(v2[i]) + 1e-8));
+      m1[i] = std::fma(0.9, m1[i], (1.0 - 0.9) * g);
+      v2[i] = std::fma(0.999, v2[i], (1.0 - 0.999) * (g * g));
+      expect[i] = std::fma(-step_size, m1[i] / (std::sqrt(v2[i]) + 1e-8), expect[i]);
     }
     CHECK(bitwise_equal(value_of(tp, w), std::span<const double>(expect)));
     CHECK(bitwise_equal(opt.first_moments(), std::span<const double>(m1)));
@@ -106,10 +106,10 @@ TEST_CASE("SGD + L2 + clip: one step equals the hand computation bit for bit") {
   CHECK(opt.clip_scale() == scale);
   REQUIRE(opt.step());
 
-  // w = w - lr * (grad * scale + l2 * w)
-  const double a[3] = {1.0 - 0.1 * (1.0 * scale + 0.1 * 1.0), -2.0 - 0.1 * (2.0 * scale + 0.1 * -2.0),
-                       0.25 - 0.1 * (2.0 * scale + 0.1 * 0.25)};
-  const double b[2] = {0.5 - 0.1 * (4.0 * scale + 0.0 * 0.5), 3.0 - 0.1 * (0.0 * scale + 0.0 * 3.0)};
+  // w = w - lr * (grad * scale + l2 * w), each a*b + c one fma
+  const auto sgd = [&](double w, double g, double l2) { return std::fma(-0.1, std::fma(g, scale, l2 * w), w); };
+  const double a[3] = {sgd(1.0, 1.0, 0.1), sgd(-2.0, 2.0, 0.1), sgd(0.25, 2.0, 0.1)};
+  const double b[2] = {sgd(0.5, 4.0, 0.0), sgd(3.0, 0.0, 0.0)};
   CHECK(bitwise_equal(value_of(p.tp, p.a), std::span<const double>(a)));
   CHECK(bitwise_equal(value_of(p.tp, p.b), std::span<const double>(b)));
   CHECK(a[0] == doctest::Approx(0.94));
@@ -128,8 +128,8 @@ TEST_CASE("clipping: off, or a norm within the bound, leaves the raw gradient un
     REQUIRE(p.backward());
     CHECK(opt.clip_scale() == 1.0);  // norm is exactly 5: not above 5
     REQUIRE(opt.step());
-    const double a[3] = {1.0 - 0.1 * (1.0 + 0.1 * 1.0), -2.0 - 0.1 * (2.0 + 0.1 * -2.0),
-                         0.25 - 0.1 * (2.0 + 0.1 * 0.25)};
+    const auto sgd = [](double w, double g, double l2) { return std::fma(-0.1, std::fma(g, 1.0, l2 * w), w); };
+    const double a[3] = {sgd(1.0, 1.0, 0.1), sgd(-2.0, 2.0, 0.1), sgd(0.25, 2.0, 0.1)};
     CHECK(bitwise_equal(value_of(p.tp, p.a), std::span<const double>(a)));
   }
 }
@@ -245,11 +245,11 @@ TEST_CASE("float optimizers run the same rules in float") {
   REQUIRE(opt.add(w, 0.25f));
   REQUIRE(tp.backward(grad::sum(w * w)));
   REQUIRE(opt.step());
-  const float g = (0.5f + 0.5f) * 1.0f + 0.25f * 0.5f;
+  const float g = std::fma(0.5f + 0.5f, 1.0f, 0.25f * 0.5f);
   const float step_size = 0.1f * std::sqrt(1.0f - 0.999f) / (1.0f - 0.9f);
-  const float m = 0.9f * 0.0f + (1.0f - 0.9f) * g;
-  const float v = 0.999f * 0.0f + (1.0f - 0.999f) * (g * g);
-  const float expect = 0.5f - step_size * (m / (std::sqrt(v) + 1e-8f));
+  const float m = std::fma(0.9f, 0.0f, (1.0f - 0.9f) * g);
+  const float v = std::fma(0.999f, 0.0f, (1.0f - 0.999f) * (g * g));
+  const float expect = std::fma(-step_size, m / (std::sqrt(v) + 1e-8f), 0.5f);
   CHECK(tp.value(w)[0] == expect);
 }
 
@@ -460,9 +460,9 @@ TEST_CASE("SGD and Adam with a schedule: step t uses at(t), t = steps() after it
       const double step_size = s.at(t) * std::sqrt(1.0 - b2p) / (1.0 - b1p);
       for (int i = 0; i < 2; ++i) {
         const double g = expect[i] + expect[i];
-        m1[i] = 0.9 * m1[i] + (1.0 - 0.9) * g;
-        v2[i] = 0.999 * v2[i] + (1.0 - 0.999) * (g * g);
-        expect[i] = expect[i] - step_size * (m1[i] / (std::sqrt(v2[i]) + 1e-8));
+        m1[i] = std::fma(0.9, m1[i], (1.0 - 0.9) * g);
+        v2[i] = std::fma(0.999, v2[i], (1.0 - 0.999) * (g * g));
+        expect[i] = std::fma(-step_size, m1[i] / (std::sqrt(v2[i]) + 1e-8), expect[i]);
       }
       CHECK(bitwise_equal(value_of(tp, w), std::span<const double>(expect)));
     }

@@ -23,11 +23,12 @@
 //      sums in add order, acc = acc + s starting from zero; then
 //      norm = sqrt(acc); scale = max_norm / norm if norm > max_norm, else 1.
 //      (torch divides by norm + 1e-6; grad does not.)
-//   3. Per element: g = grad * scale + l2 * w, then the rule's update.
-//      SGD:  w = w - lr * g
-//      Adam: m = b1 * m + (1 - b1) * g
-//            v = b2 * v + (1 - b2) * (g * g)
-//            w = w - step_size * (m / (sqrt(v) + eps)),
+//   3. Per element: g = fma(grad, scale, l2 * w), then the rule's update,
+//      fma(a, b, c) being a*b + c with one rounding (grad::fma_hd):
+//      SGD:  w = fma(-lr, g, w)                      (w - lr * g)
+//      Adam: m = fma(b1, m, (1 - b1) * g)
+//            v = fma(b2, v, (1 - b2) * (g * g))
+//            w = fma(-step_size, m / (sqrt(v) + eps), w),
 //            step_size = lr * sqrt(1 - b2^t) / (1 - b1^t)
 //      b1^t and b2^t are running products (b1p = b1p * b1 each step), not
 //      pow(), so that host and device compute the same constants.

@@ -51,11 +51,11 @@ void adam_update(T* __restrict w, T* __restrict m, T* __restrict v, const T* __r
       // AdamRule::update lane by lane, in its order (opt.hpp); its one
       // library call, sqrt, is the vector instruction here (same IEEE
       // result). test_gemm checks these bits against the rule's.
-      const P mv = b1 * P::load(m + i) + one_minus_b1 * gv;
-      const P vv = b2 * P::load(v + i) + one_minus_b2 * (gv * gv);
+      const P mv = simd::fma(b1, P::load(m + i), one_minus_b1 * gv);
+      const P vv = simd::fma(b2, P::load(v + i), one_minus_b2 * (gv * gv));
       mv.store(m + i);
       vv.store(v + i);
-      (wv - step * (mv / (simd::sqrt(vv) + e))).store(w + i);
+      simd::fma(-step, mv / (simd::sqrt(vv) + e), wv).store(w + i);
     }
 #else
     (void)width;

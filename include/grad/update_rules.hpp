@@ -1,6 +1,9 @@
 // The optimizers' per-element rules (opt.hpp documents one step exactly):
 // GRAD_HD, free of the tape, so that the host loops (update.hpp), the CPU
-// backend and CUDA call the same functions and land on the same bits.
+// backend and CUDA call the same functions and land on the same bits. Each
+// a*b + c of a rule is one explicit fma (fma_hd: std::fma / __fma_rn; on the
+// host's vector packs simd::fma_hd, found by argument-dependent lookup), the
+// determinism contract's rule 1.
 #pragma once
 
 #include <cmath>
@@ -33,14 +36,14 @@ struct ClipRule {
   // The gradient the rules see: clipped raw gradient plus L2 decay.
   template <class T>
   GRAD_HD static T effective(T grad, T w, T scale, T l2) {
-    return grad * scale + l2 * w;
+    return fma_hd(grad, scale, l2 * w);
   }
 };
 
 struct SgdRule {
   template <class T>
   GRAD_HD static T update(T w, T g, T lr) {
-    return w - lr * g;
+    return fma_hd(-lr, g, w);  // w - lr * g, one rounding
   }
 };
 
@@ -65,9 +68,9 @@ struct AdamRule {
   }
   template <class T>
   GRAD_HD static void update(T& w, T& m, T& v, T g, T beta1, T beta2, T eps, const AdamStepConstants<T>& c) {
-    m = beta1 * m + c.one_minus_b1 * g;
-    v = beta2 * v + c.one_minus_b2 * (g * g);
-    w = w - c.step_size * (m / (std::sqrt(v) + eps));
+    m = fma_hd(beta1, m, c.one_minus_b1 * g);
+    v = fma_hd(beta2, v, c.one_minus_b2 * (g * g));
+    w = fma_hd(-c.step_size, m / (std::sqrt(v) + eps), w);
   }
 };
 

@@ -1,7 +1,8 @@
 // Which x86 vector instruction set the host kernels may use, decided once at
 // run time, so one binary runs on plain x86-64 and uses AVX-512 where present.
 // Dispatching never changes a result bit: the kernels are built with
-// -ffp-contract=off and do the same IEEE operations in the same order.
+// -ffp-contract=off and do the same IEEE operations in the same order
+// (an fma only where the source calls one, in every copy).
 #pragma once
 
 #include <cstddef>
@@ -20,9 +21,9 @@ inline bool supported(Isa isa) {
     case Isa::baseline:
       return true;
     case Isa::avx2:
-      return __builtin_cpu_supports("avx2");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case Isa::avx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
   }
   return false;
 #else
@@ -52,8 +53,12 @@ inline Isa best_isa() {
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #define GRAD_HAS_ISA_TARGETS 1
-#define GRAD_TARGET_AVX2 __attribute__((target("avx2")))
-#define GRAD_TARGET_AVX512 __attribute__((target("avx512f,avx512dq")))
+// Both copies have FMA3 (every AVX2 and AVX-512 CPU does; supported() checks
+// it): an explicit fma (fma_hd, simd::fma_lanes) is then one vfmadd. It
+// never changes a bit: fma is one correctly rounded IEEE operation, which
+// the baseline copy computes through libm.
+#define GRAD_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define GRAD_TARGET_AVX512 __attribute__((target("avx512f,avx512dq,fma")))
 #else
 #define GRAD_HAS_ISA_TARGETS 0
 #define GRAD_TARGET_AVX2

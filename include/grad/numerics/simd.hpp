@@ -24,6 +24,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "grad/config.hpp"  // fma_hd
+
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__clang__) && defined(__OPTIMIZE__)
 #include <immintrin.h>  // declares the sqrt builtins used below
 #define GRAD_SIMD_X86_SQRT 1
@@ -67,6 +69,51 @@
 GRAD_SIMD_DIAGNOSTICS_BEGIN
 
 namespace grad::simd {
+
+// Every lane a, exactly (no arithmetic: 0 + a would turn -0 into +0). On
+// x86 the 64- and 32-byte vectors use the broadcast builtins (expanded in
+// the AVX-512 / AVX2 copy they are inlined into, where an fma then reads
+// the scalar with an embedded broadcast): a generic vector expression here
+// is lowered before inlining, for the baseline's 16-byte registers, and
+// builds the vector through the stack (ten times slower in gemm).
+template <class V, class T>
+GRAD_INLINE inline V splat(T a) {
+#if GRAD_SIMD_X86_SQRT && GRAD_SIMD
+  typedef T T16 __attribute__((vector_size(16)));
+  if constexpr (std::is_same_v<T, double> && sizeof(V) == 64)
+    return __builtin_ia32_broadcastsd512(T16{a}, V{}, static_cast<unsigned char>(-1));
+  else if constexpr (std::is_same_v<T, float> && sizeof(V) == 64)
+    return __builtin_ia32_broadcastss512(T16{a}, V{}, static_cast<unsigned short>(-1));
+  else if constexpr (std::is_same_v<T, double> && sizeof(V) == 32)
+    return __builtin_ia32_vbroadcastsd_pd256(T16{a});
+  else if constexpr (std::is_same_v<T, float> && sizeof(V) == 32)
+    return __builtin_ia32_vbroadcastss_ps256(T16{a});
+#endif
+  return a - V{};  // a - (+0) is a for every a, -0 included
+}
+
+// a*b + c with one rounding in every lane of a GCC vector of T (the IEEE
+// fusedMultiplyAdd, like grad::fma_hd on one element: the same bits). On x86
+// with optimisation on, one vfmadd for the 64- and 32-byte vectors (built
+// only inside the AVX-512 and AVX2 copies of with_best_isa / gemm, which
+// are compiled with FMA3; isa.hpp); otherwise lane by lane through fma_hd,
+// which in the baseline copy is libm's correctly rounded fma.
+template <class T, class V>
+GRAD_INLINE inline V fma_lanes(V a, V b, V c) {
+#if GRAD_SIMD_X86_SQRT && GRAD_SIMD
+  if constexpr (std::is_same_v<T, double> && sizeof(V) == 64)
+    return __builtin_ia32_vfmaddpd512_mask(a, b, c, static_cast<unsigned char>(-1), 4);
+  else if constexpr (std::is_same_v<T, float> && sizeof(V) == 64)
+    return __builtin_ia32_vfmaddps512_mask(a, b, c, static_cast<unsigned short>(-1), 4);
+  else if constexpr (std::is_same_v<T, double> && sizeof(V) == 32)
+    return __builtin_ia32_vfmaddpd256(a, b, c);
+  else if constexpr (std::is_same_v<T, float> && sizeof(V) == 32)
+    return __builtin_ia32_vfmaddps256(a, b, c);
+#endif
+  V r;
+  for (std::size_t i = 0; i < sizeof(V) / sizeof(T); ++i) r[i] = ::grad::fma_hd(T(a[i]), T(b[i]), T(c[i]));
+  return r;
+}
 
 template <class T, std::size_t Bytes>
 struct Pack;
@@ -177,6 +224,19 @@ GRAD_INLINE inline Pack<T, B> sqrt(Pack<T, B> x) {
   return r;
 }
 
+// a*b + c with one rounding in every lane (fma_lanes; the bits of fma_hd).
+template <class T, std::size_t B>
+GRAD_INLINE inline Pack<T, B> fma(Pack<T, B> a, Pack<T, B> b, Pack<T, B> c) {
+  return Pack<T, B>::raw(fma_lanes<T>(a.v, b.v, c.v));
+}
+
+// The same under the name the GRAD_HD rules call (update_rules.hpp: an
+// unqualified fma_hd finds this one for packs by argument-dependent lookup).
+template <class T, std::size_t B>
+GRAD_INLINE inline Pack<T, B> fma_hd(Pack<T, B> a, Pack<T, B> b, Pack<T, B> c) {
+  return fma(a, b, c);
+}
+
 // An operand of a loop over packs: contiguous (one element per lane, from
 // p + i) or broadcast (every lane *p) — a bias row read along a row, a
 // per-row scalar. Contiguous is a template argument so that the loop has no
@@ -239,6 +299,8 @@ template <class T, std::size_t B>
 bool all_at_least(Pack<T, B> a, T b);
 template <class T, std::size_t B>
 Pack<T, B> sqrt(Pack<T, B> x);
+template <class T, std::size_t B>
+Pack<T, B> fma(Pack<T, B> a, Pack<T, B> b, Pack<T, B> c);
 
 #endif  // GRAD_SIMD
 

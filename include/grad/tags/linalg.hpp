@@ -1,7 +1,9 @@
 // Matrix products and transpose over the last two axes (leading axes are a
 // batch). Every inner product accumulates from zero in ascending index:
-// acc = acc + a*b, never fused, so the device replays the same bits
-// (gemm.hpp holds the kernels and the plain reference loops).
+// acc = fma(a, b, acc), one explicit fused multiply-add per term (fma_hd:
+// std::fma on the host, __fma_rn on CUDA), so the host's gemm, the device
+// and emitted code land on the same bits (gemm.hpp holds the kernels and the
+// plain reference loops).
 #pragma once
 
 #include <array>
@@ -36,7 +38,7 @@ struct MatrixProduct {
     const T* A = x.a.data + s * m * k + i * k;
     const T* B = x.b.data + s * k * n + j;
     T acc = T(0);
-    for (std::size_t p = 0; p < k; ++p) acc = acc + A[p] * B[p * n];
+    for (std::size_t p = 0; p < k; ++p) acc = fma_hd(A[p], B[p * n], acc);
     y[w] = acc;
   }
   template <int In, class T>
@@ -47,12 +49,12 @@ struct MatrixProduct {
       const std::size_t s = w / (m * k), i = w % (m * k) / k, p = w % k;
       const T* G = g + s * m * n + i * n;
       const T* B = x.b.data + s * k * n + p * n;
-      for (std::size_t j = 0; j < n; ++j) acc = acc + G[j] * B[j];
+      for (std::size_t j = 0; j < n; ++j) acc = fma_hd(G[j], B[j], acc);
     } else {  // dB[p,j] = sum_i A[i,p] G[i,j]
       const std::size_t s = w / (k * n), p = w % (k * n) / n, j = w % n;
       const T* A = x.a.data + s * m * k + p;
       const T* G = g + s * m * n + j;
-      for (std::size_t i = 0; i < m; ++i) acc = acc + A[i * k] * G[i * n];
+      for (std::size_t i = 0; i < m; ++i) acc = fma_hd(A[i * k], G[i * n], acc);
     }
     dx[w] = acc;
   }
