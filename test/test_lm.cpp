@@ -7,10 +7,10 @@
 
 #include <cstring>
 #include <fstream>
-#include <limits>
 #include <grad/classify.hpp>
 #include <grad/device/device.hpp>
 #include <grad/lm.hpp>
+#include <limits>
 
 #include "golden.hpp"
 #include "support.hpp"
@@ -374,8 +374,8 @@ void edit_stored_config(const std::string& path, std::size_t field, double value
   std::memcpy(bytes.data() + at, &value, 8);
   const std::uint64_t hash = grad::detail::fnv1a(std::span(bytes).first(bytes.size() - 8));
   std::memcpy(bytes.data() + bytes.size() - 8, &hash, 8);
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(bytes.data()),
-                                                                 static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
 }
 
 }  // namespace
@@ -415,8 +415,8 @@ TEST_CASE("read_lm_config checks every entry size against the payload before rea
   two.put(std::uint64_t{nn::LmConfig::stored_fields});
   for (double v : small_config().stored()) two.put(v);
   write_model_file(dir.file("short.model"), two.bytes);
-  CHECK(nn::read_lm_config(dir.file("short.model"), c).find("corrupted: the tensors up to parameter 2 have more values") !=
-        std::string::npos);
+  CHECK(nn::read_lm_config(dir.file("short.model"), c)
+            .find("corrupted: the tensors up to parameter 2 have more values") != std::string::npos);
 }
 
 TEST_CASE("LmConfig::check refuses max_seq < 2, non-finite or out-of-range reals, and sizes nothing can hold") {
@@ -437,7 +437,8 @@ TEST_CASE("LmConfig::check refuses max_seq < 2, non-finite or out-of-range reals
   refused([&](nn::LmConfig& c) { c.lora_scale = -inf; }, "lora_scale -inf: expected a finite value");
   refused([](nn::LmConfig& c) { c.layers = std::size_t{1} << 40; }, "layers 1099511627776: expected at most 65536");
   refused([](nn::LmConfig& c) { c.vocab = std::size_t{1} << 30; }, "vocab 1073741824: expected at most 16777216");
-  refused([](nn::LmConfig& c) { c.lora_targets = 1u << 9 | 1u; }, "lora_targets 513: expected a set of the 7 projections");
+  refused([](nn::LmConfig& c) { c.lora_targets = 1u << 9 | 1u; },
+          "lora_targets 513: expected a set of the 7 projections");
   // Each size within its bound, the total past max_elements.
   refused(
       [](nn::LmConfig& c) {

@@ -118,19 +118,18 @@ template <class U>
 void scalar_ops_match_plain_cpp() {
   Tape<U> tp;
   Tensor<U> x({37});
-  for (std::size_t i = 0; i < x.size(); ++i)
-    x[i] = static_cast<U>(i % 3 == 0 ? 1.5 + double(i) : -0.25 - double(i));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<U>(i % 3 == 0 ? 1.5 + double(i) : -0.25 - double(i));
   x[5] = U(0);
   x[6] = -U(0);
   const Var<U> a = tp.constant(x);
   const U z = -U(0);
-  const std::vector<std::pair<const char*, Var<U>>> ops = {
-      {"a / -0", a / z}, {"a * -0", a * z}, {"a + -0", a + z}, {"a - -0", a - z},
-      {"-0 - a", z - a}, {"-0 + a", z + a}, {"-0 * a", z * a}, {"-0 / a", z / a}};
-  const std::vector<U (*)(U, U)> plain = {
-      [](U v, U s) { return v / s; }, [](U v, U s) { return v * s; }, [](U v, U s) { return v + s; },
-      [](U v, U s) { return v - s; }, [](U v, U s) { return s - v; }, [](U v, U s) { return s + v; },
-      [](U v, U s) { return s * v; }, [](U v, U s) { return s / v; }};
+  const std::vector<std::pair<const char*, Var<U>>> ops = {{"a / -0", a / z}, {"a * -0", a * z}, {"a + -0", a + z},
+                                                           {"a - -0", a - z}, {"-0 - a", z - a}, {"-0 + a", z + a},
+                                                           {"-0 * a", z * a}, {"-0 / a", z / a}};
+  const std::vector<U (*)(U, U)> plain = {[](U v, U s) { return v / s; }, [](U v, U s) { return v * s; },
+                                          [](U v, U s) { return v + s; }, [](U v, U s) { return v - s; },
+                                          [](U v, U s) { return s - v; }, [](U v, U s) { return s + v; },
+                                          [](U v, U s) { return s * v; }, [](U v, U s) { return s / v; }};
   using Bits = std::conditional_t<sizeof(U) == 8, std::uint64_t, std::uint32_t>;
   auto bits = [](U v) { return std::bit_cast<Bits>(v); };
   REQUIRE(tp.ok());

@@ -9,8 +9,8 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <span>
@@ -81,9 +81,11 @@ struct LmConfig {
   // "lm.config" can say anything), so every size is bounded before anything
   // is built from it: layers alone would otherwise make Lm record blocks
   // for as long as it is asked to.
-  static constexpr std::size_t max_dim = std::size_t{1} << 24;     // vocab, d_model, heads, ffn, max_seq, lora_rank
-  static constexpr std::size_t max_layers = std::size_t{1} << 16;  // blocks
-  static constexpr std::size_t max_elements = std::size_t{1} << 36;  // parameters; KV-cache entries (2^36 f32 = 256 GiB)
+  // max_dim: vocab, d_model, heads, ffn, max_seq, lora_rank; max_layers:
+  // blocks; max_elements: parameters, and KV-cache entries (2^36 f32 = 256 GiB).
+  static constexpr std::size_t max_dim = std::size_t{1} << 24;
+  static constexpr std::size_t max_layers = std::size_t{1} << 16;
+  static constexpr std::size_t max_elements = std::size_t{1} << 36;
 
   // Every tensor's element count summed (lm.config not counted), or nothing
   // when the sum overflows. Only meaningful when heads divides d_model.
@@ -105,7 +107,7 @@ struct LmConfig {
       }
     }
     std::size_t total = mul(2, mul(vocab, d_model));  // embed, head
-    add(total, d_model);                               // final_norm
+    add(total, d_model);                              // final_norm
     add(total, mul(layers, block));
     if (overflow) return std::nullopt;
     return total;
@@ -122,10 +124,11 @@ struct LmConfig {
     if (vocab == 0 || d_model == 0 || layers == 0 || ffn == 0 || max_seq == 0)
       return "vocab, d_model, layers, ffn and max_seq must all be at least 1";
     // Generation restarts on the latest max_seq / 2 tokens: at least one.
-    if (max_seq < 2) return "max_seq " + n(max_seq) + ": expected at least 2 (generation restarts on max_seq / 2 tokens)";
-    const std::pair<const char*, std::size_t> dims[] = {{"vocab", vocab},     {"d_model", d_model}, {"heads", heads},
-                                                        {"kv_heads", kv_heads}, {"ffn", ffn},       {"max_seq", max_seq},
-                                                        {"lora_rank", lora_rank}};
+    if (max_seq < 2)
+      return "max_seq " + n(max_seq) + ": expected at least 2 (generation restarts on max_seq / 2 tokens)";
+    const std::pair<const char*, std::size_t> dims[] = {
+        {"vocab", vocab}, {"d_model", d_model}, {"heads", heads},        {"kv_heads", kv_heads},
+        {"ffn", ffn},     {"max_seq", max_seq}, {"lora_rank", lora_rank}};
     for (const auto& [name, value] : dims)
       if (value > max_dim) return std::string(name) + " " + n(value) + ": expected at most " + n(max_dim);
     if (layers > max_layers) return "layers " + n(layers) + ": expected at most " + n(max_layers);
@@ -151,8 +154,8 @@ struct LmConfig {
     std::size_t cache = 0;
     if (__builtin_mul_overflow(layers, kv_heads * max_seq, &cache) ||
         __builtin_mul_overflow(cache, 2 * head_dim(), &cache) || cache > max_elements)
-      return "a KV cache of layers * kv_heads * max_seq * 2 * head width > " + n(max_elements) +
-             " entries (" + describe() + "): expected at most that";
+      return "a KV cache of layers * kv_heads * max_seq * 2 * head width > " + n(max_elements) + " entries (" +
+             describe() + "): expected at most that";
     return "";
   }
   std::string describe() const {
@@ -175,8 +178,8 @@ struct LmConfig {
             lora_scale,    double(lora_targets)};
   }
   static constexpr std::array<std::string_view, stored_fields> stored_names = {
-      "vocab", "d_model", "layers", "heads", "kv_heads", "ffn", "max_seq", "rope_base", "eps", "lora_rank", "lora_scale",
-      "lora_targets"};
+      "vocab",   "d_model",   "layers", "heads",     "kv_heads",   "ffn",
+      "max_seq", "rope_base", "eps",    "lora_rank", "lora_scale", "lora_targets"};
   // The stored value that is not a size (a whole number, 0 .. 2^53) where a
   // size belongs: its index, or stored_fields when all are. from_stored maps
   // such a value to 0.
@@ -271,8 +274,8 @@ class Lm {
     const std::size_t bytes = *c_.parameter_count() * sizeof(T);
     if (const std::size_t memory = physical_memory_bytes(); memory != 0 && bytes > memory)
       throw std::invalid_argument("nn::Lm: " + c_.describe() + " has " + std::to_string(*c_.parameter_count()) +
-                                  " parameters, " + std::to_string(bytes) + " bytes: more than this machine's memory (" +
-                                  std::to_string(memory) + " bytes)");
+                                  " parameters, " + std::to_string(bytes) +
+                                  " bytes: more than this machine's memory (" + std::to_string(memory) + " bytes)");
     if constexpr (std::is_same_v<T, float>)
       if (c_.vocab > (std::size_t{1} << 24))
         throw std::invalid_argument("nn::Lm: a vocabulary of " + std::to_string(c_.vocab) +
