@@ -46,6 +46,9 @@ inline std::string read_lm_config(const std::string& path, LmConfig& out) {
       !why.empty())
     return failed(why);
   if (f.dtype != 1 && f.dtype != 2) return failed("corrupted: unknown dtype code " + std::to_string(f.dtype));
+  if (f.kind != grad::detail::model_kind)
+    return failed("corrupted: kind " + std::to_string(f.kind) + " in the header (a model file's kind is " +
+                  std::to_string(grad::detail::model_kind) + ")");
   grad::detail::ByteReader r{
       std::span<const unsigned char>(bytes).subspan(grad::detail::checkpoint_header_bytes, f.payload_bytes)};
   const auto count = r.get<std::uint64_t>();
