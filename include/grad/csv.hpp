@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -104,7 +105,7 @@ Tensor<T> read_table(const std::string& path, std::vector<std::size_t>* row_line
       return "line " + std::to_string(line_no) + " has " + std::to_string(row.size()) + " fields, expected " +
              std::to_string(cols);
     for (std::size_t k = 0; k < row.size(); ++k)
-      if (std::isfinite(row[k]) && !std::isfinite(static_cast<T>(row[k])))
+      if (std::abs(row[k]) > static_cast<double>(std::numeric_limits<T>::max()) && std::isfinite(row[k]))
         return "line " + std::to_string(line_no) + ", field " + std::to_string(k + 1) + ": " + number_string(row[k]) +
                " is out of range for " + (sizeof(T) == 4 ? "float" : "double");
     cols = row.size();

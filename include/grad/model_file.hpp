@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -66,13 +67,14 @@ inline std::string printable_name(std::string_view name) {
   return plain ? "'" + std::string(name) + "'" : "(a name of " + std::to_string(name.size()) + " bytes)";
 }
 
-// The first value of a U span that becomes infinite as T (1e300 as float):
+// The first finite value of a U span beyond T's range (1e300 as float):
 // its index, or the count when there is none.
 template <class T, class U>
 std::size_t first_overflow(std::span<const unsigned char> from, std::size_t count, U& value) {
   for (std::size_t i = 0; i < count; ++i) {
     std::memcpy(&value, from.data() + i * sizeof(U), sizeof(U));
-    if (std::isfinite(value) && !std::isfinite(static_cast<T>(value))) return i;
+    // Tested before converting: an out-of-range conversion is undefined.
+    if (std::isfinite(value) && std::abs(value) > static_cast<U>(std::numeric_limits<T>::max())) return i;
   }
   return count;
 }
