@@ -137,8 +137,8 @@ Tensor<T> read_table(const std::string& path, std::vector<std::size_t>* row_line
         error = take_line();
         line.clear();
       } else if (c == '\0') {
-        // fgets and string_view would stop at it and splice the rest of the
-        // line onto what came before: a CSV file is text.
+        // A CSV file is text; a line reader built on C strings (fgets) stops
+        // at a NUL and splices what follows onto the next line.
         error = "line " + std::to_string(line_no + 1) + ", column " + std::to_string(line.size() + 1) +
                 ": a NUL byte (a CSV file is text)";
       } else {
