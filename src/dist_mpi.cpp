@@ -1,7 +1,8 @@
 // grad::dist::Communicator on MPI (the grad_dist library; grad/dist.hpp
 // declares it). MPI_COMM_WORLD with errors returned (MPI_ERRORS_RETURN) and
 // turned into dist::Error; a watchdog thread that stops the process with a
-// message when a collective runs past its timeout; a SIGTERM handler that
+// message (exit code watchdog_exit_code) when a collective or MPI_Finalize
+// runs past its timeout; a SIGTERM handler that
 // says why the launcher stopped this rank (mpirun sends SIGTERM to every
 // rank when one of them dies or aborts).
 // The C API only (Open MPI and MPICH would otherwise pull in their deprecated C++ bindings).
@@ -121,10 +122,23 @@ struct Communicator::Impl {
                       "gone, stuck, or never called it; stopping this rank\n",
                       rank, size, armed_what, armed_timeout, static_cast<unsigned long long>(g_step.load()));
         write_all(text, length(text));
-        ::_exit(124);
+        ::_exit(watchdog_exit_code);
       }
       cv.wait_for(lock, std::chrono::milliseconds(50));
     }
+  }
+
+  void arm(const char* what, double timeout, std::chrono::steady_clock::time_point t0) {
+    std::lock_guard lock(mutex);
+    armed = true;
+    armed_what = what;
+    armed_timeout = timeout;
+    deadline =
+        t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout));
+  }
+  void disarm() {
+    std::lock_guard lock(mutex);
+    armed = false;
   }
 
   // Runs one collective under the watchdog; throws Error when MPI reports a failure.
@@ -133,19 +147,9 @@ struct Communicator::Impl {
     const double timeout = first_done ? options.timeout_s : options.first_timeout_s;
     g_phase.store(what);
     const auto t0 = std::chrono::steady_clock::now();
-    {
-      std::lock_guard lock(mutex);
-      armed = true;
-      armed_what = what;
-      armed_timeout = timeout;
-      deadline =
-          t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout));
-    }
+    arm(what, timeout, t0);
     const int rc = f();
-    {
-      std::lock_guard lock(mutex);
-      armed = false;
-    }
+    disarm();
     first_done = true;
     stats.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     stats.bytes += bytes;
@@ -214,17 +218,26 @@ Communicator::Communicator(int* argc, char*** argv, CommOptions options) : impl_
 }
 
 Communicator::~Communicator() {
+  // MPI_Finalize waits for every rank (Open MPI's ends in a fence): one that
+  // hangs after the last collective and never gets here would keep the
+  // others in it forever, so the watchdog stays armed until it returns.
+  if (impl_->initialised_here) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) {
+      g_phase.store("MPI_Finalize");
+      impl_->arm("MPI_Finalize", impl_->first_done ? impl_->options.timeout_s : impl_->options.first_timeout_s,
+                 std::chrono::steady_clock::now());
+      MPI_Finalize();
+      impl_->disarm();
+    }
+  }
   {
     std::lock_guard lock(impl_->mutex);
     impl_->stop = true;
   }
   impl_->cv.notify_all();
   impl_->watchdog.join();
-  if (impl_->initialised_here) {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
-  }
 }
 
 int Communicator::rank() const { return impl_->rank; }

@@ -585,3 +585,34 @@ TEST_CASE("steps queued without a read in between each use their own scheduled r
     CHECK(testing::bitwise_equal<double>(want, std::vector<double>(tp.value(w1).begin(), tp.value(w1).end())));
   }
 }
+
+TEST_CASE("device optimizers check every setting as the device holds it: an f32 capture refuses lr 1e300") {
+  Tape<double> tp;
+  Var<double> w = tp.param(Tensor<double>::ones({2, 2}));
+  Var<double> loss = sum(matmul(tp.constant(Tensor<double>::ones({3, 2})), w));
+  auto prog = dev::capture(tp, loss, {.f32 = true});
+  REQUIRE(prog.f32());
+  const std::string inf_lr = "lr 1.0000000000000001e+300 is inf as float32, out of range: expected a finite value >= 0";
+  CHECK_THROWS_WITH_AS(dev::Adam<double>(prog, 1e300), ("grad::device::adam: " + inf_lr).c_str(),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(dev::SGD<double>(prog, 1e300), ("grad::device::sgd: " + inf_lr).c_str(), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(dev::Adam<double>(prog, 0.1, 0.9, 0.9999999999),
+                       "grad::device::adam: beta2 0.99999999989999999 is 1 as float32, out of range: expected 0 <= "
+                       "beta2 < 1",
+                       std::invalid_argument);
+  dev::Adam<double> adam(prog, 0.1);
+  CHECK_THROWS_WITH_AS(adam.set_lr(1e300), ("grad::device::adam.set_lr: " + inf_lr).c_str(), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(adam.set_schedule({.base_lr = 1e300, .min_lr = 0, .warmup = 0, .total = 10}),
+                       "grad::device::adam.set_schedule: base_lr 1.0000000000000001e+300 is inf as float32, out of "
+                       "range: expected a finite value >= 0",
+                       std::invalid_argument);
+  CHECK(adam.lr() == 0.1);
+  adam.add(w);
+  prog.forward();
+  prog.backward();
+  adam.step();
+  for (double v : prog.value(w).data()) CHECK(std::isfinite(v));
+  // A double capture holds 1e300 exactly.
+  auto wide = dev::capture(tp, loss);
+  CHECK_NOTHROW(dev::Adam<double>(wide, 1e300));
+}

@@ -356,3 +356,12 @@ TEST_CASE("ProgramParallel checkpoints: save after 3 steps, resume in a fresh pr
                        doctest::Contains("grad.dist.shards = 5; this run has 4"), dist::Error);
   CHECK(same_bits(four.params(), before));
 }
+
+TEST_CASE("the MPI watchdog's defaults: a short timeout after the first collective, an exit code of its own") {
+  const grad::dist::CommOptions o;
+  CHECK(o.first_timeout_s == 60);
+  CHECK(o.timeout_s == 30);  // stops a hung job within a minute, MPI_Finalize included
+  // Not coreutils timeout's 124-127, nor 128 + a signal: a wrapper can tell a hung peer from its own timeout.
+  CHECK(grad::dist::watchdog_exit_code == 75);
+  CHECK((grad::dist::watchdog_exit_code < 124 && grad::dist::watchdog_exit_code > 1));
+}

@@ -293,11 +293,84 @@ TEST_CASE("read_csv / split_labels: numbers, a header line, bad fields named") {
   CHECK_THROWS_WITH_AS(grad::read_csv<double>(path),
                        ("read_csv: '" + path + "': line 2, field 2 is not a number").c_str(), std::runtime_error);
   std::ofstream(path) << "1,2,0.5\n";
-  CHECK_THROWS_WITH_AS(grad::read_labeled_csv<double>(path),
-                       "split_labels: row 0: label 0.500000 is not a class id (a whole number >= 0)",
-                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      grad::read_labeled_csv<double>(path),
+      ("read_labeled_csv: '" + path + "': line 1: label 0.5 is not a class id (a whole number in 0 .. 2147483647)")
+          .c_str(),
+      std::invalid_argument);
   std::remove(path.c_str());
   CHECK_THROWS_AS(grad::read_csv<double>("/nonexistent/digits.csv.gz"), std::runtime_error);
+}
+
+namespace {
+// Writes `bytes` (NULs included) to a scratch CSV file; its path.
+std::string csv_file(const std::string& bytes) {
+  const std::string path = "/tmp/grad_csv_bytes_" + std::to_string(::getpid()) + ".csv";
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return path;
+}
+}  // namespace
+
+TEST_CASE("read_csv refuses a NUL byte, naming its line and column, wherever it is") {
+  using namespace std::string_literals;
+  const std::pair<std::string, std::string> cases[] = {
+      {"\0,9\n1,2\n"s, "line 1, column 1: a NUL byte (a CSV file is text)"},
+      {"1,2\n\0,9\n3,4"s, "line 2, column 1: a NUL byte (a CSV file is text)"},
+      {"1,2\n30,4\0junk\n0\n"s, "line 2, column 5: a NUL byte (a CSV file is text)"},
+      {"1,2\n3,4\n\0"s, "line 3, column 1: a NUL byte (a CSV file is text)"},
+  };
+  for (const auto& [bytes, message] : cases) {
+    const std::string path = csv_file(bytes);
+    CHECK_THROWS_WITH_AS(grad::read_csv<double>(path), ("read_csv: '" + path + "': " + message).c_str(),
+                         std::runtime_error);
+    std::remove(path.c_str());
+  }
+  // Without NULs: every row, a last line without a newline, CRLF line ends.
+  const std::string path = csv_file("1,2\r\n3,4\n\n5,6");
+  const auto t = grad::read_csv<double>(path);
+  CHECK(t.shape() == grad::Shape{3, 2});
+  CHECK(t[5] == 6);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("read_csv refuses what is not a regular file (/dev/zero would never end) and values the type cannot hold") {
+  CHECK_THROWS_WITH_AS(grad::read_csv<double>("/dev/zero"),
+                       "read_csv: '/dev/zero' is not a regular file (a directory, FIFO or device is refused)",
+                       std::runtime_error);
+  CHECK_THROWS_WITH_AS(grad::read_csv<double>("/tmp"),
+                       "read_csv: '/tmp' is not a regular file (a directory, FIFO or device is refused)",
+                       std::runtime_error);
+  CHECK(grad::max_csv_bytes == std::uint64_t{1} << 32);
+  const std::string path = csv_file("1,2\n3,1e300\n");
+  CHECK(grad::read_csv<double>(path)[3] == 1e300);
+  CHECK_THROWS_WITH_AS(
+      grad::read_csv<float>(path),
+      ("read_csv: '" + path + "': line 2, field 2: 1.0000000000000001e+300 is out of range for float").c_str(),
+      std::runtime_error);
+  std::remove(path.c_str());
+}
+
+TEST_CASE("labels out of int range or not whole are refused, naming the line (no undefined conversion)") {
+  const std::string path = csv_file("x,label\n1,0\n2,1e20\n");
+  CHECK_THROWS_WITH_AS(
+      grad::read_labeled_csv<double>(path),
+      ("read_labeled_csv: '" + path + "': line 3: label 1e+20 is not a class id (a whole number in 0 .. 2147483647)")
+          .c_str(),
+      std::invalid_argument);
+  for (const char* label : {"2147483648", "-1", "nan", "inf", "0.5"}) {
+    const std::string p = csv_file(std::string("1,") + label + "\n");
+    CAPTURE(std::string(label));
+    CHECK_THROWS_WITH_AS(grad::read_labeled_csv<float>(p), doctest::Contains("': line 1: label "),
+                         std::invalid_argument);
+  }
+  const std::string top = csv_file("1,2147483647\n2,0\n");
+  CHECK(grad::read_labeled_csv<double>(top).labels == std::vector<std::int32_t>{2147483647, 0});
+  grad::Tensor<double> table({2, 2}, std::vector<double>{1, 0, 2, -1e20});
+  CHECK_THROWS_WITH_AS(grad::split_labels(table),
+                       "split_labels: row 1: label -1e+20 is not a class id (a whole number in 0 .. 2147483647)",
+                       std::invalid_argument);
+  std::remove(path.c_str());
 }
 
 TEST_CASE("select_rows splits a labelled set; confusion_string lays the matrix out") {

@@ -6,9 +6,11 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <fstream>
 #include <grad/classify.hpp>
 #include <grad/device/device.hpp>
 #include <grad/lm.hpp>
+#include <limits>
 
 #include "golden.hpp"
 #include "support.hpp"
@@ -352,6 +354,175 @@ TEST_CASE("model files: round trip, a base file into a LoRA model, another confi
   CHECK(r.error.find("ffn 24") != std::string::npos);
   CHECK(r.error.find("nothing loaded") != std::string::npos);
   CHECK(same_bits(before, tp4.value(wrong.head()).data));
+}
+
+// -------------------------------------------- configs and files from outside --
+
+namespace {
+
+// A model file from a hand-written payload, checksummed as save_model would.
+void write_model_file(const std::string& path, const std::vector<unsigned char>& payload) {
+  const auto file = grad::detail::frame(grad::detail::model_magic, model_file_version, 1, 0, payload);
+  REQUIRE(grad::detail::write_atomically(path, file, "model") == "");
+}
+
+// Rewrites field `field` of the lm.config a save_lm file ends with (its last
+// tensor: the payload's last 12 doubles) and the checksum after it.
+void edit_stored_config(const std::string& path, std::size_t field, double value) {
+  std::vector<unsigned char> bytes = read_bytes(path);
+  const std::size_t at = bytes.size() - 8 - nn::LmConfig::stored_fields * 8 + field * 8;
+  std::memcpy(bytes.data() + at, &value, 8);
+  const std::uint64_t hash = grad::detail::fnv1a(std::span(bytes).first(bytes.size() - 8));
+  std::memcpy(bytes.data() + bytes.size() - 8, &hash, 8);
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+}  // namespace
+
+TEST_CASE("read_lm_config checks every entry size against the payload before reading through it") {
+  ScratchDir dir("lm_sizes");
+  grad::detail::ByteWriter w;
+  w.put(std::uint64_t{2});
+  // 'a' claims 2^61 - 1 doubles: the offset of lm.config's values would wrap
+  // around to 8 bytes before the buffer.
+  w.put(std::uint32_t{1});
+  w.put('a');
+  w.put(std::uint32_t{1});
+  w.put(std::uint64_t{(std::uint64_t{1} << 61) - 1});
+  w.put(std::uint32_t{9});
+  w.put_all(std::span<const char>("lm.config", 9));
+  w.put(std::uint32_t{1});
+  w.put(std::uint64_t{nn::LmConfig::stored_fields});
+  for (double v : small_config().stored()) w.put(v);
+  write_model_file(dir.file("wrapped.model"), w.bytes);
+  nn::LmConfig c;
+  const std::string why = nn::read_lm_config(dir.file("wrapped.model"), c);
+  CHECK(why.find("wrapped.model': corrupted: parameter 1 has more values than the") != std::string::npos);
+  CHECK(why.find("-byte payload holds") != std::string::npos);
+  CHECK(c.stored() == nn::LmConfig{}.stored());  // untouched
+
+  // Two entries that each fit, but not together.
+  grad::detail::ByteWriter two;
+  two.put(std::uint64_t{2});
+  two.put(std::uint32_t{1});
+  two.put('a');
+  two.put(std::uint32_t{1});
+  two.put(std::uint64_t{10});
+  two.put(std::uint32_t{9});
+  two.put_all(std::span<const char>("lm.config", 9));
+  two.put(std::uint32_t{1});
+  two.put(std::uint64_t{nn::LmConfig::stored_fields});
+  for (double v : small_config().stored()) two.put(v);
+  write_model_file(dir.file("short.model"), two.bytes);
+  CHECK(nn::read_lm_config(dir.file("short.model"), c)
+            .find("corrupted: the tensors up to parameter 2 have more values") != std::string::npos);
+}
+
+TEST_CASE("LmConfig::check refuses max_seq < 2, non-finite or out-of-range reals, and sizes nothing can hold") {
+  auto refused = [](auto edit, const char* fragment) {
+    nn::LmConfig c = small_config(2);
+    edit(c);
+    INFO(std::string(fragment));
+    CHECK(c.check().find(fragment) != std::string::npos);
+    Tape<double> tp;
+    CHECK_THROWS_WITH_AS(nn::Lm<double>(tp, c, 1), doctest::Contains(fragment), std::invalid_argument);
+  };
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  refused([](nn::LmConfig& c) { c.max_seq = 1; }, "max_seq 1: expected at least 2");
+  refused([&](nn::LmConfig& c) { c.eps = inf; }, "eps inf: expected a finite value > 0");
+  refused([&](nn::LmConfig& c) { c.eps = nan; }, "eps nan: expected a finite value > 0");
+  refused([&](nn::LmConfig& c) { c.rope_base = inf; }, "rope_base inf: expected a finite value > 1");
+  refused([&](nn::LmConfig& c) { c.lora_scale = inf; }, "lora_scale inf: expected a finite value");
+  refused([&](nn::LmConfig& c) { c.lora_scale = -inf; }, "lora_scale -inf: expected a finite value");
+  refused([](nn::LmConfig& c) { c.layers = std::size_t{1} << 40; }, "layers 1099511627776: expected at most 65536");
+  refused([](nn::LmConfig& c) { c.vocab = std::size_t{1} << 30; }, "vocab 1073741824: expected at most 16777216");
+  refused([](nn::LmConfig& c) { c.lora_targets = 1u << 9 | 1u; },
+          "lora_targets 513: expected a set of the 7 projections");
+  // Each size within its bound, the total past max_elements.
+  refused(
+      [](nn::LmConfig& c) {
+        c.vocab = c.d_model = std::size_t{1} << 24;
+        c.heads = c.kv_heads = 1;
+      },
+      "parameters (vocab 16777216, d_model 16777216");
+  refused(
+      [](nn::LmConfig& c) {
+        c.layers = 65536;
+        c.max_seq = std::size_t{1} << 24;
+      },
+      "a KV cache of layers * kv_heads * max_seq * 2 * head width");
+  CHECK(small_config(2).check() == "");
+}
+
+TEST_CASE("an LM file whose config was edited is refused by read_lm_config, naming the field, before building") {
+  ScratchDir dir("lm_edit");
+  Tape<double> tp;
+  nn::Lm<double> m(tp, small_config(), 3);
+  const std::string path = dir.file("edited.model");
+  nn::LmConfig c;
+  auto edited = [&](std::size_t field, double value) {
+    REQUIRE(nn::save_lm(path, m));
+    edit_stored_config(path, field, value);
+    return nn::read_lm_config(path, c);
+  };
+  CHECK(edited(2, 1e9).find("lm.config: layers 1000000000: expected at most 65536") != std::string::npos);
+  // Within every bound, but the file holds two layers' tensors, not three.
+  const std::string three = edited(2, 3);
+  CHECK(three.find("lm.config says vocab 256, d_model 12, layers 3") != std::string::npos);
+  CHECK(three.find("but the file's tensors hold") != std::string::npos);
+  CHECK(edited(8, std::numeric_limits<double>::infinity()).find("lm.config: eps inf: expected a finite value > 0") !=
+        std::string::npos);
+  CHECK(edited(6, 1).find("lm.config: max_seq 1: expected at least 2") != std::string::npos);
+  CHECK(edited(2, 2.5).find("lm.config: layers 2.5 is not a size") != std::string::npos);
+  CHECK(edited(2, 1e300).find("lm.config: layers 1.0000000000000001e+300 is not a size") != std::string::npos);
+  CHECK(c.stored() == nn::LmConfig{}.stored());  // never written by a refusal
+  REQUIRE(nn::save_lm(path, m));
+  CHECK(nn::read_lm_config(path, c) == "");
+  CHECK(c.stored() == small_config().stored());
+}
+
+TEST_CASE("ByteTokenizer::decode refuses an id that is not a byte, naming it and its position") {
+  const std::vector<int> ok = {104, 0, 255};
+  CHECK(nn::ByteTokenizer::decode(ok) == std::string("h\0\xff", 3));
+  CHECK_THROWS_WITH_AS(nn::ByteTokenizer::decode(std::vector<int>{104, 256, -1, 1000}),
+                       "nn::ByteTokenizer::decode: id 256 at position 1 is not a byte (expected 0 .. 255)",
+                       std::out_of_range);
+  CHECK_THROWS_WITH_AS(nn::ByteTokenizer::decode(std::vector<int>{104, -1}),
+                       "nn::ByteTokenizer::decode: id -1 at position 1 is not a byte (expected 0 .. 255)",
+                       std::out_of_range);
+}
+
+TEST_CASE("generate refuses a NaN, infinite or negative temperature and top_k beyond the vocabulary") {
+  Tape<double> tp;
+  nn::Lm<double> m(tp, small_config(), 5);
+  nn::KvDecoder<double> dec(m);
+  const std::vector<int> prompt = {1, 2, 3};
+  auto refused = [&](nn::SampleOptions o, const char* message) {
+    CHECK_THROWS_WITH_AS(nn::generate(dec, prompt, 4, o), message, std::invalid_argument);
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  refused({.temperature = std::numeric_limits<double>::quiet_NaN()},
+          "nn::generate: temperature nan: expected 0 (greedy) or a finite value > 0");
+  refused({.temperature = inf}, "nn::generate: temperature inf: expected 0 (greedy) or a finite value > 0");
+  refused({.temperature = -0.5}, "nn::generate: temperature -0.5: expected 0 (greedy) or a finite value > 0");
+  refused({.temperature = 1, .top_k = 257},
+          "nn::generate: top_k 257: expected 0 (every token) or at most the vocabulary (256)");
+  CHECK(nn::generate(dec, prompt, 4, {.temperature = 1, .top_k = 256}).size() == 4);
+}
+
+TEST_CASE("generation past max_seq restarts on max_seq / 2 tokens, at the smallest max_seq (2)") {
+  nn::LmConfig c = small_config();
+  c.max_seq = 2;
+  Tape<double> tp;
+  nn::Lm<double> m(tp, c, 5);
+  nn::KvDecoder<double> dec(m);
+  const std::vector<int> prompt = {1, 2, 3, 4, 5};
+  for (const nn::SampleOptions& o : {nn::SampleOptions{}, nn::SampleOptions{.temperature = 0.7, .top_k = 3}}) {
+    const std::vector<int> out = nn::generate(dec, prompt, 9, o);
+    REQUIRE(out.size() == 9);
+    for (int t : out) CHECK((t >= 0 && t < 256));
+  }
 }
 
 // ------------------------------------------------- finetune, merge, recall --

@@ -11,6 +11,7 @@
 #include <grad/model_file.hpp>
 #include <grad/modules.hpp>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -314,4 +315,94 @@ TEST_CASE("model files: an f64 file into an f32 model only when asked; corrupt a
   REQUIRE(grad::save_checkpoint(ckpt, t64, opt));
   refused(ckpt, m64, "not a grad model (bad magic bytes)");
   refused(scratch.dir.string(), m64, "is a directory, not a model file");
+}
+
+namespace {
+// A model file from a hand-written payload and header fields, checksummed as save_model would.
+std::string hand_written_model(const std::string& name, std::uint32_t dtype, std::uint32_t kind,
+                               const std::vector<unsigned char>& payload) {
+  const std::string path = scratch.file(name);
+  const auto file = grad::detail::frame(grad::detail::model_magic, grad::model_file_version, dtype, kind, payload);
+  REQUIRE(grad::detail::write_atomically(path, file, "model") == "");
+  return path;
+}
+}  // namespace
+
+TEST_CASE("save_model refuses, before writing anything, the names load_model would refuse") {
+  grad::Tape<double> tp;
+  const auto w = tp.param(Tensor<double>({2, 2})), b = tp.param(Tensor<double>({2}));
+  const std::string path = scratch.file("names.model");
+  auto save = [&](std::vector<nn::NamedParameter<double>> list) {
+    std::remove(path.c_str());
+    const auto r = grad::save_model(path, tp, std::span<const nn::NamedParameter<double>>(list));
+    CHECK_FALSE(fs::exists(path));  // nothing written
+    return r.error;
+  };
+  const std::string head = "grad: model file '" + path + "': ";
+  CHECK(save({{"w", w, nn::ParamKind::weight}, {"", b, nn::ParamKind::weight}}) ==
+        head + "parameter 2 '' has a name of 0 bytes (expected 1 .. 4096); nothing written");
+  CHECK(save({{std::string(5000, 'x'), w, nn::ParamKind::weight}}) ==
+        head + "parameter 1 (a name of 5000 bytes) has a name of 5000 bytes (expected 1 .. 4096); nothing written");
+  CHECK(save({{"w", w, nn::ParamKind::weight}, {"b", b, nn::ParamKind::weight}, {"w", b, nn::ParamKind::weight}}) ==
+        head + "parameter 3 'w' has the name of parameter 1 (names must be unique); nothing written");
+  // The longest name load_model reads is saved and read back.
+  const std::vector<nn::NamedParameter<double>> longest = {{std::string(4096, 'n'), w, nn::ParamKind::weight}};
+  REQUIRE(grad::save_model(path, tp, std::span<const nn::NamedParameter<double>>(longest)));
+  CHECK(grad::load_model(path, tp, std::span<const nn::NamedParameter<double>>(longest)));
+}
+
+TEST_CASE("load_model names the parameter whose name or rank is bad, and checks the header's kind") {
+  grad::Tape<double> tp;
+  const auto w = tp.param(Tensor<double>({2}));
+  const std::vector<nn::NamedParameter<double>> list = {{"w", w, nn::ParamKind::weight}};
+  const std::span<const nn::NamedParameter<double>> params(list);
+  auto payload = [](std::uint32_t name_length, const std::string& name, std::uint32_t rank) {
+    grad::detail::ByteWriter p;
+    p.put(std::uint64_t{1});
+    p.put(name_length);
+    p.put_all(std::span<const char>(name));
+    p.put(rank);
+    for (std::uint32_t k = 0; k < rank; ++k) p.put(std::uint64_t{2});
+    p.put(1.0);
+    p.put(2.0);
+    return p.bytes;
+  };
+  auto error = [&](const std::string& path) { return grad::load_model(path, tp, params).error; };
+  std::string path = hand_written_model("rank.model", 1, 0, payload(1, "w", 7));
+  CHECK(error(path) == "grad: model file '" + path + "': corrupted: parameter 1 of 1 'w' has rank 7 (expected 1 .. 6)");
+  path = hand_written_model("empty.model", 1, 0, payload(0, "", 1));
+  CHECK(error(path) ==
+        "grad: model file '" + path + "': corrupted: parameter 1 of 1 has a name of 0 bytes (expected 1 .. 4096)");
+  path = hand_written_model("kind.model", 1, 2, payload(1, "w", 1));
+  CHECK(error(path) == "grad: model file '" + path + "': corrupted: kind 2 in the header (a model file's kind is 0)");
+  path = hand_written_model("fine.model", 1, 0, payload(1, "w", 1));
+  CHECK(error(path) == "");
+  CHECK(tp.value(w)[1] == 2.0);
+}
+
+TEST_CASE("convert_dtype refuses a float64 value beyond float32's range, naming the tensor; nothing loaded") {
+  grad::Tape<double> t64;
+  const auto big = t64.param(Tensor<double>({3}, std::vector<double>{1, -1e300, 1e300}));
+  const auto fine = t64.param(Tensor<double>({1}, std::vector<double>{std::numeric_limits<double>::infinity()}));
+  const std::vector<nn::NamedParameter<double>> saved = {{"fine", fine, nn::ParamKind::weight},
+                                                         {"big", big, nn::ParamKind::weight}};
+  const std::string path = scratch.file("big.model");
+  REQUIRE(grad::save_model(path, t64, std::span<const nn::NamedParameter<double>>(saved)));
+  grad::Tape<float> t32;
+  const auto big32 = t32.param(Tensor<float>({3})), fine32 = t32.param(Tensor<float>({1}));
+  const std::vector<nn::NamedParameter<float>> into = {{"big", big32, nn::ParamKind::weight},
+                                                       {"fine", fine32, nn::ParamKind::weight}};
+  const auto r = grad::load_model(path, t32, std::span<const nn::NamedParameter<float>>(into), {.convert_dtype = true});
+  CHECK(r.error == "grad: model file '" + path +
+                       "': convert_dtype: parameter 'big' element 1 is -1.0000000000000001e+300, beyond float32's "
+                       "range (it would become infinite); nothing loaded");
+  CHECK(t32.value(big32)[0] == 0.0f);
+  CHECK(t32.value(fine32)[0] == 0.0f);
+  // An infinity stays one: only a finite value turning infinite is refused.
+  t64.leaf_value(big)[1] = -3e38;
+  t64.leaf_value(big)[2] = 3e38;
+  REQUIRE(grad::save_model(path, t64, std::span<const nn::NamedParameter<double>>(saved)));
+  REQUIRE(grad::load_model(path, t32, std::span<const nn::NamedParameter<float>>(into), {.convert_dtype = true}));
+  CHECK(std::isinf(t32.value(fine32)[0]));
+  CHECK(t32.value(big32)[2] == 3e38f);
 }

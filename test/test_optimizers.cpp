@@ -517,3 +517,27 @@ TEST_CASE("bad schedule settings are refused with the setting, the value and the
   CHECK_FALSE(opt.schedule().has_value());
   CHECK(opt.lr() == 0.1);
 }
+
+TEST_CASE("a float optimizer checks its schedule as float: base_lr 1e300 is refused, not an infinite rate") {
+  grad::Adam<float> adam(0.1f);
+  grad::SGD<float> sgd(0.1f);
+  const std::string as_float =
+      "base_lr 1.0000000000000001e+300 is inf as float32, out of range: expected a finite value >= 0";
+  CHECK_THROWS_WITH_AS(adam.set_schedule({.base_lr = 1e300, .min_lr = 0, .warmup = 0, .total = 10}),
+                       ("adam.set_schedule: " + as_float).c_str(), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(sgd.set_schedule({.base_lr = 1e300, .min_lr = 1e299, .warmup = 0, .total = 10}),
+                       ("sgd.set_schedule: " + as_float).c_str(), std::invalid_argument);
+  CHECK_FALSE(adam.schedule().has_value());
+  CHECK(adam.lr() == 0.1f);
+  // Just below float's largest value is a finite rate; a double optimizer takes 1e300.
+  adam.set_schedule({.base_lr = 3e38, .min_lr = 0, .warmup = 0, .total = 10});
+  CHECK(std::isfinite(adam.lr()));
+  grad::Adam<double> wide(0.1);
+  wide.set_schedule({.base_lr = 1e300, .min_lr = 0, .warmup = 0, .total = 10});
+  CHECK(wide.lr() > 1e299);
+  // What rounds to an invalid value as float is refused by what it becomes.
+  CHECK(grad::invalid_setting_as<float>("beta2", 0.9999999999) ==
+        "beta2 0.99999999989999999 is 1 as float32, out of range: expected 0 <= beta2 < 1");
+  CHECK(grad::invalid_setting_as<double>("beta2", 0.9999999999) == "");
+  CHECK(grad::invalid_setting_as<float>("lr", -1) == "lr -1 is out of range: expected a finite value >= 0");
+}

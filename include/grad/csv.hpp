@@ -7,15 +7,26 @@
 // Fields are separated by commas (spaces around them are ignored); a first
 // line that does not parse as numbers is taken as a header and skipped. A
 // path ending in ".gz" is read through `gzip -dc` (gzip must be on PATH).
-// Every row must have the same number of fields; a bad field or a ragged
-// row throws std::runtime_error naming the file, line and field.
+// Every row must have the same number of fields; a bad field, a ragged row,
+// a NUL byte or a number the element type cannot hold throws
+// std::runtime_error naming the file, line and field (or column).
+//
+// Limits: a path that is not a regular file (a FIFO, a device: /dev/zero
+// would never end) is refused; the text read, a .gz file's decompressed
+// text included, is at most max_csv_bytes.
 #pragma once
+
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -24,6 +35,10 @@
 #include "grad/tensor.hpp"
 
 namespace grad {
+
+// The most bytes of text read_csv reads (4 GiB): a decompressing gzip
+// stream is otherwise unbounded.
+inline constexpr std::uint64_t max_csv_bytes = std::uint64_t{1} << 32;
 
 namespace csv_detail {
 // Parses one line into `out`; false when a field is not a number (then `bad`
@@ -48,52 +63,88 @@ inline bool parse_line(std::string_view line, std::vector<double>& out, std::siz
     line.remove_prefix(comma + 1);
   }
 }
+inline std::string number_string(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", v);
+  return text;
+}
 // popen's command for a gzip file: the path in single quotes, each ' escaped.
 inline std::string gzip_command(const std::string& path) {
   std::string q = "gzip -dc -- '";
   for (char c : path) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return q + "'";
 }
-}  // namespace csv_detail
 
+// The table in `path`; row_lines (when given) gets each row's line number.
 template <class T>
-Tensor<T> read_csv(const std::string& path) {
+Tensor<T> read_table(const std::string& path, std::vector<std::size_t>* row_lines) {
   const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
-  std::FILE* f = nullptr;
-  if (gz) {
-    std::FILE* probe = std::fopen(path.c_str(), "rb");  // a clear error before gzip's own
-    if (!probe) throw std::runtime_error("read_csv: cannot open '" + path + "': " + std::strerror(errno));
-    std::fclose(probe);
-    f = ::popen(csv_detail::gzip_command(path).c_str(), "r");
-  } else {
-    f = std::fopen(path.c_str(), "r");
-  }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw std::runtime_error("read_csv: cannot open '" + path + "': " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    throw std::runtime_error("read_csv: '" + path + "' is not a regular file (a directory, FIFO or device is refused)");
+  std::FILE* f = gz ? ::popen(gzip_command(path).c_str(), "r") : std::fopen(path.c_str(), "rb");
   if (!f) throw std::runtime_error("read_csv: cannot open '" + path + "': " + std::strerror(errno));
   std::vector<T> values;
   std::vector<double> row;
   std::size_t cols = 0, rows = 0, line_no = 0;
+  std::uint64_t total = 0;
   std::string line, error;
-  char buf[4096];
-  while (error.empty() && std::fgets(buf, sizeof buf, f)) {
-    line += buf;
-    if (line.back() != '\n' && !std::feof(f)) continue;  // a line longer than the buffer
+  // One line: "" or what is wrong with it.
+  auto take_line = [&]() -> std::string {
     ++line_no;
-    while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
-    if (!line.empty()) {
-      std::size_t bad = 0;
-      if (!csv_detail::parse_line(line, row, bad)) {
-        if (line_no != 1)
-          error = "line " + std::to_string(line_no) + ", field " + std::to_string(bad) + " is not a number";
-      } else if (cols != 0 && row.size() != cols) {
-        error = "line " + std::to_string(line_no) + " has " + std::to_string(row.size()) + " fields, expected " +
-                std::to_string(cols);
+    while (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) return {};
+    std::size_t bad = 0;
+    if (!parse_line(line, row, bad)) {
+      if (line_no == 1) return {};  // a header
+      return "line " + std::to_string(line_no) + ", field " + std::to_string(bad) + " is not a number";
+    }
+    if (cols != 0 && row.size() != cols)
+      return "line " + std::to_string(line_no) + " has " + std::to_string(row.size()) + " fields, expected " +
+             std::to_string(cols);
+    for (std::size_t k = 0; k < row.size(); ++k)
+      if (std::abs(row[k]) > static_cast<double>(std::numeric_limits<T>::max()) && std::isfinite(row[k]))
+        return "line " + std::to_string(line_no) + ", field " + std::to_string(k + 1) + ": " + number_string(row[k]) +
+               " is out of range for " + (sizeof(T) == 4 ? "float" : "double");
+    cols = row.size();
+    ++rows;
+    if (row_lines) row_lines->push_back(line_no);
+    for (double v : row) values.push_back(static_cast<T>(v));
+    return {};
+  };
+  char buf[65536];
+  bool ended = false;
+  while (error.empty() && !ended) {
+    const std::size_t n = std::fread(buf, 1, sizeof buf, f);
+    if (n == 0) {
+      ended = true;
+      if (std::ferror(f))
+        error = std::string("read error: ") + std::strerror(errno);
+      else if (!line.empty())
+        error = take_line();  // the last line, without a newline
+      break;
+    }
+    total += n;
+    if (total > max_csv_bytes) {
+      error = "more than " + std::to_string(max_csv_bytes) + " bytes of text (read_csv's limit, max_csv_bytes)";
+      break;
+    }
+    for (std::size_t i = 0; i < n && error.empty(); ++i) {
+      const char c = buf[i];
+      if (c == '\n') {
+        error = take_line();
+        line.clear();
+      } else if (c == '\0') {
+        // A CSV file is text; a line reader built on C strings (fgets) stops
+        // at a NUL and splices what follows onto the next line.
+        error = "line " + std::to_string(line_no + 1) + ", column " + std::to_string(line.size() + 1) +
+                ": a NUL byte (a CSV file is text)";
       } else {
-        cols = row.size();
-        ++rows;
-        for (double v : row) values.push_back(static_cast<T>(v));
+        line += c;
       }
     }
-    line.clear();
   }
   const int closed = gz ? ::pclose(f) : std::fclose(f);
   if (!error.empty()) throw std::runtime_error("read_csv: '" + path + "': " + error);
@@ -102,23 +153,40 @@ Tensor<T> read_csv(const std::string& path) {
   return Tensor<T>({rows, cols}, std::move(values));
 }
 
+// A label as a class id, or nothing: a whole number in 0 .. 2^31 - 1 (checked
+// before the conversion, which is undefined outside that range).
+template <class T>
+std::optional<std::int32_t> class_id(T v) {
+  const double d = static_cast<double>(v);
+  if (!(d >= 0 && d <= 2147483647.0 && d == std::floor(d))) return std::nullopt;
+  return static_cast<std::int32_t>(d);
+}
+
+}  // namespace csv_detail
+
+template <class T>
+Tensor<T> read_csv(const std::string& path) {
+  return csv_detail::read_table<T>(path, nullptr);
+}
+
 template <class T>
 struct LabeledData {
   Tensor<T> inputs;                  // [rows, features]
   std::vector<std::int32_t> labels;  // one class id per row
 };
 
-// Splits column `label_column` (negative: from the end) off as integer
-// labels. A label that is not a whole number >= 0 throws, naming the row.
+namespace csv_detail {
+// split_labels, naming a row as where(r) says ("row 3", "'a.csv': line 5").
 template <class T>
-LabeledData<T> split_labels(const Tensor<T>& table, int label_column = -1) {
+LabeledData<T> split_labels(const Tensor<T>& table, int label_column, const std::string& who,
+                            const std::function<std::string(std::size_t)>& where) {
   if (table.rank() != 2 || table.shape()[1] < 2)
-    throw std::invalid_argument("split_labels: table " + shape_string(table.shape()) +
+    throw std::invalid_argument(who + ": table " + shape_string(table.shape()) +
                                 ": expected [rows, cols] with at least 2 columns");
   const std::size_t rows = table.shape()[0], cols = table.shape()[1];
   const long c = label_column < 0 ? static_cast<long>(cols) + label_column : label_column;
   if (c < 0 || c >= static_cast<long>(cols))
-    throw std::invalid_argument("split_labels: label column " + std::to_string(label_column) + " is out of range for " +
+    throw std::invalid_argument(who + ": label column " + std::to_string(label_column) + " is out of range for " +
                                 std::to_string(cols) + " columns");
   LabeledData<T> d{Tensor<T>({rows, cols - 1}), std::vector<std::int32_t>(rows)};
   for (std::size_t r = 0; r < rows; ++r) {
@@ -129,13 +197,24 @@ LabeledData<T> split_labels(const Tensor<T>& table, int label_column = -1) {
         d.inputs[r * (cols - 1) + k++] = v;
         continue;
       }
-      if (!(v >= 0) || v != static_cast<T>(static_cast<std::int32_t>(v)))
-        throw std::invalid_argument("split_labels: row " + std::to_string(r) + ": label " + std::to_string(v) +
-                                    " is not a class id (a whole number >= 0)");
-      d.labels[r] = static_cast<std::int32_t>(v);
+      const std::optional<std::int32_t> id = class_id(v);
+      if (!id)
+        throw std::invalid_argument(who + ": " + where(r) + ": label " + number_string(static_cast<double>(v)) +
+                                    " is not a class id (a whole number in 0 .. 2147483647)");
+      d.labels[r] = *id;
     }
   }
   return d;
+}
+}  // namespace csv_detail
+
+// Splits column `label_column` (negative: from the end) off as integer
+// labels. A label that is not a whole number in 0 .. 2^31 - 1 throws
+// std::invalid_argument, naming the row.
+template <class T>
+LabeledData<T> split_labels(const Tensor<T>& table, int label_column = -1) {
+  return csv_detail::split_labels(table, label_column, "split_labels",
+                                  [](std::size_t r) { return "row " + std::to_string(r); });
 }
 
 // The rows r of `d` for which keep(r) is true, in order (a train/test split:
@@ -158,9 +237,13 @@ LabeledData<T> select_rows(const LabeledData<T>& d, Keep keep) {
   return out;
 }
 
+// read_csv, then split_labels; a bad label is named by its line in the file.
 template <class T>
 LabeledData<T> read_labeled_csv(const std::string& path, int label_column = -1) {
-  return split_labels(read_csv<T>(path), label_column);
+  std::vector<std::size_t> lines;
+  const Tensor<T> table = csv_detail::read_table<T>(path, &lines);
+  return csv_detail::split_labels(table, label_column, "read_labeled_csv: '" + path + "'",
+                                  [&](std::size_t r) { return "line " + std::to_string(lines[r]); });
 }
 
 }  // namespace grad

@@ -56,8 +56,10 @@
 // check_every steps (0: never) the ranks compare a checksum of their
 // parameters: a replica that drifted makes every rank throw. A rank that dies
 // makes the launcher stop the others; each says so on stderr (Communicator
-// installs a SIGTERM handler), and a collective that does not complete within
-// the timeout stops its rank with a message instead of waiting forever.
+// installs a SIGTERM handler), and a collective (or MPI_Finalize) that does not
+// complete within the timeout stops its rank with a message and exit code
+// watchdog_exit_code (75) instead of waiting forever (CommOptions: 60 s for
+// the first collective, 30 s for the others by default).
 //
 // The reduction (DataParallel::backward): the P optimizer parameters,
 // flattened in add order, are cut into one contiguous slice per rank

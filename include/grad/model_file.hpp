@@ -25,9 +25,14 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "grad/checkpoint.hpp"
@@ -46,6 +51,33 @@ struct ModelLoadOptions {
 namespace detail {
 inline constexpr char model_magic[8] = {'G', 'R', 'A', 'D', 'M', 'O', 'D', 'L'};
 inline constexpr std::size_t max_name_bytes = 4096;
+inline constexpr std::uint32_t model_kind = 0;  // the header's kind field (a checkpoint's names its optimizer)
+
+// What load_model requires of a parameter's name: "" or what is wrong with it.
+inline std::string invalid_parameter_name(std::size_t length) {
+  if (length == 0 || length > max_name_bytes)
+    return "a name of " + std::to_string(length) + " bytes (expected 1 .. " + std::to_string(max_name_bytes) + ")";
+  return {};
+}
+// A name for messages: itself when it is short and printable, else its length.
+inline std::string printable_name(std::string_view name) {
+  const bool plain = name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+                       return static_cast<unsigned char>(c) >= 0x20 && static_cast<unsigned char>(c) < 0x7f;
+                     });
+  return plain ? "'" + std::string(name) + "'" : "(a name of " + std::to_string(name.size()) + " bytes)";
+}
+
+// The first finite value of a U span beyond T's range (1e300 as float):
+// its index, or the count when there is none.
+template <class T, class U>
+std::size_t first_overflow(std::span<const unsigned char> from, std::size_t count, U& value) {
+  for (std::size_t i = 0; i < count; ++i) {
+    std::memcpy(&value, from.data() + i * sizeof(U), sizeof(U));
+    // Tested before converting: an out-of-range conversion is undefined.
+    if (std::isfinite(value) && std::abs(value) > static_cast<U>(std::numeric_limits<T>::max())) return i;
+  }
+  return count;
+}
 
 template <class T, class U>
 void convert_into(std::span<const unsigned char> from, std::span<T> to) {
@@ -61,18 +93,33 @@ template <class T>
 ModelFileResult save_model(const std::string& path, const Tape<T>& tp, std::span<const nn::NamedParameter<T>> params) {
   auto failed = [&](const std::string& what) { return ModelFileResult{"grad: model file '" + path + "': " + what}; };
   if (!tp.ok()) return failed("the tape is poisoned (" + tp.error() + "); refusing to save");
+  // load_model's rules, before anything is written: a file it would refuse
+  // could never be read back.
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const std::string who = "parameter " + std::to_string(i + 1) + " " + detail::printable_name(params[i].name);
+    if (std::string why = detail::invalid_parameter_name(params[i].name.size()); !why.empty())
+      return failed(who + " has " + why + "; nothing written");
+    for (std::size_t j = 0; j < i; ++j)
+      if (params[j].name == params[i].name)
+        return failed(who + " has the name of parameter " + std::to_string(j + 1) +
+                      " (names must be unique); nothing written");
+  }
   detail::ByteWriter payload;
   payload.put(static_cast<std::uint64_t>(params.size()));
   for (const auto& p : params) {
     const View<T> v = tp.value(p.var);
     if (v.empty()) return failed("parameter '" + p.name + "' is not a live node of this tape");
+    if (v.rank() == 0 || v.rank() > max_rank)
+      return failed("parameter '" + p.name + "' has rank " + std::to_string(v.rank()) + " (expected 1 .. " +
+                    std::to_string(max_rank) + "); nothing written");
     payload.put(static_cast<std::uint32_t>(p.name.size()));
     payload.put_all(std::span<const char>(p.name));
     payload.put(static_cast<std::uint32_t>(v.rank()));
     for (std::size_t d : v.shape) payload.put(static_cast<std::uint64_t>(d));
   }
   for (const auto& p : params) payload.put_all(tp.value(p.var).data);
-  const auto file = detail::frame(detail::model_magic, model_file_version, detail::dtype_code<T>, 0, payload.bytes);
+  const auto file =
+      detail::frame(detail::model_magic, model_file_version, detail::dtype_code<T>, detail::model_kind, payload.bytes);
   if (std::string why = detail::write_atomically(path, file, "model"); !why.empty()) return failed(why);
   return {};
 }
@@ -93,6 +140,9 @@ ModelFileResult load_model(const std::string& path, Tape<T>& tp, std::span<const
       !why.empty())
     return failed(why);
   if (f.dtype != 1 && f.dtype != 2) return failed("corrupted: unknown dtype code " + std::to_string(f.dtype));
+  if (f.kind != detail::model_kind)
+    return failed("corrupted: kind " + std::to_string(f.kind) + " in the header (a model file's kind is " +
+                  std::to_string(detail::model_kind) + ")");
   if (f.dtype != detail::dtype_code<T> && !options.convert_dtype)
     return failed(std::string("dtype mismatch: the file holds ") + detail::dtype_name(f.dtype) +
                   " values, the model is " + detail::dtype_name(detail::dtype_code<T>) +
@@ -116,9 +166,13 @@ ModelFileResult load_model(const std::string& path, Tape<T>& tp, std::span<const
     const auto length = r.get<std::uint32_t>();
     const auto name = r.template take<char>(length);
     const auto rank = r.get<std::uint32_t>();
-    if (r.short_read || length == 0 || length > detail::max_name_bytes || rank == 0 || rank > max_rank)
-      return failed("corrupted: parameter " + std::to_string(i + 1) + " has a bad name length or rank");
+    const std::string who = "corrupted: parameter " + std::to_string(i + 1) + " of " + std::to_string(count);
+    if (r.short_read) return failed(who + ": the payload ends inside its name or rank");
+    if (std::string why = detail::invalid_parameter_name(length); !why.empty()) return failed(who + " has " + why);
     entries[i].name.assign(reinterpret_cast<const char*>(name.data()), name.size());
+    if (rank == 0 || rank > max_rank)
+      return failed(who + " " + detail::printable_name(entries[i].name) + " has rank " + std::to_string(rank) +
+                    " (expected 1 .. " + std::to_string(max_rank) + ")");
     entries[i].shape.resize(rank);
     for (std::size_t& d : entries[i].shape) d = static_cast<std::size_t>(r.get<std::uint64_t>());
     const auto n = checked_element_count(entries[i].shape);
@@ -159,6 +213,19 @@ ModelFileResult load_model(const std::string& path, Tape<T>& tp, std::span<const
   }
   for (const Entry& e : entries)
     if (!e.used) return failed("name mismatch: the file's parameter '" + e.name + "' is not in the model");
+  // A float64 value beyond float32's range would become inf without a word.
+  if constexpr (std::is_same_v<T, float>)
+    if (f.dtype == 1)
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        double value = 0;
+        const std::size_t at = detail::first_overflow<float, double>(match[i]->values, match[i]->size, value);
+        if (at < match[i]->size) {
+          char number[32];
+          std::snprintf(number, sizeof number, "%.17g", value);
+          return failed("convert_dtype: parameter '" + params[i].name + "' element " + std::to_string(at) + " is " +
+                        number + ", beyond float32's range (it would become infinite); nothing loaded");
+        }
+      }
 
   // ---- every check passed: write ----
   for (std::size_t i = 0; i < params.size(); ++i) {

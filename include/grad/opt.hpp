@@ -49,11 +49,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "grad/backward.hpp"
@@ -100,6 +103,26 @@ inline std::string invalid_setting(std::string_view setting, double value) {
     return std::string(setting) + " " + number + " is out of range: expected " + std::string(r.expected);
   }
   return "unknown setting '" + std::string(setting) + "'";
+}
+
+// invalid_setting for a value an optimizer holds as U (float or double):
+// the value must be in range as given and as U. A float optimizer would
+// otherwise accept base_lr 1e300 (finite as a double, an infinite rate as
+// float) or beta2 0.999999999 (1 as float: a division by 1 - 1).
+template <class U>
+std::string invalid_setting_as(std::string_view setting, double value) {
+  if (std::string why = invalid_setting(setting, value); !why.empty()) return why;
+  // Tested before converting: an out-of-range conversion is undefined.
+  const double as = std::abs(value) > static_cast<double>(std::numeric_limits<U>::max())
+                        ? std::copysign(std::numeric_limits<double>::infinity(), value)
+                        : static_cast<double>(static_cast<U>(value));
+  std::string why = invalid_setting(setting, as);
+  if (why.empty()) return why;
+  char given[32], becomes[32];
+  std::snprintf(given, sizeof given, "%.17g", value);
+  std::snprintf(becomes, sizeof becomes, "%.9g", as);
+  return std::string(setting) + " " + given + " is " + becomes + " as " +
+         (std::is_same_v<U, float> ? "float32" : "float64") + ", " + why.substr(why.find("out of range"));
 }
 
 namespace detail {
@@ -224,6 +247,11 @@ class Optimizer {
   void set_schedule(const LrSchedule& schedule) {
     if (std::string why = schedule.invalid(); !why.empty())
       throw std::invalid_argument(std::string(kind_) + ".set_schedule: " + why);
+    // The rates are computed in double and used as T: every one lies in
+    // [min_lr, base_lr], so both ends must be in range as T.
+    for (const auto& [setting, value] : {std::pair{"base_lr", schedule.base_lr}, std::pair{"min_lr", schedule.min_lr}})
+      if (std::string why = invalid_setting_as<T>(setting, value); !why.empty())
+        throw std::invalid_argument(std::string(kind_) + ".set_schedule: " + why);
     schedule_ = schedule;
     lr_ = static_cast<T>(schedule.at(steps_ + 1));
   }

@@ -11,6 +11,7 @@
 // before step K), --bad-rank R (rank R builds a hidden layer one unit
 // wider), --drift-rank R --drift-step K (rank R nudges one weight after step K),
 // --hang-rank R --hang-step K (rank R stops calling collectives; --timeout S),
+// --hang-end-rank R (rank R hangs after its last collective, before MPI_Finalize),
 // --poison-rank R --poison-step K (rank R's shard poisons its tape at step K).
 // --engine per_node|graph|fused: the shard episode as a captured device
 // program (CPU backend) trained by grad::dist::ProgramParallel instead.
@@ -46,7 +47,7 @@ struct Args {
   bool reference = false, verbose = false;
   std::size_t shards = 6, steps = 24, save_at = 0;
   std::uint64_t check_every = 4;
-  int kill_rank = -1, bad_rank = -1, drift_rank = -1, hang_rank = -1, poison_rank = -1;
+  int kill_rank = -1, bad_rank = -1, drift_rank = -1, hang_rank = -1, poison_rank = -1, hang_end_rank = -1;
   std::size_t kill_step = 0, drift_step = 0, hang_step = 0, poison_step = 0;
   double timeout = 0;
   std::size_t threads = 1;
@@ -103,6 +104,8 @@ Args parse(int argc, char** argv) {
       a.hang_rank = std::stoi(next());
     else if (k == "--hang-step")
       a.hang_step = std::stoul(next());
+    else if (k == "--hang-end-rank")
+      a.hang_end_rank = std::stoi(next());
     else if (k == "--threads")
       a.threads = std::stoul(next());
     else if (k == "--timeout")
@@ -359,6 +362,11 @@ int train(const Args& args, Tape<T>& tp, grad::Adam<T>& opt, Model& model, int a
     return 3;
   }
   write(args.out + ".rank" + std::to_string(rank));
+  if (rank == args.hang_end_rank) {
+    std::fprintf(stderr, "dist_train: rank %d hangs after its last collective (test)\n", rank);
+    std::fflush(stderr);
+    for (;;) ::pause();
+  }
   return 0;
 }
 

@@ -15,7 +15,8 @@
 #    ranks, and one process without MPI, resume from it: steps 13-24 and the
 #    final state must be the uninterrupted reference's.
 # 3. Faults, each bounded by a timeout: a rank SIGKILLed mid-run, a rank with
-#    a different parameter shape, a rank that stops calling collectives, a
+#    a different parameter shape, a rank that stops calling collectives (mid-run
+#    or after the last one, before MPI_Finalize), a
 #    rank whose shard fails (a poisoned tape), a replica that drifts by one ulp. Every rank must stop with a message
 #    within seconds, and mpirun must fail.
 # Skipped (exit 77) with a message when mpirun is absent.
@@ -185,7 +186,7 @@ expect() {
   found=$(grep -c "$pattern" "fault.$name.log")
   if [ "$rc" -eq 0 ]; then
     fail "$name: mpirun succeeded"
-  elif [ "$took" -gt "$limit" ]; then  # (124 is also what a rank's own collective timeout exits with)
+  elif [ "$took" -gt "$limit" ]; then  # (124: this timeout; a rank's own watchdog exits with 75)
     fail "$name: took $took s (limit $limit s; exit $rc)"
   elif [ "$found" -lt "$count" ]; then
     fail "$name: $found of $count expected messages"
@@ -204,6 +205,8 @@ expect shape-mismatch 20 "the ranks' models differ" 3 --bad-rank 2
 expect program-shape-mismatch 20 "the ranks' models differ" 3 --bad-rank 2 --engine fused --shards 8
 # Rank 2 stops calling collectives before step 3: the others' 3 s timeout stops them.
 expect hung-rank 30 'did not complete within 3 s' 2 --hang-rank 2 --hang-step 3 --timeout 3
+# Rank 2 hangs after the last collective: the others' watchdog stops them in MPI_Finalize.
+expect hung-at-finalize 30 'MPI_Finalize did not complete within 3 s' 2 --hang-end-rank 2 --timeout 3
 # Rank 0's shard poisons its tape at step 4: every rank stops at that step, naming rank 0.
 expect failed-shard 20 'step 4 failed on rank(s) 0' 3 --poison-rank 0 --poison-step 4
 # Rank 1's parameters drift by one ulp after step 6: the checksum after step 8 catches it on every rank.

@@ -62,8 +62,11 @@ class Optimizer {
   // first step() is t = 1) uses schedule.at(t), uploaded before the step.
   // Throws std::invalid_argument naming the setting out of range.
   void set_schedule(const LrSchedule& schedule) {
-    if (std::string why = schedule.invalid(); !why.empty())
-      throw std::invalid_argument("grad::device::" + std::string(name_) + ".set_schedule: " + why);
+    std::string why = schedule.invalid();
+    // Every rate lies in [min_lr, base_lr]: both in range as the device holds them.
+    if (why.empty()) why = invalid_on_device("base_lr", schedule.base_lr);
+    if (why.empty()) why = invalid_on_device("min_lr", schedule.min_lr);
+    if (!why.empty()) throw std::invalid_argument("grad::device::" + std::string(name_) + ".set_schedule: " + why);
     schedule_ = schedule;
   }
   void clear_schedule() {
@@ -174,9 +177,14 @@ class Optimizer {
   // `value` as the engine holds it, or std::invalid_argument naming the
   // optimizer, the call ("" for the constructor, ".set_lr", ...) and the value.
   double checked(std::string_view call, std::string_view setting, T value) const {
-    if (std::string why = invalid_setting(setting, static_cast<double>(value)); !why.empty())
+    if (std::string why = invalid_on_device(setting, static_cast<double>(value)); !why.empty())
       throw std::invalid_argument("grad::device::" + std::string(name_) + std::string(call) + ": " + why);
     return static_cast<double>(value);
+  }
+  // invalid_setting for the value as the device holds it: float32 for an f32
+  // capture of a double tape (lr 1e300 would be an infinite rate there).
+  std::string invalid_on_device(std::string_view setting, double value) const {
+    return program_->f32() ? invalid_setting_as<float>(setting, value) : invalid_setting_as<T>(setting, value);
   }
   std::size_t moment_count() const {
     std::size_t n = 0;

@@ -100,10 +100,19 @@ struct ShardOptions {
 // The MPI part. Declared here, defined in src/dist_mpi.cpp (the grad_dist
 // library, which links Open MPI); this header never includes mpi.h.
 
+// The watchdog's limits. A collective (and MPI_Finalize, in ~Communicator)
+// that runs past its timeout ends the process with a message on stderr and
+// exit code watchdog_exit_code. The timeout covers the wait for the slowest
+// rank too: raise timeout_s when the ranks' work between two collectives can
+// differ by more than that (a step's compute is not timed, only the wait).
 struct CommOptions {
   double first_timeout_s = 60;  // the first collective (DataParallel's model check): every rank must arrive
-  double timeout_s = 300;       // every later collective
+  double timeout_s = 30;        // every later collective, and MPI_Finalize
 };
+// Not 124 (coreutils timeout), 126/127 (the shell) or 128 + a signal: a
+// wrapper can tell "a peer hung" from its own timeout. (75 is sysexits'
+// EX_TEMPFAIL: the run may succeed when retried.)
+inline constexpr int watchdog_exit_code = 75;
 
 // Where the time goes, for the scaling figures.
 struct CommStats {
@@ -178,7 +187,9 @@ class SoloGroup final : public Group {
 // starts a watchdog thread that ends the process with a message when a
 // collective runs past its timeout, and installs a SIGTERM handler that says
 // why the launcher stopped this rank. The destructor finalises MPI if the
-// constructor initialised it.
+// constructor initialised it, still under the watchdog: a rank that never
+// reaches MPI_Finalize (hung after the last collective) would otherwise leave
+// every other rank waiting in it forever.
 class Communicator final : public Group {
  public:
   Communicator(int* argc, char*** argv, CommOptions options = {});

@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <span>
@@ -48,6 +49,7 @@ class KvDecoder {
 
   std::size_t position() const { return pos_; }
   std::size_t max_seq() const { return c_.max_seq; }
+  std::size_t vocab() const { return c_.vocab; }
   void reset() { pos_ = 0; }
 
   // Feeds one token at the next position; the logits for the token after it.
@@ -200,13 +202,29 @@ class KvDecoder {
 // ---- sampling ----
 
 struct SampleOptions {
-  double temperature = 0;  // 0: greedy (the first largest logit)
-  std::size_t top_k = 0;   // 0: every token
+  double temperature = 0;  // 0: greedy (the first largest logit); else finite and > 0
+  std::size_t top_k = 0;   // 0: every token; else at most the vocabulary
   std::uint64_t seed = 1;
 };
 
+// "" or what is wrong with `o` for a vocabulary of `vocab` ids. A NaN
+// temperature would make every weight NaN and always pick the last of the
+// top k; a negative one would be greedy without saying so.
+inline std::string invalid_sample_options(const SampleOptions& o, std::size_t vocab) {
+  if (!std::isfinite(o.temperature) || o.temperature < 0) {
+    char number[32];
+    std::snprintf(number, sizeof number, "%.17g", o.temperature);
+    return std::string("temperature ") + number + ": expected 0 (greedy) or a finite value > 0";
+  }
+  if (o.top_k > vocab)
+    return "top_k " + std::to_string(o.top_k) + ": expected 0 (every token) or at most the vocabulary (" +
+           std::to_string(vocab) + ")";
+  return {};
+}
+
 template <class T>
 int argmax_token(std::span<const T> logits) {
+  if (logits.empty()) throw std::logic_error("nn::argmax_token: no logits (a decoder that was fed no token)");
   std::size_t best = 0;
   for (std::size_t i = 1; i < logits.size(); ++i)
     if (logits[i] > logits[best]) best = i;
@@ -214,11 +232,15 @@ int argmax_token(std::span<const T> logits) {
 }
 
 // Continues `prompt` by `count` tokens. When the context reaches max_seq,
-// the decoder restarts on the latest max_seq / 2 tokens.
+// the decoder restarts on the latest max_seq / 2 tokens (LmConfig::check
+// makes that at least 1). Throws std::invalid_argument for an empty prompt
+// or options out of range (invalid_sample_options).
 template <class T>
 std::vector<int> generate(KvDecoder<T>& dec, std::span<const int> prompt, std::size_t count,
                           const SampleOptions& o = {}) {
   if (prompt.empty()) throw std::invalid_argument("nn::generate: the prompt is empty (give at least one token)");
+  if (std::string why = invalid_sample_options(o, dec.vocab()); !why.empty())
+    throw std::invalid_argument("nn::generate: " + why);
   std::vector<int> all(prompt.begin(), prompt.end());
   SplitMix64 rng(o.seed);
   const std::size_t cap = dec.max_seq();
@@ -226,8 +248,9 @@ std::vector<int> generate(KvDecoder<T>& dec, std::span<const int> prompt, std::s
   auto refill = [&] {
     dec.reset();
     std::span<const T> l;
-    const std::size_t from = all.size() > cap ? all.size() - cap / 2 : 0;
+    const std::size_t from = all.size() > cap ? all.size() - std::max<std::size_t>(cap / 2, 1) : 0;
     for (std::size_t i = from; i < all.size(); ++i) l = dec.step(all[i]);
+    if (l.empty()) throw std::logic_error("nn::generate: the decoder produced no logits");
     return l;
   };
   std::span<const T> logits = refill();

@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <span>
@@ -31,39 +32,62 @@ ModelFileResult save_lm(const std::string& path, const Lm<T>& model) {
   return save_model(path, model.tape(), std::span<const NamedParameter<T>>(all));
 }
 
-// The config a model file was saved with; "" or why it cannot be read.
+// The config a model file was saved with; "" or why it cannot be read. Every
+// size in the file is checked against the bytes it holds before anything is
+// read through it, the config is checked (LmConfig::check), and the file must
+// hold the config's tensors: a config edited to a billion layers is refused
+// here, not found out by building the model.
 inline std::string read_lm_config(const std::string& path, LmConfig& out) {
   std::vector<unsigned char> bytes;
   grad::detail::Frame f;
+  auto failed = [&](const std::string& why) { return "grad: model file '" + path + "': " + why; };
   if (std::string why = grad::detail::read_framed(path, grad::detail::model_magic, model_file_version,
                                                   model_file_version, "model", bytes, f);
       !why.empty())
-    return "grad: model file '" + path + "': " + why;
+    return failed(why);
+  if (f.dtype != 1 && f.dtype != 2) return failed("corrupted: unknown dtype code " + std::to_string(f.dtype));
+  if (f.kind != grad::detail::model_kind)
+    return failed("corrupted: kind " + std::to_string(f.kind) + " in the header (a model file's kind is " +
+                  std::to_string(grad::detail::model_kind) + ")");
   grad::detail::ByteReader r{
       std::span<const unsigned char>(bytes).subspan(grad::detail::checkpoint_header_bytes, f.payload_bytes)};
   const auto count = r.get<std::uint64_t>();
   const std::size_t elem = f.dtype == 1 ? 8 : 4;
+  // No tensor can hold more values than the payload has bytes for.
+  const std::size_t room = static_cast<std::size_t>(f.payload_bytes) / elem;
   std::size_t before = 0, found = 0;
   bool have = false;
   for (std::uint64_t i = 0; i < count && !r.short_read && i < f.payload_bytes; ++i) {
     const auto length = r.get<std::uint32_t>();
     const auto name = r.template take<char>(length);
     const auto rank = r.get<std::uint32_t>();
-    if (r.short_read || rank > max_rank) break;
+    if (r.short_read) break;
+    if (rank > max_rank)
+      return failed("corrupted: parameter " + std::to_string(i + 1) + " has rank " + std::to_string(rank) +
+                    " (at most " + std::to_string(max_rank) + ")");
     std::size_t n = 1;
-    for (std::uint32_t k = 0; k < rank; ++k) n *= static_cast<std::size_t>(r.get<std::uint64_t>());
+    for (std::uint32_t k = 0; k < rank; ++k) {
+      const auto d = r.get<std::uint64_t>();
+      if (r.short_read) break;
+      if (d > room || __builtin_mul_overflow(n, static_cast<std::size_t>(d), &n) || n > room)
+        return failed("corrupted: parameter " + std::to_string(i + 1) + " has more values than the " +
+                      std::to_string(f.payload_bytes) + "-byte payload holds");
+    }
     if (std::string_view(reinterpret_cast<const char*>(name.data()), name.size()) == "lm.config" &&
         n == LmConfig::stored_fields) {
       have = true;
       found = before;
     }
+    if (n > room - before)
+      return failed("corrupted: the tensors up to parameter " + std::to_string(i + 1) + " have more values than the " +
+                    std::to_string(f.payload_bytes) + "-byte payload holds");
     before += n;
   }
   if (r.short_read || !have)
-    return "grad: model file '" + path +
-           "': no language-model config ('lm.config') in it: not a model saved by save_lm";
+    return failed("no language-model config ('lm.config') in it: not a model saved by save_lm");
+  // found + stored_fields <= before <= room: within the payload.
   const auto values = r.template take<unsigned char>(found * elem + LmConfig::stored_fields * elem);
-  if (r.short_read) return "grad: model file '" + path + "': corrupted: the payload ends inside 'lm.config'";
+  if (r.short_read) return failed("corrupted: the payload ends inside 'lm.config'");
   std::array<double, LmConfig::stored_fields> v{};
   for (std::size_t i = 0; i < v.size(); ++i) {
     if (elem == 8) {
@@ -74,7 +98,21 @@ inline std::string read_lm_config(const std::string& path, LmConfig& out) {
       v[i] = x;
     }
   }
-  out = LmConfig::from_stored(v);
+  if (const std::size_t bad = LmConfig::first_bad_size(v); bad < LmConfig::stored_fields) {
+    char number[32];
+    std::snprintf(number, sizeof number, "%.17g", v[bad]);
+    return failed("lm.config: " + std::string(LmConfig::stored_names[bad]) + " " + number +
+                  " is not a size (expected a whole number >= 0)");
+  }
+  const LmConfig c = LmConfig::from_stored(v);
+  if (std::string why = c.check(); !why.empty()) return failed("lm.config: " + why);
+  // The tensors the config describes must all be in the file (check() has
+  // bounded the count).
+  const std::size_t needed = *c.parameter_count() + LmConfig::stored_fields;
+  if (before != needed)
+    return failed("lm.config says " + c.describe() + ": " + std::to_string(needed) +
+                  " values with the config, but the file's tensors hold " + std::to_string(before));
+  out = c;
   return "";
 }
 

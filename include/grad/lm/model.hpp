@@ -3,16 +3,21 @@
 // and merging LoRA adapters into the base (grad/lm.hpp has the overview).
 #pragma once
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "grad/model_file.hpp"
@@ -72,19 +77,85 @@ struct LmConfig {
     }
     return {0, 0};
   }
-  // "" or what is wrong.
+  // The largest sizes check() accepts. A config is data (a model file's
+  // "lm.config" can say anything), so every size is bounded before anything
+  // is built from it: layers alone would otherwise make Lm record blocks
+  // for as long as it is asked to.
+  // max_dim: vocab, d_model, heads, ffn, max_seq, lora_rank; max_layers:
+  // blocks; max_elements: parameters, and KV-cache entries (2^36 f32 = 256 GiB).
+  static constexpr std::size_t max_dim = std::size_t{1} << 24;
+  static constexpr std::size_t max_layers = std::size_t{1} << 16;
+  static constexpr std::size_t max_elements = std::size_t{1} << 36;
+
+  // Every tensor's element count summed (lm.config not counted), or nothing
+  // when the sum overflows. Only meaningful when heads divides d_model.
+  std::optional<std::size_t> parameter_count() const {
+    bool overflow = false;
+    auto mul = [&](std::size_t x, std::size_t y) {
+      std::size_t z = 0;
+      overflow = __builtin_mul_overflow(x, y, &z) || overflow;
+      return z;
+    };
+    auto add = [&](std::size_t& sum, std::size_t x) { overflow = __builtin_add_overflow(sum, x, &sum) || overflow; };
+    std::size_t block = mul(2, d_model);  // the two norms
+    for (std::size_t p = 0; p < proj_count; ++p) {
+      const auto [in, out] = proj_shape(Proj(p));
+      add(block, mul(in, out));
+      if (has_adapter(Proj(p))) {
+        add(block, mul(in, lora_rank));
+        add(block, mul(lora_rank, out));
+      }
+    }
+    std::size_t total = mul(2, mul(vocab, d_model));  // embed, head
+    add(total, d_model);                              // final_norm
+    add(total, mul(layers, block));
+    if (overflow) return std::nullopt;
+    return total;
+  }
+
+  // "" or what is wrong, naming the field, its value and what was expected.
   std::string check() const {
     auto n = [](std::size_t v) { return std::to_string(v); };
+    auto real = [](double v) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%.17g", v);
+      return std::string(text);
+    };
     if (vocab == 0 || d_model == 0 || layers == 0 || ffn == 0 || max_seq == 0)
       return "vocab, d_model, layers, ffn and max_seq must all be at least 1";
+    // Generation restarts on the latest max_seq / 2 tokens: at least one.
+    if (max_seq < 2)
+      return "max_seq " + n(max_seq) + ": expected at least 2 (generation restarts on max_seq / 2 tokens)";
+    const std::pair<const char*, std::size_t> dims[] = {
+        {"vocab", vocab}, {"d_model", d_model}, {"heads", heads},        {"kv_heads", kv_heads},
+        {"ffn", ffn},     {"max_seq", max_seq}, {"lora_rank", lora_rank}};
+    for (const auto& [name, value] : dims)
+      if (value > max_dim) return std::string(name) + " " + n(value) + ": expected at most " + n(max_dim);
+    if (layers > max_layers) return "layers " + n(layers) + ": expected at most " + n(max_layers);
     if (heads == 0 || kv_heads == 0 || heads % kv_heads != 0)
       return "heads " + n(heads) + " and kv_heads " + n(kv_heads) + ": expected kv_heads >= 1 dividing heads";
     if (d_model % heads != 0 || head_dim() % 2 != 0)
       return "d_model " + n(d_model) + " over " + n(heads) + " heads: expected an even head width dividing d_model";
-    if (!(rope_base > 1) || !(eps > 0)) return "rope_base must exceed 1 and eps be positive";
+    if (!std::isfinite(rope_base) || !(rope_base > 1))
+      return "rope_base " + real(rope_base) + ": expected a finite value > 1";
+    if (!std::isfinite(eps) || !(eps > 0)) return "eps " + real(eps) + ": expected a finite value > 0";
     if (lora_rank > 0 && (lora_targets & all_projections) == 0)
       return "lora_rank " + n(lora_rank) + " but no projection is targeted";
-    if (lora_rank > 0 && !(lora_scale == lora_scale)) return "lora_scale is NaN";
+    if ((lora_targets & ~all_projections) != 0)
+      return "lora_targets " + n(lora_targets) + ": expected a set of the 7 projections (at most " +
+             n(all_projections) + ")";
+    if (lora_rank > 0 && !std::isfinite(lora_scale))
+      return "lora_scale " + real(lora_scale) + ": expected a finite value";
+    const std::optional<std::size_t> params = parameter_count();
+    if (!params || *params > max_elements)
+      return (params ? n(*params) : std::string("more than 2^64")) + " parameters (" + describe() +
+             "): expected at most " + n(max_elements);
+    // The decoder's KV cache: keys and values for every layer, KV head and position.
+    std::size_t cache = 0;
+    if (__builtin_mul_overflow(layers, kv_heads * max_seq, &cache) ||
+        __builtin_mul_overflow(cache, 2 * head_dim(), &cache) || cache > max_elements)
+      return "a KV cache of layers * kv_heads * max_seq * 2 * head width > " + n(max_elements) + " entries (" +
+             describe() + "): expected at most that";
     return "";
   }
   std::string describe() const {
@@ -106,6 +177,19 @@ struct LmConfig {
             double(ffn),   double(max_seq),     rope_base,      eps,           double(lora_rank),
             lora_scale,    double(lora_targets)};
   }
+  static constexpr std::array<std::string_view, stored_fields> stored_names = {
+      "vocab",   "d_model",   "layers", "heads",     "kv_heads",   "ffn",
+      "max_seq", "rope_base", "eps",    "lora_rank", "lora_scale", "lora_targets"};
+  // The stored value that is not a size (a whole number, 0 .. 2^53) where a
+  // size belongs: its index, or stored_fields when all are. from_stored maps
+  // such a value to 0.
+  static std::size_t first_bad_size(std::span<const double> v) {
+    for (std::size_t i = 0; i < stored_fields; ++i) {
+      if (i == 7 || i == 8 || i == 10) continue;  // rope_base, eps, lora_scale: reals
+      if (!(v[i] >= 0 && v[i] <= 9007199254740992.0 && v[i] == std::floor(v[i]))) return i;
+    }
+    return stored_fields;
+  }
   static LmConfig from_stored(std::span<const double> v) {
     LmConfig c;
     auto z = [](double x) { return x >= 0 && x < 1e15 ? static_cast<std::size_t>(x) : std::size_t{0}; };
@@ -125,6 +209,15 @@ struct LmConfig {
   }
 };
 
+// The machine's physical memory in bytes; 0 when it cannot be told.
+inline std::size_t physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return 0;
+  std::size_t bytes = 0;
+  if (__builtin_mul_overflow(static_cast<std::size_t>(pages), static_cast<std::size_t>(page), &bytes)) return SIZE_MAX;
+  return bytes;
+}
+
 // ---- byte-level tokenizer: vocab 256, any text ----
 struct ByteTokenizer {
   static constexpr std::size_t vocab = 256;
@@ -133,9 +226,17 @@ struct ByteTokenizer {
     for (std::size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
     return ids;
   }
+  // Throws std::out_of_range naming the first id that is not a byte (a
+  // model with a larger vocabulary can emit one) and its position: a wrapped
+  // id would print another byte without a word.
   static std::string decode(std::span<const int> ids) {
     std::string s(ids.size(), '\0');
-    for (std::size_t i = 0; i < ids.size(); ++i) s[i] = static_cast<char>(static_cast<unsigned char>(ids[i]));
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0 || ids[i] >= static_cast<int>(vocab))
+        throw std::out_of_range("nn::ByteTokenizer::decode: id " + std::to_string(ids[i]) + " at position " +
+                                std::to_string(i) + " is not a byte (expected 0 .. 255)");
+      s[i] = static_cast<char>(static_cast<unsigned char>(ids[i]));
+    }
     return s;
   }
 };
@@ -169,6 +270,12 @@ class Lm {
     if (std::string why = c_.check(); !why.empty()) throw std::invalid_argument("nn::Lm: bad config: " + why);
     if (train == Train::lora && c_.lora_rank == 0)
       throw std::invalid_argument("nn::Lm: Train::lora needs a config with lora_rank > 0");
+    // check() bounds the count; this machine's memory may hold less.
+    const std::size_t bytes = *c_.parameter_count() * sizeof(T);
+    if (const std::size_t memory = physical_memory_bytes(); memory != 0 && bytes > memory)
+      throw std::invalid_argument("nn::Lm: " + c_.describe() + " has " + std::to_string(*c_.parameter_count()) +
+                                  " parameters, " + std::to_string(bytes) +
+                                  " bytes: more than this machine's memory (" + std::to_string(memory) + " bytes)");
     if constexpr (std::is_same_v<T, float>)
       if (c_.vocab > (std::size_t{1} << 24))
         throw std::invalid_argument("nn::Lm: a vocabulary of " + std::to_string(c_.vocab) +

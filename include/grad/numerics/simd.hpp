@@ -148,7 +148,8 @@ struct Pack {
   V v;
 
   Pack() = default;
-  GRAD_INLINE Pack(T s) : v(V{} + s) {}  // NOLINT: implicit on purpose, a broadcast
+  // s - 0 is s in every lane, -0 and NaN included (0 + s would turn -0 into +0).
+  GRAD_INLINE Pack(T s) : v(s - V{}) {}  // NOLINT: implicit on purpose, a broadcast
   GRAD_INLINE static Pack raw(V x) {
     Pack p;
     p.v = x;
