@@ -25,7 +25,7 @@
 //
 // Refusals, like capture's (EmitError, naming the node and why): a poisoned
 // tape, a loss that is not one element of this tape, a node whose tag has no
-// per-item bodies, a leaf value that cannot be written as a literal (NaN), an
+// per-item bodies, an
 // output recorded after the loss, an optimizer over another tape or with a
 // learning-rate schedule, a name that is not an identifier or is one the
 // emitted code uses. emit_files() builds both texts and checks both
@@ -93,10 +93,24 @@ std::string type_name() {
   return std::string(rest);
 }
 
-// An exact literal of a T value (hex float), or "" for a NaN.
+// An exact literal of a T value: a hex float, an infinity, or a NaN as its
+// bits (grad::emitted::from_bits: sign and payload kept), so the emitted code
+// starts from the tape's very bits.
 template <class T>
 std::string literal(T v) {
-  if (v != v) return "";
+  if (v != v) {
+    char buf[64];
+    if constexpr (sizeof(T) == 8) {
+      std::uint64_t bits;
+      std::memcpy(&bits, &v, sizeof bits);
+      std::snprintf(buf, sizeof buf, "grad::emitted::from_bits<T>(0x%016llxull)", static_cast<unsigned long long>(bits));
+    } else {
+      std::uint32_t bits;
+      std::memcpy(&bits, &v, sizeof bits);
+      std::snprintf(buf, sizeof buf, "grad::emitted::from_bits<T>(0x%08xu)", static_cast<unsigned>(bits));
+    }
+    return buf;
+  }
   if (std::isinf(v)) return v > 0 ? "std::numeric_limits<T>::infinity()" : "-std::numeric_limits<T>::infinity()";
   char buf[64];
   std::snprintf(buf, sizeof buf, "%a", static_cast<double>(v));
@@ -164,12 +178,6 @@ class EmitPlan {
         throw EmitError(who + "node " + std::to_string(i) + " is a '" + std::string(op_name(n.op)) +
                         "' op, whose tag has no per-item bodies (forward_item and backward_item, "
                         "grad/tags/contract.hpp): there is nothing to emit for it");
-      if (n.op == op_code<Param> || n.op == op_code<Const>)
-        for (std::size_t k = 0; k < n.dims.size(); ++k)
-          if (n.value[k] != n.value[k])
-            throw EmitError(who + "node " + std::to_string(i) + " (" + std::string(op_name(n.op)) +
-                            ") holds NaN at element " + std::to_string(k) +
-                            ": a NaN cannot be written as an exact literal");
     }
     std::vector<std::size_t> vo, go;
     layout_ = device::capture_detail::build_layout<T>(tape, loss_, vo, go);

@@ -22,9 +22,24 @@
 // its first call) and slower to compile.
 #pragma once
 
+// grad's own headers, as an emitted program includes them, are not the
+// user's code: their warnings under a user's strict flags (-Wshadow,
+// -Wconversion, ... with -Werror) are not reported here. The emitted code
+// itself is checked clean under -Wall -Wextra -Wshadow -Wconversion -Werror
+// (test_emit).
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wshadow"
+#pragma GCC diagnostic ignored "-Wconversion"
+#pragma GCC diagnostic ignored "-Wsign-conversion"
+#pragma GCC diagnostic ignored "-Wfloat-conversion"
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#endif
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "grad/config.hpp"
 #include "grad/numerics/fixed_order.hpp"
@@ -49,6 +64,14 @@ namespace grad::emitted {
 // The emitter's format version: an emitted file checks it (static_assert), so
 // a file written by another grad fails to compile instead of miscomputing.
 inline constexpr int format_version = 1;
+
+// A value from its bits: how an emitted file writes a NaN (its sign and
+// payload kept; a NaN has no literal). A constant expression.
+template <class T>
+GRAD_HD constexpr T from_bits(std::conditional_t<sizeof(T) == 8, std::uint64_t, std::uint32_t> bits) {
+  static_assert(sizeof(T) == sizeof(bits));
+  return __builtin_bit_cast(T, bits);
+}
 
 // A node's static description: operand and output shapes, the axis (softmax,
 // concat) and slice's starts. A structural type: a template argument.
@@ -249,3 +272,7 @@ __global__ void sgd_update_kernel(T* w, const T* g, T l2, T lr, const DeviceOpti
 #endif
 
 }  // namespace grad::emitted
+
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
