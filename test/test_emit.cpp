@@ -499,6 +499,26 @@ TEST_CASE("emit refuses what it cannot write exactly, by name, and writes nothin
     CHECK_THROWS_WITH_AS(emit_files(tp, loss, {}, path, "/nonexistent-dir/model.cuh"),
                          doctest::Contains("cannot write '/nonexistent-dir/model.cuh'"), EmitError);
     CHECK(slurp(path) == "previous");
+    // Regression (C): a CUDA path that is a directory used to be found after the C++ file was written.
+    const std::string dir_path = scratch().file("a_directory.cuh");
+    std::filesystem::create_directories(dir_path);
+    CHECK_THROWS_WITH_AS(emit_files(tp, loss, {}, path, dir_path), doctest::Contains("is a directory"), EmitError);
+    CHECK(slurp(path) == "previous");
+    CHECK_THROWS_WITH_AS(emit_files(tp, loss, {}, dir_path), doctest::Contains("is a directory"), EmitError);
+    // The same file for both outputs (the CUDA text used to be left in the .hpp), however it is spelled.
+    const std::string link = scratch().file("link_to_refused.hpp");
+    std::filesystem::remove(link);
+    std::filesystem::create_symlink(path, link);
+    const std::string other_spelling = scratch().dir.string() + "/./a_directory.cuh/../refused.hpp";
+    for (const std::string& second : {path, other_spelling, link}) {
+      CHECK_THROWS_WITH_AS(emit_files(tp, loss, {}, path, second), doctest::Contains("same file"), EmitError);
+      CHECK(slurp(path) == "previous");
+    }
+    const std::string fresh = scratch().file("fresh.hpp");
+    std::filesystem::remove(fresh);
+    CHECK_THROWS_WITH_AS(emit_files(tp, loss, {}, fresh, scratch().dir.string() + "/./fresh.hpp"),
+                         doctest::Contains("same file"), EmitError);
+    CHECK_FALSE(std::filesystem::exists(fresh));
     for (const auto& f : std::filesystem::directory_iterator(scratch().dir))
       CHECK(f.path().filename().string().find(".tmp.") == std::string::npos);
   }

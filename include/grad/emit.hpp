@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -755,19 +756,33 @@ inline void write_source(const std::string& path, std::string_view text) {
 }
 
 // emit() then write_source() for each path given ("" skips that file). Both
-// texts are complete, and both directories checked for writing, before the
-// first byte is written: a refusal or an unwritable path writes nothing.
+// texts are complete, and every output path checked, before the first byte
+// is written: a path that is a directory, a directory that does not take new
+// files, or the same file given for both outputs (also through another
+// spelling, a symbolic or a hard link) is refused, and nothing is written.
 template <class T>
 EmittedSource emit_files(const Tape<T>& tape, Var<T> loss, const EmitOptions<T>& options, const std::string& cpp_path,
                          const std::string& cuda_path = "") {
+  namespace fs = std::filesystem;
   EmittedSource s = emit(tape, loss, options);
   for (const std::string* path : {&cpp_path, &cuda_path}) {
     if (path->empty()) continue;
+    std::error_code ec;
+    if (fs::is_directory(*path, ec))
+      throw EmitError("grad::emit: cannot write '" + *path + "': it is a directory; nothing was written");
     const std::size_t slash = path->rfind('/');
     const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path->substr(0, slash);
     if (::access(dir.c_str(), W_OK) != 0)
       throw EmitError("grad::emit: cannot write '" + *path + "': its directory '" + dir +
                       "' does not take new files (" + std::strerror(errno) + "); nothing was written");
+  }
+  if (!cpp_path.empty() && !cuda_path.empty()) {
+    std::error_code e1, e2, e3;
+    const fs::path a = fs::weakly_canonical(cpp_path, e1), b = fs::weakly_canonical(cuda_path, e2);
+    const bool same = (!e1 && !e2 && a == b) || fs::equivalent(cpp_path, cuda_path, e3) || cpp_path == cuda_path;
+    if (same)
+      throw EmitError("grad::emit: the C++ header and the CUDA source would both be written to '" + cpp_path +
+                      "' ('" + cuda_path + "' is the same file); nothing was written");
   }
   if (!cpp_path.empty()) write_source(cpp_path, s.cpp);
   if (!cuda_path.empty()) write_source(cuda_path, s.cuda);
