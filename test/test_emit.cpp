@@ -54,8 +54,9 @@ const std::string strict_warnings = "-Wall -Wextra -Wshadow -Wconversion -Werror
 // directory) with the system compiler, runs it with the scratch directory as
 // its argument and returns what it wrote to out.bin. Empty when no compiler.
 std::vector<unsigned char> compile_and_run(const std::string& tag, const std::string& main_source,
-                                           const std::string& flags = "", double* seconds = nullptr) {
-  const std::string cxx = env("GRAD_EMIT_CXX"), inc = env("GRAD_EMIT_INCLUDE");
+                                           const std::string& flags = "", double* seconds = nullptr,
+                                           const std::string& compiler = "") {
+  const std::string cxx = compiler.empty() ? env("GRAD_EMIT_CXX") : compiler, inc = env("GRAD_EMIT_INCLUDE");
   const std::string dir = scratch().dir.string();
   const std::string src = scratch().file(tag + ".cpp"), exe = scratch().file(tag), log = scratch().file(tag + ".log");
   std::ofstream(src) << main_source;
@@ -78,6 +79,13 @@ std::vector<unsigned char> compile_and_run(const std::string& tag, const std::st
   const std::string run = exe + " " + dir + " > " + log + " 2>&1";
   if (std::system(run.c_str()) != 0) FAIL("running " << exe << " failed:\n" << slurp(log));
   return testing::read_bytes(scratch().file("out.bin"));
+}
+
+// clang++ next to the configured compiler, when there is one: emitted code
+// compiles warning-free with it too, and keeps its contraction off.
+std::string clang() {
+  static const std::string found = std::system("command -v clang++ > /dev/null 2>&1") == 0 ? "clang++" : "";
+  return found;
 }
 
 bool have_compiler() {
@@ -174,7 +182,7 @@ std::string autoencoder_driver(const std::string& ns, const std::string& type, s
   s += "    read(dir + \"/" + ns + ".in\", batches, sizeof batches);\n";
   s += "    " + ns + "::Params p = ps.view();\n    " + ns + "::Inputs in;\n    in.x = batches;\n";
   s += "    static T code[200 * 32];\n    " + ns + "::forward(in, p, code, ws);\n    put(code, sizeof code);\n";
-  s += "    for (int k = 0; k < " + std::to_string(steps) + "; ++k) {\n      in.x = batches + k * " + ns +
+  s += "    for (std::size_t k = 0; k < " + std::to_string(steps) + "; ++k) {\n      in.x = batches + k * " + ns +
        "::x_size;\n      const T loss = " + ns + "::step(in, p, opt, ws);\n      put(&loss, sizeof loss);\n    }\n";
   for (const char* n : ae_names) s += "    put(ps." + std::string(n) + ", sizeof ps." + n + ");\n";
   s += "    put(opt.m, " + ns + "::moment_size * sizeof(T));\n    put(opt.v, " + ns + "::moment_size * sizeof(T));\n";
@@ -240,6 +248,20 @@ TEST_CASE(
   const std::vector<unsigned char> host =
       compile_and_run("autoencoder_host_loops", main, "-DGRAD_EMITTED_HOST_LOOPS -Wno-psabi");
   compare(host, compare(host, 0, e64, "autoencoder f64, host loops"), e32, "autoencoder f32, host loops");
+  // Regression (D): the emitted header relied on -ffp-contract=off from the command line; GNU
+  // mode with FMA (-march=native) changed thousands of values. It switches contraction off
+  // itself now (g++: push_options/optimize; clang: fp contract(off), its default being "on").
+  const std::vector<unsigned char> fused =
+      compile_and_run("autoencoder_contract", main, "-std=gnu++20 -march=native -ffp-contract=fast");
+  compare(fused, compare(fused, 0, e64, "autoencoder f64, gnu++20 -march=native -ffp-contract=fast"), e32,
+          "autoencoder f32, gnu++20 -march=native -ffp-contract=fast");
+  if (!clang().empty()) {
+    const std::vector<unsigned char> c = compile_and_run("autoencoder_clang", main, "-march=native -ffp-contract=on", nullptr, clang());
+    compare(c, compare(c, 0, e64, "autoencoder f64, clang++ -march=native"), e32,
+            "autoencoder f32, clang++ -march=native");
+  } else {
+    MESSAGE("clang++ not found: the clang compile of the emitted autoencoder is skipped");
+  }
 }
 
 TEST_CASE("the emitted LoRA block's forward and backward land on the tape's bits") {

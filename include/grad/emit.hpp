@@ -281,7 +281,7 @@ class EmitPlan {
     }
     if (!outputs_.empty()) s += forward_text(false);
     if (o_.value_and_grad) s += value_and_grad_text(false);
-    s += "}  // namespace " + o_.name + "\n";
+    s += "}  // namespace " + o_.name + "\n" + epilogue();
     return s;
   }
 
@@ -308,7 +308,7 @@ class EmitPlan {
     s += "}\n\n";
     if (!outputs_.empty()) s += forward_text(true);
     if (o_.value_and_grad) s += value_and_grad_text(true);
-    s += "}  // namespace " + o_.name + "\n";
+    s += "}  // namespace " + o_.name + "\n" + epilogue();
     return s;
   }
 
@@ -342,18 +342,35 @@ class EmitPlan {
     if (cuda) {
       s += "// Compile: nvcc -std=c++20 --fmad=false --expt-relaxed-constexpr -Xcompiler=-ffp-contract=off\n"
            "//          -I <grad>/include -arch=<sm_XX> ...\n"
-           "// (--fmad=false and -ffp-contract=off are required: a*b+c must not be fused.)\n";
+           "//\n"
+           "// !!! --fmad=false IS REQUIRED, and nothing in this file can check it: without it nvcc fuses a*b+c\n"
+           "// !!! in device code into one FMA and the bits differ from the tape's (silently; nvcc sets no macro\n"
+           "// !!! for it). Host code: contraction is switched off below for g++ (and clang).\n";
     } else {
-      s += "// Compile: g++ -std=c++20 -O2 -ffp-contract=off -I <grad>/include your_main.cpp\n"
-           "// (-ffp-contract=off is required: a*b+c must not be fused, or the bits differ from the tape's.)\n"
+      s += "// Compile: g++ -std=c++20 -O2 -I <grad>/include your_main.cpp (or clang++)\n"
+           "// a*b+c must not be fused into an FMA, or the bits differ from the tape's: this file switches\n"
+           "// contraction off itself (g++: whatever -ffp-contract says; clang: unless -ffp-contract=fast,\n"
+           "// which overrides the pragma and which no macro shows, so do not use it). -ffast-math is refused.\n"
            "// Add -DGRAD_EMITTED_HOST_LOOPS -Wno-psabi for the tags' vectorised host loops: the same bits,\n"
            "// several times faster on a CPU, not allocation-free (grad/emitted.hpp).\n";
     }
-    s += "#pragma once\n\n#include <cstddef>\n#include <limits>\n\n#include \"grad/emitted.hpp\"\n\n";
+    s += "#pragma once\n\n";
+    s += "// a*b+c must not be fused (the tape rounds the product and the sum apart): contraction is\n"
+         "// switched off for this file and grad's headers whatever the command line says (g++ and\n"
+         "// clang; GNU modes and clang contract by default), and restored at its end.\n"
+         "#if !defined(__CUDA_ARCH__)\n#if defined(__clang__)\n#pragma float_control(push)\n"
+         "#pragma clang fp contract(off)\n#elif defined(__GNUC__)\n#pragma GCC push_options\n"
+         "#pragma GCC optimize(\"fp-contract=off\")\n#endif\n#endif\n\n";
+    s += "#include <cstddef>\n#include <limits>\n\n#include \"grad/emitted.hpp\"\n\n";
     s += "static_assert(grad::emitted::format_version == 1, \"written for grad's emitted format 1\");\n";
     s += "#if defined(__FAST_MATH__)\n#error \"an emitted grad program must not be compiled with -ffast-math\"\n"
          "#endif\n\n";
     return s;
+  }
+
+  static std::string epilogue() {
+    return "\n#if !defined(__CUDA_ARCH__)\n#if defined(__clang__)\n#pragma float_control(pop)\n"
+           "#elif defined(__GNUC__)\n#pragma GCC pop_options\n#endif\n#endif\n";
   }
 
   std::string values_text(const Node<T>& n, const std::string& name, const std::string& qualifier) const {

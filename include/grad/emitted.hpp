@@ -5,7 +5,9 @@
 // bodies are the rounding source of truth) and the optimizers' element rules
 // (update_rules.hpp). An emitted file compiles with
 //
-//   g++ -std=c++20 -O2 -ffp-contract=off -I <grad>/include model.cpp
+//   g++ -std=c++20 -O2 -I <grad>/include model.cpp
+//
+// (contraction is switched off below, whatever -ffp-contract says: see there)
 //
 // and links nothing of grad. Every node of an emitted program is one call of
 // forward<Op, N> / backward<Op, In, N> below, N being the node's shapes as a
@@ -27,6 +29,24 @@
 // -Wconversion, ... with -Werror) are not reported here. The emitted code
 // itself is checked clean under -Wall -Wextra -Wshadow -Wconversion -Werror
 // (test_emit).
+// Floating-point contraction off (a*b+c is never fused into an FMA: the tape
+// rounds the product and the sum separately) for grad's headers and, as the
+// emitted files repeat this, for the emitted code, whatever the command line
+// says (g++ -std=gnu++20 and clang contract by default; with -march=native
+// that changes bits). Undone at the end: the user's code keeps its own
+// setting. GCC: push_options / optimize; clang: float_control push and
+// `fp contract(off)`. nvcc's device code cannot be told so from the source:
+// it needs --fmad=false on the command line (no macro shows it).
+#if !defined(__CUDA_ARCH__)
+#if defined(__clang__)
+#pragma float_control(push)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+#endif
+
 #if defined(__GNUC__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wshadow"
@@ -275,4 +295,11 @@ __global__ void sgd_update_kernel(T* w, const T* g, T l2, T lr, const DeviceOpti
 
 #if defined(__GNUC__)
 #pragma GCC diagnostic pop
+#endif
+#if !defined(__CUDA_ARCH__)
+#if defined(__clang__)
+#pragma float_control(pop)
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
 #endif
