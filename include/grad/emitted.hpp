@@ -93,6 +93,31 @@ GRAD_HD constexpr T from_bits(std::conditional_t<sizeof(T) == 8, std::uint64_t, 
   return __builtin_bit_cast(T, bits);
 }
 
+// n elements from src to dst (an emitted ParamStore::load, captured_x, a
+// forward() output that is a leaf).
+template <std::size_t N, class T>
+GRAD_HD constexpr void copy(T* dst, const T* src) {
+  for (std::size_t i = 0; i < N; ++i) dst[i] = src[i];
+}
+
+// ---- metadata: an emitted file's tables of parameters, inputs and outputs ----
+
+inline constexpr std::size_t no_offset = static_cast<std::size_t>(-1);
+
+// One tensor of an emitted program, for a caller that drives any emitted
+// model from its tables alone (parameters[], inputs[], outputs[]).
+template <class T>
+struct TensorInfo {
+  const char* name;         // as given to grad::emit, or its default (p<node>, in<node>, out<k>)
+  const char* identifier;   // its spelling in the emitted code (name, or name_ for a keyword or macro)
+  std::uint32_t node;       // in the recorded tape
+  Dims shape;               // rank and extents
+  std::size_t size;         // elements
+  std::size_t offset;       // in its flat buffer: params_at / value_and_grad's x and g, inputs_at, forward_flat's out
+  std::size_t grad_offset;  // parameters: in Workspace::grad after a step; no_offset if the loss does not reach it
+  const T* init;            // the captured values (host memory); outputs: nullptr
+};
+
 // A node's static description: operand and output shapes, the axis (softmax,
 // concat) and slice's starts. A structural type: a template argument.
 struct Node {
