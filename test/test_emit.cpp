@@ -862,3 +862,60 @@ TEST_CASE("the emitted CUDA sources compile with nvcc") {
   MESSAGE("nvcc: " << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s");
   CHECK_MESSAGE(rc == 0, cmd << "\n" << slurp(log).substr(0, 6000));
 }
+
+// Regression (E): emitted functions left parameters unused in corner cases
+// (forward() of a leaf, an update() whose parameters the loss does not reach,
+// a program without inputs), which -Wall -Wextra -Werror users could not
+// build. Compiled with -Wall -Wextra -Wshadow -Wconversion -Werror, by g++
+// and by clang++ when it is there.
+TEST_CASE("emitted corner cases compile warning-free under -Wall -Wextra -Wshadow -Wconversion -Werror") {
+  if (!have_compiler()) return;
+  Tape<double> tp;
+  const Var<double> a = tp.param(Tensor<double>({2}, {1.0, 2.0})), unused = tp.param(Tensor<double>({2}, {3.0, 4.0}));
+  const Var<double> loss = sum(a * a);
+  SGD<double> sgd(0.1);
+  sgd.add(unused);  // the loss does not reach it: update() has nothing to do
+  EmitOptions<double> o;
+  o.name = "corner";
+  o.outputs = {unused};  // forward() copies a leaf
+  o.optimizer = &sgd;
+  o.value_and_grad = true;
+  emit_files(tp, loss, o, scratch().file("corner.hpp"));
+  Adam<double> adam(0.1);  // the same with Adam (its step constants unused)
+  adam.add(unused);
+  o.name = "corner_adam";
+  o.optimizer = &adam;
+  emit_files(tp, loss, o, scratch().file("corner_adam.hpp"));
+  Expect<double> e;
+  e.add("output", tp.value(unused).data);
+  REQUIRE(tp.backward(loss));
+  e.add("loss", tp.scalar(loss));
+  e.add("grad", tp.grad(a).data);
+  e.add("loss with Adam", tp.scalar(loss));
+  const std::string main = std::string(driver_head) + "#include \"corner.hpp\"\n#include \"corner_adam.hpp\"\n" + R"(int main(int, char** argv) {
+  const std::string dir = argv[1];
+  out = std::fopen((dir + "/out.bin").c_str(), "wb");
+  static corner::ParamStore ps;
+  static corner::Optimizer opt;
+  static corner::Workspace ws;
+  ps.load();
+  opt.load();
+  double o0[2];
+  corner::forward(corner::Inputs{}, ps.view(), o0, ws);
+  put(o0, sizeof o0);
+  const double loss = corner::step(corner::Inputs{}, ps.view(), opt, ws);
+  put(&loss, sizeof loss);
+  put(corner::gradient::p0(ws), 2 * sizeof(double));
+  static corner_adam::ParamStore ps2;
+  static corner_adam::Optimizer opt2;
+  static corner_adam::Workspace ws2;
+  ps2.load();
+  opt2.load();
+  const double loss2 = corner_adam::step(corner_adam::Inputs{}, ps2.view(), opt2, ws2);
+  put(&loss2, sizeof loss2);
+  std::fclose(out);
+}
+)";
+  compare(compile_and_run("corner", main), 0, e, "corner cases, g++");
+  if (!clang().empty()) compare(compile_and_run("corner_clang", main, "", nullptr, clang()), 0, e, "corner cases, clang++");
+}

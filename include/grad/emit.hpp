@@ -861,11 +861,12 @@ class EmitPlan {
     s += "};\n\n";
     s += "// The update after a step's backward: parameters in the optimizer's add order.\n";
     s += "GRAD_HD inline void update(const Params& p, Optimizer& opt, Workspace& ws) {\n  (void)p;\n  (void)ws;\n";
-    s += clip_norm_text() + "  const T scale = clip.scale(opt.clip);\n";
+    s += clip_norm_text() + "  const T scale = clip.scale(opt.clip);\n  (void)scale;\n";
     if (adam_) {
       s += "  grad::AdamRule::advance(opt.beta1_power, opt.beta2_power, opt.beta1, opt.beta2);\n";
       s += "  const grad::AdamStepConstants<T> c =\n"
-           "      grad::AdamRule::constants(opt.lr, opt.beta1, opt.beta2, opt.beta1_power, opt.beta2_power);\n";
+           "      grad::AdamRule::constants(opt.lr, opt.beta1, opt.beta2, opt.beta1_power, opt.beta2_power);\n"
+           "  (void)c;\n";
     }
     for (const OptParam& q : opt_params_) {
       if (grad_off_[q.node] == no_slot) {
