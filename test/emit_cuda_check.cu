@@ -78,8 +78,8 @@ int main() {
     }
     std::vector<double> params;
     for (int i = 0; i < 8; ++i) {
-      std::vector<double> h(sizes[i]);
-      cudaMemcpy(h.data(), w[i], sizes[i] * sizeof(double), cudaMemcpyDeviceToHost);
+      std::vector<double> h(m::parameters[i].size);
+      cudaMemcpy(h.data(), w[i], m::parameters[i].size * sizeof(double), cudaMemcpyDeviceToHost);
       params.insert(params.end(), h.begin(), h.end());
     }
     if (!ok(cudaDeviceSynchronize(), "autoencoder")) return 1;
