@@ -48,7 +48,8 @@
 // size::, init::, grad_offset::, gradient:: are the names given (default
 // p<node>, in<node>, out<k>), spelt as given or, for a C++ keyword or
 // alternative token, a library or grad macro (NULL, errno, INFINITY,
-// GRAD_HD, ...) and T, std, grad, load, view, with a trailing underscore
+// GRAD_HD, ...) and T, std, grad, load, view, Inputs, Params, ParamStore,
+// with a trailing underscore
 // (`int` -> `int_`); the tables keep both. Generated names never share a
 // scope with user names, so none can collide ("x" next to "x_init",
 // "x_size", "k", "ws", "step" is fine). An emitted header #errors if one of
@@ -205,7 +206,7 @@ inline bool needs_suffix(std::string_view s) {
       "INT_MAX", "INT_MIN", "UINT_MAX", "LONG_MAX", "LONG_MIN", "ULONG_MAX", "FLT_MAX", "FLT_MIN", "FLT_EPSILON",
       "DBL_MAX", "DBL_MIN", "DBL_EPSILON", "linux", "unix", "i386", "major", "minor", "makedev",
       // the emitted code's own names in the scopes user names share
-      "T", "std", "grad", "load", "view"};
+      "T", "std", "grad", "load", "view", "Inputs", "Params", "ParamStore"};
   for (std::string_view w : words)
     if (s == w) return true;
   return s.starts_with("GRAD_") || s.starts_with("__");
@@ -491,8 +492,8 @@ class EmitPlan {
   std::string common(bool cuda) const {
     std::string s = "using T = " + std::string(scalar_type()) + ";\n\n";
     s += "// A name given to emit is spelt as given, or with a trailing underscore when it is a keyword, a\n"
-         "// macro, or T, std, grad, load, view (the tables below keep the names as given). A macro of the\n"
-         "// same spelling defined before this file would break it: refused here.\n";
+         "// macro, or T, std, grad, load, view, Inputs, Params, ParamStore (the tables keep the names as\n"
+         "// given). A macro of the same spelling defined before this file would break it: refused here.\n";
     for (std::uint32_t i = 0; i <= loss_; ++i)
       if (!ids_[i].empty())
         s += "#if defined(" + ids_[i] + ")\n#error \"grad::emit: '" + ids_[i] +
