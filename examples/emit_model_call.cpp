@@ -15,7 +15,7 @@
 static ae_model::ParamStore params;
 static ae_model::Optimizer adam;
 static ae_model::Workspace ws;
-static ae_model::T code[ae_model::x_size / 6 * 32];
+static ae_model::T code[ae_model::size::x / 6 * 32];
 
 int main() {
   params.load();  // the trained weights the header holds

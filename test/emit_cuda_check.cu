@@ -58,12 +58,9 @@ int main() {
   // 1. The autoencoder's step.
   {
     namespace m = ck_ae;
-    const double* inits[] = {m::p0_init, m::p1_init, m::p2_init, m::p3_init,
-                             m::p4_init, m::p5_init, m::p6_init, m::p7_init};
-    const std::size_t sizes[] = {m::p0_size, m::p1_size, m::p2_size, m::p3_size,
-                                 m::p4_size, m::p5_size, m::p6_size, m::p7_size};
+    static_assert(m::parameters.size() == 8);
     double* w[8];
-    for (int i = 0; i < 8; ++i) w[i] = upload(inits[i], sizes[i]);
+    for (int i = 0; i < 8; ++i) w[i] = upload(m::parameters[i].init, m::parameters[i].size);  // the metadata table
     const m::Params p{w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]};
     m::DeviceWorkspace ws{upload<double>(nullptr, m::value_size), upload<double>(nullptr, m::grad_size),
                           upload<double>(nullptr, m::scratch_size)};
@@ -71,18 +68,18 @@ int main() {
     opt.m = upload(m::m_init, m::moment_size);
     opt.v = upload(m::v_init, m::moment_size);
     opt.state = upload<grad::emitted::DeviceOptimizerState<double>>(nullptr, 1);
-    double* x = upload(expected::ae_batches, expected::ae_steps * m::x_size);
+    double* x = upload(expected::ae_batches, expected::ae_steps * m::size::x);
     std::vector<double> losses(expected::ae_steps);
     for (int k = 0; k < expected::ae_steps; ++k) {
-      m::Inputs in{x + k * m::x_size};
+      m::Inputs in{x + k * m::size::x};
       m::step(in, p, opt, ws);
       if (!ok(cudaMemcpy(&losses[k], ws.value + m::loss_offset, sizeof(double), cudaMemcpyDeviceToHost), "step"))
         return 1;
     }
     std::vector<double> params;
     for (int i = 0; i < 8; ++i) {
-      std::vector<double> h(sizes[i]);
-      cudaMemcpy(h.data(), w[i], sizes[i] * sizeof(double), cudaMemcpyDeviceToHost);
+      std::vector<double> h(m::parameters[i].size);
+      cudaMemcpy(h.data(), w[i], m::parameters[i].size * sizeof(double), cudaMemcpyDeviceToHost);
       params.insert(params.end(), h.begin(), h.end());
     }
     if (!ok(cudaDeviceSynchronize(), "autoencoder")) return 1;

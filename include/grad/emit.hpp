@@ -5,33 +5,77 @@
 //
 //   a C++ header   one namespace per program: every shape a compile-time
 //                  constant, caller-provided buffers, no heap, no exceptions.
-//                  forward(in, p, outputs..., ws)  inference: the nodes the
-//                                                  outputs need, nothing else
+//                  forward(in, p, out_<name>..., ws)  inference: the nodes
+//                                                  the outputs need only
+//                  forward_flat(in, p, out, ws)    the same, the outputs
+//                                                  concatenated (outputs[])
 //                  step(in, p, [opt,] ws)          forward, backward and, with
 //                                                  an optimizer, its update;
 //                                                  returns the loss
-//                  value_and_grad(x, g)            (optional) the loss and its
-//                                                  gradient for the parameters
-//                                                  concatenated in x, GRAD_HD
+//                  value_and_grad(in, x, g)        (optional) the loss and its
+//                  value_and_grad(x, g)            gradient for the parameters
+//                                                  concatenated in x and g, on
+//                                                  the caller's inputs `in`
+//                                                  (or the captured ones);
+//                                                  GRAD_HD, serial
+//                  parameters[], inputs[],         metadata (constexpr
+//                  outputs[], *_elements           grad::emitted::TensorInfo):
+//                                                  name as given, spelling,
+//                                                  node, shape, size, offset
+//                                                  in the flat buffer, gradient
+//                                                  offset in ws.grad, captured
+//                                                  values
+//                  params_at(x), inputs_at(data)   Params / Inputs over one
+//                                                  flat buffer (those offsets)
+//                  size::<name>, init::<name>,     per leaf: size, captured
+//                  grad_offset::<name>,            values, gradient offset,
+//                  gradient::<name>(ws)            gradient after a step
 //   a CUDA file    the same program as per-node __global__ kernels (one
 //                  generic kernel per tag and shape), a host function that
 //                  launches a step on a stream, and value_and_grad as a
-//                  __host__ __device__ function to call from a user's kernel.
+//                  __host__ __device__ function to call from a user's kernel
+//                  (each thread its own Inputs: inputs_at(its data)).
 //
 // Both include only grad/emitted.hpp (config, the op tags, the optimizers'
 // element rules): no Boost, no tape, nothing to link. Each node is one call
 // of grad::emitted::forward<Tag, shapes> / backward<Tag, In, shapes>: the
 // emitter names the node's tag and writes its shapes, it has no per-op code.
+// Values are written exactly: hex floats, infinities, NaNs by their bits
+// (grad::emitted::from_bits, payload and sign kept), op scalars and leaves
+// alike.
+//
+// Names: the members of Inputs / Params / ParamStore and the entries of
+// size::, init::, grad_offset::, gradient:: are the names given (default
+// p<node>, in<node>, out<k>), spelt as given or, for a C++ keyword or
+// alternative token, a library or grad macro (NULL, errno, INFINITY,
+// GRAD_HD, ...) and T, std, grad, load, view, Inputs, Params, ParamStore,
+// with a trailing underscore
+// (`int` -> `int_`); the tables keep both. Generated names never share a
+// scope with user names, so none can collide ("x" next to "x_init",
+// "x_size", "k", "ws", "step" is fine). An emitted header #errors if one of
+// its spellings is a macro where it is included.
+//
+// Floating-point contraction: the emitted files (and emitted.hpp) switch it
+// off for themselves (GCC: push_options + optimize("fp-contract=off"),
+// clang: float_control(push) + fp contract(off)) and restore it at their end,
+// so -std=gnu++20 -march=native gives the tape's bits without
+// -ffp-contract=off (test_emit checks g++ with -ffp-contract=fast and clang).
+// Not covered, and not detectable by any macro: clang's -ffp-contract=fast
+// (it overrides the pragma) and nvcc's device code, which needs --fmad=false
+// on the command line (the .cuh says so at its top); -ffast-math is #error.
 //
 // Refusals, like capture's (EmitError, naming the node and why): a poisoned
 // tape, a loss that is not one element of this tape, a node whose tag has no
-// per-item bodies, a leaf value that cannot be written as a literal (NaN), an
-// output recorded after the loss, an optimizer over another tape or with a
-// learning-rate schedule, a name that is not an identifier or is one the
-// emitted code uses. emit_files() builds both texts and checks both
-// directories before it writes anything, and writes each file atomically
-// (checkpoint.hpp's write_atomically): a refusal or a failed write leaves no
-// file, or the previous one, behind.
+// per-item bodies, an output recorded after the loss, an optimizer over
+// another tape or with a learning-rate schedule, a name that is not an
+// identifier or that C++ reserves (a double underscore, or _ and a capital
+// first), two names with the same spelling ("int" and "int_"), a namespace
+// name that is a keyword, macro or std/grad/T. emit_files() builds both texts
+// and checks every output path (not a directory, its directory writable, not
+// the same file for both outputs through any spelling or link) before it
+// writes anything, and writes each file atomically (checkpoint.hpp's
+// write_atomically): a refusal or a failed write leaves no file, or the
+// previous one, behind.
 #pragma once
 
 #include <algorithm>
@@ -41,6 +85,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -93,10 +138,24 @@ std::string type_name() {
   return std::string(rest);
 }
 
-// An exact literal of a T value (hex float), or "" for a NaN.
+// An exact literal of a T value: a hex float, an infinity, or a NaN as its
+// bits (grad::emitted::from_bits: sign and payload kept), so the emitted code
+// starts from the tape's very bits.
 template <class T>
 std::string literal(T v) {
-  if (v != v) return "";
+  if (v != v) {
+    char buf[64];
+    if constexpr (sizeof(T) == 8) {
+      std::uint64_t bits;
+      std::memcpy(&bits, &v, sizeof bits);
+      std::snprintf(buf, sizeof buf, "grad::emitted::from_bits<T>(0x%016llxull)", static_cast<unsigned long long>(bits));
+    } else {
+      std::uint32_t bits;
+      std::memcpy(&bits, &v, sizeof bits);
+      std::snprintf(buf, sizeof buf, "grad::emitted::from_bits<T>(0x%08xu)", static_cast<unsigned>(bits));
+    }
+    return buf;
+  }
   if (std::isinf(v)) return v > 0 ? "std::numeric_limits<T>::infinity()" : "-std::numeric_limits<T>::infinity()";
   char buf[64];
   std::snprintf(buf, sizeof buf, "%a", static_cast<double>(v));
@@ -110,22 +169,51 @@ inline bool identifier(std::string_view s) {
   return true;
 }
 
-// Names the emitted code uses itself (a leaf or output named so would clash),
-// and the C++ keywords a name could plausibly be.
-inline bool reserved(std::string_view s) {
+// A name C++ keeps to the implementation (a double underscore anywhere, or an
+// underscore and a capital letter first): it cannot be an identifier in the
+// emitted code, with or without the trailing underscore.
+inline bool implementation_reserved(std::string_view s) {
+  return s.find("__") != std::string_view::npos ||
+         (s.size() >= 2 && s[0] == '_' && std::isupper(static_cast<unsigned char>(s[1])));
+}
+
+// Names that are written with a trailing underscore (`int` -> `int_`): C++'s
+// keywords and alternative tokens, macros the standard or GNU mode defines (a
+// member `errno` would be a macro call), grad's macros, and the few names the
+// emitted code needs in the scopes user names live in (the element type T,
+// the namespaces std and grad, ParamStore's load and view). Every other
+// identifier is written as given: user names only name members (Inputs,
+// Params, ParamStore), forward()'s output arguments (as out_<name>) and the
+// entries of fixed sub-namespaces (size::, init::, ...), so no generated name
+// can collide with them.
+inline bool needs_suffix(std::string_view s) {
   static constexpr std::string_view words[] = {
-      // entry points' parameters, members, and the prefixes of the program's own constants
-      "T", "in", "p", "ws", "opt", "stream", "value", "grad", "scratch", "moment", "m", "v", "load", "view", "std",
-      "Inputs", "Params", "ParamStore", "Workspace", "Optimizer", "DeviceOptimizer", "DeviceWorkspace", "shapes",
-      "step", "step_body", "forward", "update", "value_and_grad", "captured_x", "prepare_kernel",
-      // keywords
-      "auto", "bool", "char", "class", "const", "default", "delete", "do", "double", "else", "enum", "float", "for",
-      "if", "int", "long", "namespace", "new", "operator", "private", "return", "short", "signed", "static", "struct",
-      "switch", "template", "this", "typename", "union", "unsigned", "using", "void", "while"};
+      // keywords (C++20) and alternative tokens
+      "alignas", "alignof", "and", "and_eq", "asm", "auto", "bitand", "bitor", "bool", "break", "case", "catch",
+      "char", "char8_t", "char16_t", "char32_t", "class", "compl", "concept", "const", "consteval", "constexpr",
+      "constinit", "const_cast", "continue", "co_await", "co_return", "co_yield", "decltype", "default", "delete",
+      "do", "double", "dynamic_cast", "else", "enum", "explicit", "export", "extern", "false", "float", "for",
+      "friend", "goto", "if", "inline", "int", "long", "mutable", "namespace", "new", "noexcept", "not", "not_eq",
+      "nullptr", "operator", "or", "or_eq", "private", "protected", "public", "register", "reinterpret_cast",
+      "requires", "return", "short", "signed", "sizeof", "static", "static_assert", "static_cast", "struct",
+      "switch", "template", "this", "thread_local", "throw", "true", "try", "typedef", "typeid", "typename", "union",
+      "unsigned", "using", "virtual", "void", "volatile", "wchar_t", "while", "xor", "xor_eq", "import", "module",
+      // macros of the C and C++ library, GNU mode and the CUDA runtime
+      "NULL", "errno", "INFINITY", "NAN", "HUGE_VAL", "HUGE_VALF", "HUGE_VALL", "EOF", "BUFSIZ", "FILENAME_MAX",
+      "assert", "offsetof", "stdin", "stdout", "stderr", "SIZE_MAX", "CHAR_BIT", "MB_LEN_MAX", "RAND_MAX",
+      "EXIT_SUCCESS", "EXIT_FAILURE", "math_errhandling", "MATH_ERRNO", "MATH_ERREXCEPT", "FP_NAN", "FP_INFINITE",
+      "FP_ZERO", "FP_NORMAL", "FP_SUBNORMAL", "FP_FAST_FMA", "FP_FAST_FMAF", "FP_ILOGB0", "FP_ILOGBNAN",
+      "INT_MAX", "INT_MIN", "UINT_MAX", "LONG_MAX", "LONG_MIN", "ULONG_MAX", "FLT_MAX", "FLT_MIN", "FLT_EPSILON",
+      "DBL_MAX", "DBL_MIN", "DBL_EPSILON", "linux", "unix", "i386", "major", "minor", "makedev",
+      // the emitted code's own names in the scopes user names share
+      "T", "std", "grad", "load", "view", "Inputs", "Params", "ParamStore"};
   for (std::string_view w : words)
     if (s == w) return true;
-  return false;
+  return s.starts_with("GRAD_") || s.starts_with("__");
 }
+
+// How a name is spelt in the emitted code.
+inline std::string spelling(const std::string& name) { return needs_suffix(name) ? name + "_" : name; }
 
 inline std::string dims_text(const Dims& d) {
   std::string s = "grad::emitted::dims(";
@@ -146,8 +234,11 @@ class EmitPlan {
     const std::string who = "grad::emit: ";
     if (std::string why = device::capture_detail::episode_refusal(tape, loss, "emitting"); !why.empty())
       throw EmitError(who + why);
-    if (!emit_detail::identifier(o.name) || emit_detail::reserved(o.name))
-      throw EmitError(who + "the namespace name '" + o.name + "' is not a C++ identifier, or is reserved");
+    if (!emit_detail::identifier(o.name) || emit_detail::needs_suffix(o.name) ||
+        emit_detail::implementation_reserved(o.name))
+      throw EmitError(who + "the namespace name '" + o.name +
+                      "' is not a C++ identifier, or is a keyword, a macro or a name the emitted code uses ("
+                      "std, grad, T, ...), or one C++ reserves: it cannot name the emitted namespace");
     loss_ = loss.index();
     const Node<T>& root = tape.nodes()[loss_];
     if (root.dims.size() != 1)
@@ -164,44 +255,56 @@ class EmitPlan {
         throw EmitError(who + "node " + std::to_string(i) + " is a '" + std::string(op_name(n.op)) +
                         "' op, whose tag has no per-item bodies (forward_item and backward_item, "
                         "grad/tags/contract.hpp): there is nothing to emit for it");
-      if (n.op == op_code<Param> || n.op == op_code<Const>)
-        for (std::size_t k = 0; k < n.dims.size(); ++k)
-          if (n.value[k] != n.value[k])
-            throw EmitError(who + "node " + std::to_string(i) + " (" + std::string(op_name(n.op)) +
-                            ") holds NaN at element " + std::to_string(k) +
-                            ": a NaN cannot be written as an exact literal");
     }
     std::vector<std::size_t> vo, go;
     layout_ = device::capture_detail::build_layout<T>(tape, loss_, vo, go);
     std::tie(forward_, backward_) = device::launch_list(layout_);
 
-    // Names: given ones first, checked; then the defaults.
+    // Names: given ones first, checked; then the defaults (p<node>, in<node>,
+    // out<k>, with underscores added while taken); each spelt as an identifier
+    // (a trailing underscore for keywords, macros and the like).
     names_.assign(nodes_.size(), "");
     for (const auto& [v, name] : o.names) {
       const std::uint32_t i = index_of(tape, v, "a named Var");
       if (!emit_detail::identifier(name)) throw EmitError(who + "the name '" + name + "' is not a C++ identifier");
-      if (emit_detail::reserved(name))
+      if (emit_detail::implementation_reserved(name))
         throw EmitError(who + "the name '" + name + "' (node " + std::to_string(i) +
-                        ") is a keyword or a name the emitted code uses itself");
+                        ") cannot be represented: C++ reserves identifiers with a double underscore, or an "
+                        "underscore and a capital letter first, to the implementation");
       names_[i] = name;
     }
+    std::map<std::string, std::uint32_t> spelt;  // identifier -> node
+    for (std::uint32_t i = 0; i <= loss_; ++i) {
+      if (names_[i].empty()) continue;
+      const std::string id = emit_detail::spelling(names_[i]);
+      if (const auto [it, fresh] = spelt.try_emplace(id, i); !fresh) {
+        const std::uint32_t j = it->second;
+        if (names_[j] == names_[i])
+          throw EmitError(who + "the name '" + names_[i] + "' is given to nodes " + std::to_string(j) + " and " +
+                          std::to_string(i));
+        throw EmitError(who + "the names '" + names_[j] + "' (node " + std::to_string(j) + ") and '" + names_[i] +
+                        "' (node " + std::to_string(i) + ") would both be written '" + id +
+                        "' (a keyword or macro gets a trailing underscore): rename one");
+      }
+    }
+    auto fresh_default = [&](std::uint32_t i, std::string base) {
+      while (spelt.count(base)) base += "_";
+      spelt.emplace(base, i);
+      names_[i] = base;
+    };
     for (std::uint32_t i = 0; i <= loss_; ++i) {
       if (!names_[i].empty()) continue;
-      if (nodes_[i].op == op_code<Param>) names_[i] = "p" + std::to_string(i);
-      if (nodes_[i].op == op_code<Const>) names_[i] = "in" + std::to_string(i);
+      if (nodes_[i].op == op_code<Param>) fresh_default(i, "p" + std::to_string(i));
+      if (nodes_[i].op == op_code<Const>) fresh_default(i, "in" + std::to_string(i));
     }
     for (std::size_t k = 0; k < o.outputs.size(); ++k) {
       const std::uint32_t i = index_of(tape, o.outputs[k], "output " + std::to_string(k));
       outputs_.push_back(i);
-      if (names_[i].empty()) names_[i] = "out" + std::to_string(k);
+      if (names_[i].empty()) fresh_default(i, "out" + std::to_string(k));
     }
-    {
-      std::map<std::string, std::uint32_t> seen;
-      for (std::uint32_t i = 0; i <= loss_; ++i)
-        if (!names_[i].empty() && !seen.try_emplace(names_[i], i).second)
-          throw EmitError(who + "the name '" + names_[i] + "' is given to nodes " + std::to_string(seen[names_[i]]) +
-                          " and " + std::to_string(i));
-    }
+    ids_.assign(nodes_.size(), "");
+    for (std::uint32_t i = 0; i <= loss_; ++i)
+      if (!names_[i].empty()) ids_[i] = emit_detail::spelling(names_[i]);
 
     shape_name_.assign(nodes_.size(), "");
     {
@@ -260,7 +363,8 @@ class EmitPlan {
     s += "// Forward, backward (the loss's gradient seeded to 1)" +
          std::string(o_.optimizer ? " and the optimizer's update" : "") +
          "; returns the loss. Gradients stay in ws.grad (grad_<name>(ws)).\n";
-    s += "template <class Ws>\nGRAD_HD inline T step_body(const Inputs& in, const Params& p, Ws& ws) {\n";
+    s += "template <class Ws>\nGRAD_HD inline T step_body(const Inputs& in, const Params& p, Ws& ws) {\n"
+         "  (void)in;\n  (void)p;\n";
     s += step_calls(false, "  ");
     s += "  return ws.value[" + std::to_string(value_off_[loss_]) + "];\n}\n\n";
     if (o_.optimizer) {
@@ -272,7 +376,7 @@ class EmitPlan {
     }
     if (!outputs_.empty()) s += forward_text(false);
     if (o_.value_and_grad) s += value_and_grad_text(false);
-    s += "}  // namespace " + o_.name + "\n";
+    s += "}  // namespace " + o_.name + "\n" + epilogue();
     return s;
   }
 
@@ -294,12 +398,13 @@ class EmitPlan {
     } else {
       s += "inline void step(const Inputs& in, const Params& p, DeviceWorkspace& ws, cudaStream_t stream = 0) {\n";
     }
+    s += "  (void)in;\n  (void)p;\n";
     s += step_calls(true, "  ");
     if (o_.optimizer) s += "  update(p, opt, ws, stream);\n";
     s += "}\n\n";
     if (!outputs_.empty()) s += forward_text(true);
     if (o_.value_and_grad) s += value_and_grad_text(true);
-    s += "}  // namespace " + o_.name + "\n";
+    s += "}  // namespace " + o_.name + "\n" + epilogue();
     return s;
   }
 
@@ -333,18 +438,35 @@ class EmitPlan {
     if (cuda) {
       s += "// Compile: nvcc -std=c++20 --fmad=false --expt-relaxed-constexpr -Xcompiler=-ffp-contract=off\n"
            "//          -I <grad>/include -arch=<sm_XX> ...\n"
-           "// (--fmad=false and -ffp-contract=off are required: a*b+c must not be fused.)\n";
+           "//\n"
+           "// !!! --fmad=false IS REQUIRED, and nothing in this file can check it: without it nvcc fuses a*b+c\n"
+           "// !!! in device code into one FMA and the bits differ from the tape's (silently; nvcc sets no macro\n"
+           "// !!! for it). Host code: contraction is switched off below for g++ (and clang).\n";
     } else {
-      s += "// Compile: g++ -std=c++20 -O2 -ffp-contract=off -I <grad>/include your_main.cpp\n"
-           "// (-ffp-contract=off is required: a*b+c must not be fused, or the bits differ from the tape's.)\n"
+      s += "// Compile: g++ -std=c++20 -O2 -I <grad>/include your_main.cpp (or clang++)\n"
+           "// a*b+c must not be fused into an FMA, or the bits differ from the tape's: this file switches\n"
+           "// contraction off itself (g++: whatever -ffp-contract says; clang: unless -ffp-contract=fast,\n"
+           "// which overrides the pragma and which no macro shows, so do not use it). -ffast-math is refused.\n"
            "// Add -DGRAD_EMITTED_HOST_LOOPS -Wno-psabi for the tags' vectorised host loops: the same bits,\n"
            "// several times faster on a CPU, not allocation-free (grad/emitted.hpp).\n";
     }
-    s += "#pragma once\n\n#include <cstddef>\n#include <limits>\n\n#include \"grad/emitted.hpp\"\n\n";
+    s += "#pragma once\n\n";
+    s += "// a*b+c must not be fused (the tape rounds the product and the sum apart): contraction is\n"
+         "// switched off for this file and grad's headers whatever the command line says (g++ and\n"
+         "// clang; GNU modes and clang contract by default), and restored at its end.\n"
+         "#if !defined(__CUDA_ARCH__)\n#if defined(__clang__)\n#pragma float_control(push)\n"
+         "#pragma clang fp contract(off)\n#elif defined(__GNUC__)\n#pragma GCC push_options\n"
+         "#pragma GCC optimize(\"fp-contract=off\")\n#endif\n#endif\n\n";
+    s += "#include <cstddef>\n#include <limits>\n\n#include \"grad/emitted.hpp\"\n\n";
     s += "static_assert(grad::emitted::format_version == 1, \"written for grad's emitted format 1\");\n";
     s += "#if defined(__FAST_MATH__)\n#error \"an emitted grad program must not be compiled with -ffast-math\"\n"
          "#endif\n\n";
     return s;
+  }
+
+  static std::string epilogue() {
+    return "\n#if !defined(__CUDA_ARCH__)\n#if defined(__clang__)\n#pragma float_control(pop)\n"
+           "#elif defined(__GNUC__)\n#pragma GCC pop_options\n#endif\n#endif\n";
   }
 
   std::string values_text(const Node<T>& n, const std::string& name, const std::string& qualifier) const {
@@ -363,42 +485,54 @@ class EmitPlan {
     return s + "\n};\n";
   }
 
-  // Sizes, captured values, Inputs, Params, Workspace, shapes.
+  // "::name::" : the emitted namespace, fully qualified (for use inside structs, whose members are user names).
+  std::string ns() const { return "::" + o_.name + "::"; }
+
+  // Sizes, captured values, Inputs, Params, Workspace, the metadata tables, shapes.
   std::string common(bool cuda) const {
     std::string s = "using T = " + std::string(scalar_type()) + ";\n\n";
-    s += "// ---- leaves: their sizes and the values the tape held when the episode was emitted ----\n";
-    for (std::uint32_t i = 0; i <= loss_; ++i) {
-      if (!is_leaf(i)) continue;
-      const Node<T>& n = nodes_[i];
-      s += "// " + names_[i] + ": " + (is_param(i) ? "parameter" : "input") + ", node " + std::to_string(i) +
-           ", shape " + shape_string(n.dims) + "\n";
-      s += "inline constexpr std::size_t " + names_[i] + "_size = " + std::to_string(n.dims.size()) + ";\n";
-      s += values_text(n, names_[i] + "_init", "alignas(64) inline constexpr");
-    }
+    s += "// A name given to emit is spelt as given, or with a trailing underscore when it is a keyword, a\n"
+         "// macro, or T, std, grad, load, view, Inputs, Params, ParamStore (the tables keep the names as\n"
+         "// given). A macro of the same spelling defined before this file would break it: refused here.\n";
+    for (std::uint32_t i = 0; i <= loss_; ++i)
+      if (!ids_[i].empty())
+        s += "#if defined(" + ids_[i] + ")\n#error \"grad::emit: '" + ids_[i] +
+             "' is a macro here, and also the name of a tensor of " + o_.name + "\"\n#endif\n";
+    s += "\n// ---- leaves: their sizes and the values the tape held when the episode was emitted ----\n";
+    s += "namespace size {\n";
+    for (std::uint32_t i = 0; i <= loss_; ++i)
+      if (is_leaf(i))
+        s += "inline constexpr std::size_t " + ids_[i] + " = " + std::to_string(nodes_[i].dims.size()) + ";  // " +
+             (is_param(i) ? "parameter" : "input") + ", node " + std::to_string(i) + ", shape " +
+             shape_string(nodes_[i].dims) + "\n";
+    s += "}  // namespace size\nnamespace init {\n";
+    for (std::uint32_t i = 0; i <= loss_; ++i)
+      if (is_leaf(i)) s += values_text(nodes_[i], ids_[i], "alignas(64) inline constexpr");
+    s += "}  // namespace init\n";
     s += "\n// The inputs (constants of the tape) a step reads";
     s += cuda ? " (device pointers).\nstruct Inputs {\n" : ", by default the values they held.\nstruct Inputs {\n";
     for (std::uint32_t i = 0; i <= loss_; ++i)
       if (is_leaf(i) && !is_param(i))
-        s += "  const T* " + names_[i] + (cuda ? "" : " = " + names_[i] + "_init") + ";\n";
+        s += "  const T* " + ids_[i] + (cuda ? "" : " = " + ns() + "init::" + ids_[i]) + ";\n";
     s += "};\n// The parameters" + std::string(cuda ? " (device pointers)" : "") +
          " (written only by an optimizer's update).\nstruct Params {\n";
     for (std::uint32_t i = 0; i <= loss_; ++i)
-      if (is_param(i)) s += "  T* " + names_[i] + ";\n";
+      if (is_param(i)) s += "  T* " + ids_[i] + ";\n";
     s += "};\n";
     if (!cuda) {
       s += "// Storage for the parameters, filled with their captured values by load().\nstruct ParamStore {\n";
       for (std::uint32_t i = 0; i <= loss_; ++i)
-        if (is_param(i)) s += "  alignas(64) T " + names_[i] + "[" + std::to_string(nodes_[i].dims.size()) + "];\n";
+        if (is_param(i)) s += "  alignas(64) T " + ids_[i] + "[" + std::to_string(nodes_[i].dims.size()) + "];\n";
       s += "  void load() {\n";
       for (std::uint32_t i = 0; i <= loss_; ++i)
         if (is_param(i))
-          s += "    for (std::size_t k = 0; k < " + names_[i] + "_size; ++k) " + names_[i] + "[k] = " + names_[i] +
-               "_init[k];\n";
-      s += "  }\n  Params view() { return {";
+          s += "    grad::emitted::copy<" + std::to_string(nodes_[i].dims.size()) + ">(" + ids_[i] + ", " + ns() +
+               "init::" + ids_[i] + ");\n";
+      s += "  }\n  " + ns() + "Params view() { return {";
       bool first = true;
       for (std::uint32_t i = 0; i <= loss_; ++i)
         if (is_param(i)) {
-          s += (first ? "" : ", ") + names_[i];
+          s += (first ? "" : ", ") + ids_[i];
           first = false;
         }
       s += "}; }\n};\n";
@@ -411,19 +545,84 @@ class EmitPlan {
     s += "inline constexpr std::size_t loss_offset = " + std::to_string(value_off_[loss_]) + ";  // in value\n";
     s += "struct Workspace {\n  alignas(64) T value[value_size];\n  alignas(64) T grad[grad_size];\n"
          "  alignas(64) T scratch[scratch_size];\n};\n";
-    s += "// Where each parameter's gradient lives in Workspace::grad (after a step).\n";
+    s += "// Where each parameter's gradient lives in Workspace::grad after a step (those the loss reaches).\n"
+         "namespace grad_offset {\n";
     for (std::uint32_t i = 0; i <= loss_; ++i)
       if (is_param(i) && grad_off_[i] != no_slot)
-        s += "inline constexpr std::size_t " + names_[i] + "_grad_offset = " + std::to_string(grad_off_[i]) + ";\n";
-    if (!cuda)
+        s += "inline constexpr std::size_t " + ids_[i] + " = " + std::to_string(grad_off_[i]) + ";\n";
+    s += "}  // namespace grad_offset\n";
+    if (!cuda) {
+      s += "namespace gradient {  // gradient::w(ws): parameter w's gradient after a step\n";
       for (std::uint32_t i = 0; i <= loss_; ++i)
         if (is_param(i) && grad_off_[i] != no_slot)
-          s += "inline const T* grad_" + names_[i] + "(const Workspace& ws) { return ws.grad + " + names_[i] +
-               "_grad_offset; }\n";
+          s += "inline const T* " + ids_[i] + "(const " + ns() + "Workspace& ws) { return ws.grad + " + ns() +
+               "grad_offset::" + ids_[i] + "; }\n";
+      s += "}  // namespace gradient\n";
+    }
+    s += metadata_text();
     s += "\n// ---- each node's shapes (nodes with equal shapes share one) ----\nnamespace shapes {\n";
     for (const auto& [text, name] : shapes_)
       s += "struct " + name + " {\n  static constexpr grad::emitted::Node node" + text + ";\n};\n";
     s += "}  // namespace shapes\n\n";
+    return s;
+  }
+
+  // The tables of parameters, inputs and outputs (grad::emitted::TensorInfo),
+  // and the flat views a generic caller drives the program with.
+  std::string metadata_text() const {
+    auto entry = [&](std::uint32_t i, std::size_t offset, std::size_t grad_offset, bool init) {
+      return "    {\"" + names_[i] + "\", \"" + ids_[i] + "\", " + std::to_string(i) + ", " +
+             emit_detail::dims_text(nodes_[i].dims) + ", " + std::to_string(nodes_[i].dims.size()) + ", " +
+             std::to_string(offset) + ", " +
+             (grad_offset == no_slot ? std::string("grad::emitted::no_offset") : std::to_string(grad_offset)) + ", " +
+             (init ? ns() + "init::" + ids_[i] : std::string("nullptr")) + "},\n";
+    };
+    std::string params, inputs, outputs;
+    std::size_t np = 0, ni = 0, no = 0, ep = 0, ei = 0, eo = 0;
+    for (std::uint32_t i = 0; i <= loss_; ++i) {
+      if (is_param(i)) {
+        params += entry(i, ep, grad_off_[i], true);
+        ++np;
+        ep += nodes_[i].dims.size();
+      } else if (is_leaf(i)) {
+        inputs += entry(i, ei, no_slot, true);
+        ++ni;
+        ei += nodes_[i].dims.size();
+      }
+    }
+    for (std::uint32_t i : outputs_) {
+      outputs += entry(i, eo, no_slot, false);
+      ++no;
+      eo += nodes_[i].dims.size();
+    }
+    auto table = [](const std::string& name, std::size_t n, const std::string& rows) {
+      return "inline constexpr std::array<grad::emitted::TensorInfo<T>, " + std::to_string(n) + "> " + name + "{{\n" +
+             rows + "}};\n";
+    };
+    std::string s =
+        "\n// ---- metadata: every parameter, input and output by name (as given to emit), shape, size, offset in\n"
+        "// its flat buffer (params_at / value_and_grad's x and g; inputs_at; forward_flat's out), gradient\n"
+        "// offset in Workspace::grad (parameters) and captured values ----\n";
+    s += table("parameters", np, params) + table("inputs", ni, inputs) + table("outputs", no, outputs);
+    s += "inline constexpr std::size_t parameter_elements = " + std::to_string(ep) + ";\n";
+    s += "inline constexpr std::size_t input_elements = " + std::to_string(ei) + ";\n";
+    s += "inline constexpr std::size_t output_elements = " + std::to_string(eo) + ";\n";
+    s += "// Params over one buffer of parameter_elements (the table's offsets; value_and_grad's x).\n";
+    s += "GRAD_HD inline Params params_at(T* x) {\n  Params p{};\n";
+    for (std::uint32_t i = 0, at = 0; i <= loss_; ++i)
+      if (is_param(i)) {
+        s += "  p." + ids_[i] + " = x + " + std::to_string(at) + ";\n";
+        at += static_cast<std::uint32_t>(nodes_[i].dims.size());
+      }
+    s += "  (void)x;\n  return p;\n}\n";
+    s += "// Inputs over one buffer of input_elements (the table's offsets).\n";
+    s += "GRAD_HD inline Inputs inputs_at(const T* data) {\n  Inputs in{};\n";
+    for (std::uint32_t i = 0, at = 0; i <= loss_; ++i)
+      if (is_leaf(i) && !is_param(i)) {
+        s += "  in." + ids_[i] + " = data + " + std::to_string(at) + ";\n";
+        at += static_cast<std::uint32_t>(nodes_[i].dims.size());
+      }
+    s += "  (void)data;\n  return in;\n}\n";
     return s;
   }
 
@@ -450,8 +649,8 @@ class EmitPlan {
 
   // The expression of node i's value / gradient buffer.
   std::string value_of(std::uint32_t i, const std::vector<std::string>* outputs = nullptr) const {
-    if (is_param(i)) return "p." + names_[i];
-    if (is_leaf(i)) return "in." + names_[i];
+    if (is_param(i)) return "p." + ids_[i];
+    if (is_leaf(i)) return "in." + ids_[i];
     if (outputs && !(*outputs)[i].empty()) return (*outputs)[i];
     return "ws.value + " + std::to_string(value_off_[i]);
   }
@@ -507,6 +706,7 @@ class EmitPlan {
   }
 
   // forward(in, p, out..., ws): the nodes the outputs need, in tape order.
+  // The output arguments are out_<name> (never a name of the signature).
   std::string forward_text(bool cuda) const {
     std::vector<char> need(nodes_.size(), 0);
     for (std::uint32_t i : outputs_) need[i] = 1;
@@ -515,74 +715,87 @@ class EmitPlan {
         if (nodes_[i].a != no_node) need[nodes_[i].a] = 1;
         if (nodes_[i].b != no_node) need[nodes_[i].b] = 1;
       }
-    std::vector<std::string> out(nodes_.size());
+    std::vector<std::string> out(nodes_.size()), arg(outputs_.size());
     std::string s = "// Inference: ";
-    std::string args;
+    std::string args, call;
+    std::size_t at = 0;
     for (std::size_t k = 0; k < outputs_.size(); ++k) {
       const std::uint32_t i = outputs_[k];
-      const std::string name = is_leaf(i) ? "out" + std::to_string(k) : names_[i];
-      if (!is_leaf(i)) out[i] = name;
-      s += (k ? ", " : "") + name + " " + shape_string(nodes_[i].dims) + " (node " + std::to_string(i) + ")";
-      args += "T* " + name + ", ";
+      arg[k] = std::string("out_").append(ids_[i]);  // not "out_" + string: GCC 12 -Wrestrict misfires
+      for (std::size_t j = 0; j < k; ++j)
+        if (outputs_[j] == i) arg[k].append("_").append(std::to_string(k));  // the same node twice
+      if (!is_leaf(i) && out[i].empty()) out[i] = arg[k];
+      s += (k ? ", " : "") + arg[k] + " " + shape_string(nodes_[i].dims) + " (node " + std::to_string(i) + ")";
+      args += "T* " + arg[k] + ", ";
+      call += "out + " + std::to_string(at) + ", ";
+      at += nodes_[i].dims.size();
     }
     s += " from the inputs and parameters" + std::string(cuda ? " (device pointers; kernels on `stream`)" : "") +
          ". Writes nothing else but ws.value.\n";
     s += "inline void forward(const Inputs& in, const Params& p, " + args +
          (cuda ? "DeviceWorkspace& ws, cudaStream_t stream = 0) {\n" : "Workspace& ws) {\n");
+    s += "  (void)in;\n  (void)p;\n  (void)ws;\n";
     for (const device::LaunchSpec& l : forward_)
       if (need[l.node]) s += "  " + forward_call(l.node, cuda, &out);
     for (std::size_t k = 0; k < outputs_.size(); ++k) {
       const std::uint32_t i = outputs_[k];
-      if (!is_leaf(i)) continue;
-      if (cuda)
-        s += "  cudaMemcpyAsync(out" + std::to_string(k) + ", " + value_of(i) + ", " +
-             std::to_string(nodes_[i].dims.size()) + " * sizeof(T), cudaMemcpyDeviceToDevice, stream);\n";
-      else
-        s += "  for (std::size_t k = 0; k < " + std::to_string(nodes_[i].dims.size()) + "; ++k) out" +
-             std::to_string(k) + "[k] = " + value_of(i) + "[k];\n";
+      const std::string n = std::to_string(nodes_[i].dims.size());
+      if (is_leaf(i) || out[i] != arg[k]) {  // a leaf, or a node given twice: copied
+        const std::string from = is_leaf(i) ? value_of(i) : out[i];
+        s += cuda ? "  cudaMemcpyAsync(" + arg[k] + ", " + from + ", " + n +
+                        " * sizeof(T), cudaMemcpyDeviceToDevice, stream);\n"
+                  : "  grad::emitted::copy<" + n + ">(" + arg[k] + ", " + from + ");\n";
+      }
     }
-    return s + "}\n\n";
+    s += "}\n";
+    s += "// forward() into one buffer of output_elements (the outputs table's offsets).\n";
+    s += "inline void forward_flat(const Inputs& in, const Params& p, T* out, " +
+         std::string(cuda ? "DeviceWorkspace& ws, cudaStream_t stream = 0) {\n" : "Workspace& ws) {\n");
+    s += "  forward(in, p, " + call + (cuda ? "ws, stream);\n}\n\n" : "ws);\n}\n\n");
+    return s;
   }
 
-  // value_and_grad(x, g): x and g hold the parameters, concatenated in node order.
+  // value_and_grad([in,] x, g): x and g hold the parameters, concatenated in node order.
   std::string value_and_grad_text(bool cuda) const {
     std::string s;
     std::size_t total = 0;
     std::string layout;
     for (std::uint32_t i = 0; i <= loss_; ++i)
       if (is_param(i)) {
-        layout +=
-            "//   " + names_[i] + " at " + std::to_string(total) + " (" + std::to_string(nodes_[i].dims.size()) + ")\n";
+        layout += "//   " + ids_[i] + " at " + std::to_string(total) + " (" + std::to_string(nodes_[i].dims.size()) +
+                  ")\n";
         total += nodes_[i].dims.size();
       }
     if (cuda) {
-      s += "// The inputs' captured values in device memory, for value_and_grad on the device.\n";
+      s += "// The inputs' captured values in device memory, for value_and_grad(x, g) on the device.\n"
+           "namespace device_init {\n";
       for (std::uint32_t i = 0; i <= loss_; ++i)
-        if (is_leaf(i) && !is_param(i)) s += values_text(nodes_[i], names_[i] + "_device", "__device__ const");
+        if (is_leaf(i) && !is_param(i)) s += values_text(nodes_[i], ids_[i], "__device__ const");
+      s += "}  // namespace device_init\n";
     }
     s += "// The loss and its gradient with respect to the parameters, x and g holding\n"
-         "// them concatenated (value_and_grad_size elements):\n" +
-         layout + "// the inputs are the captured ones. Serial; its workspace is a local.\n";
+         "// them concatenated (value_and_grad_size elements, the parameters table's offsets):\n" +
+         layout + "// Serial, its workspace a local: one call per example from a user's kernel" +
+         (cuda ? "" : " or loop") + ".\n";
     s += "inline constexpr std::size_t value_and_grad_size = " + std::to_string(total) + ";\n";
-    s += "// x as captured: the parameters' values when the episode was emitted.\ninline void captured_x(T* x) {\n";
+    s += "// x as captured: the parameters' values when the episode was emitted.\ninline void captured_x(T* x) {\n"
+         "  (void)x;\n";
     std::size_t from = 0;
     for (std::uint32_t i = 0; i <= loss_; ++i)
       if (is_param(i)) {
-        s += "  for (std::size_t k = 0; k < " + names_[i] + "_size; ++k) x[" + std::to_string(from) +
-             " + k] = " + names_[i] + "_init[k];\n";
+        s += "  grad::emitted::copy<" + std::to_string(nodes_[i].dims.size()) + ">(x + " + std::to_string(from) +
+             ", init::" + ids_[i] + ");\n";
         from += nodes_[i].dims.size();
       }
     s += "}\n";
-    s += "GRAD_HD inline T value_and_grad(const T* x, T* g) {\n";
-    s += "  Inputs in;\n";
-    if (cuda)
-      for (std::uint32_t i = 0; i <= loss_; ++i)
-        if (is_leaf(i) && !is_param(i)) s += "  in." + names_[i] + " = " + names_[i] + "_device;\n";
-    s += "  Params p;\n";
+    s += "// With the caller's inputs `in`" + std::string(cuda ? " (pointers valid where it runs)" : "") +
+         ": e.g. one example's data.\n";
+    s += "GRAD_HD inline T value_and_grad(const Inputs& in, const T* x, T* g) {\n";
+    s += "  (void)x;\n  (void)g;\n  Params p{};\n";
     std::size_t at = 0;
     for (std::uint32_t i = 0; i <= loss_; ++i)
       if (is_param(i)) {
-        s += "  p." + names_[i] + " = const_cast<T*>(x + " + std::to_string(at) + ");\n";
+        s += "  p." + ids_[i] + " = const_cast<T*>(x + " + std::to_string(at) + ");\n";
         at += nodes_[i].dims.size();
       }
     s += "  Workspace ws;\n  const T loss = step_body(in, p, ws);\n";
@@ -595,11 +808,18 @@ class EmitPlan {
              ";\n";
         at += n;
       }
-    s += "  return loss;\n}\n\n";
+    s += "  return loss;\n}\n";
+    s += "// With the captured inputs" + std::string(cuda ? " (device code: device_init)" : "") + ".\n";
+    s += "GRAD_HD inline T value_and_grad(const T* x, T* g) {\n  Inputs in{};\n";
+    if (cuda)
+      for (std::uint32_t i = 0; i <= loss_; ++i)
+        if (is_leaf(i) && !is_param(i)) s += "  in." + ids_[i] + " = device_init::" + ids_[i] + ";\n";
+    s += "  return value_and_grad(in, x, g);\n}\n\n";
     if (cuda) {
       // The serial body, usable on the device too.
       std::string body =
-          "template <class Ws>\nGRAD_HD inline T step_body(const Inputs& in, const Params& p, Ws& ws) {\n";
+          "template <class Ws>\nGRAD_HD inline T step_body(const Inputs& in, const Params& p, Ws& ws) {\n"
+          "  (void)in;\n  (void)p;\n";
       body += step_calls(false, "  ");
       body += "  return ws.value[" + std::to_string(value_off_[loss_]) + "];\n}\n\n";
       s = body + s;
@@ -641,25 +861,26 @@ class EmitPlan {
     }
     s += "};\n\n";
     s += "// The update after a step's backward: parameters in the optimizer's add order.\n";
-    s += "GRAD_HD inline void update(const Params& p, Optimizer& opt, Workspace& ws) {\n";
-    s += clip_norm_text() + "  const T scale = clip.scale(opt.clip);\n";
+    s += "GRAD_HD inline void update(const Params& p, Optimizer& opt, Workspace& ws) {\n  (void)p;\n  (void)ws;\n";
+    s += clip_norm_text() + "  const T scale = clip.scale(opt.clip);\n  (void)scale;\n";
     if (adam_) {
       s += "  grad::AdamRule::advance(opt.beta1_power, opt.beta2_power, opt.beta1, opt.beta2);\n";
       s += "  const grad::AdamStepConstants<T> c =\n"
-           "      grad::AdamRule::constants(opt.lr, opt.beta1, opt.beta2, opt.beta1_power, opt.beta2_power);\n";
+           "      grad::AdamRule::constants(opt.lr, opt.beta1, opt.beta2, opt.beta1_power, opt.beta2_power);\n"
+           "  (void)c;\n";
     }
     for (const OptParam& q : opt_params_) {
       if (grad_off_[q.node] == no_slot) {
-        s += "  // " + names_[q.node] + ": not reached by the loss's backward, skipped\n";
+        s += "  // " + ids_[q.node] + ": not reached by the loss's backward, skipped\n";
         continue;
       }
       const std::string n = std::to_string(q.size), l2 = "T(" + emit_detail::literal(q.l2) + ")";
       if (adam_)
-        s += "  grad::emitted::adam_update<" + n + ">(p." + names_[q.node] + ", opt.m + " + std::to_string(q.offset) +
+        s += "  grad::emitted::adam_update<" + n + ">(p." + ids_[q.node] + ", opt.m + " + std::to_string(q.offset) +
              ", opt.v + " + std::to_string(q.offset) + ", " + grad_of(q.node) + ", scale, " + l2 +
              ", opt.beta1, opt.beta2, opt.eps, c);\n";
       else
-        s += "  grad::emitted::sgd_update<" + n + ">(p." + names_[q.node] + ", " + grad_of(q.node) + ", scale, " + l2 +
+        s += "  grad::emitted::sgd_update<" + n + ">(p." + ids_[q.node] + ", " + grad_of(q.node) + ", scale, " + l2 +
              ", opt.lr);\n";
     }
     s += "}\n\n";
@@ -688,7 +909,7 @@ class EmitPlan {
     s += "struct DeviceOptimizer {\n" + optimizer_fields();
     if (adam_) s += "  T* m;  // moment_size, device (m_init, v_init: the captured moments)\n  T* v;\n";
     s += "  grad::emitted::DeviceOptimizerState<T>* state;  // one record, device memory\n};\n";
-    s += "__global__ void prepare_kernel(DeviceOptimizer opt, DeviceWorkspace ws) {\n";
+    s += "__global__ void prepare_kernel(DeviceOptimizer opt, DeviceWorkspace ws) {\n  (void)ws;\n";
     s += clip_norm_text() + "  opt.state->scale = clip.scale(opt.clip);\n";
     if (adam_) {
       s += "  opt.state->beta1_power = opt.beta1_power;\n  opt.state->beta2_power = opt.beta2_power;\n";
@@ -697,7 +918,8 @@ class EmitPlan {
            "opt.state->beta1_power, opt.state->beta2_power);\n";
     }
     s += "}\n";
-    s += "inline void update(const Params& p, DeviceOptimizer& opt, DeviceWorkspace& ws, cudaStream_t stream) {\n";
+    s += "inline void update(const Params& p, DeviceOptimizer& opt, DeviceWorkspace& ws, cudaStream_t stream) {\n"
+         "  (void)p;\n  (void)ws;\n";
     s += "  prepare_kernel<<<1, 1, 0, stream>>>(opt, ws);\n";
     if (adam_)
       s += "  grad::AdamRule::advance(opt.beta1_power, opt.beta2_power, opt.beta1, opt.beta2);  // host copy\n";
@@ -707,11 +929,11 @@ class EmitPlan {
       const std::string grid =
           "<<<grad::emitted::blocks_for(" + n + "), grad::emitted::threads_per_block, 0, stream>>>";
       if (adam_)
-        s += "  grad::emitted::adam_update_kernel<" + n + ", T>" + grid + "(p." + names_[q.node] + ", opt.m + " +
+        s += "  grad::emitted::adam_update_kernel<" + n + ", T>" + grid + "(p." + ids_[q.node] + ", opt.m + " +
              std::to_string(q.offset) + ", opt.v + " + std::to_string(q.offset) + ", " + grad_of(q.node) + ", " + l2 +
              ", opt.beta1, opt.beta2, opt.eps, opt.state);\n";
       else
-        s += "  grad::emitted::sgd_update_kernel<" + n + ", T>" + grid + "(p." + names_[q.node] + ", " +
+        s += "  grad::emitted::sgd_update_kernel<" + n + ", T>" + grid + "(p." + ids_[q.node] + ", " +
              grad_of(q.node) + ", " + l2 + ", opt.lr, opt.state);\n";
     }
     s += "}\n\n";
@@ -723,7 +945,7 @@ class EmitPlan {
   std::span<const Node<T>> nodes_;
   device::Layout<T> layout_;
   std::vector<device::LaunchSpec> forward_, backward_;
-  std::vector<std::string> names_, shape_name_;
+  std::vector<std::string> names_, ids_, shape_name_;  // names as given, their spellings
   std::vector<std::pair<std::string, std::string>> shapes_;  // (shape text, name), first use first
   std::vector<std::uint32_t> outputs_;
   std::vector<std::size_t> value_off_, grad_off_;
@@ -747,19 +969,33 @@ inline void write_source(const std::string& path, std::string_view text) {
 }
 
 // emit() then write_source() for each path given ("" skips that file). Both
-// texts are complete, and both directories checked for writing, before the
-// first byte is written: a refusal or an unwritable path writes nothing.
+// texts are complete, and every output path checked, before the first byte
+// is written: a path that is a directory, a directory that does not take new
+// files, or the same file given for both outputs (also through another
+// spelling, a symbolic or a hard link) is refused, and nothing is written.
 template <class T>
 EmittedSource emit_files(const Tape<T>& tape, Var<T> loss, const EmitOptions<T>& options, const std::string& cpp_path,
                          const std::string& cuda_path = "") {
+  namespace fs = std::filesystem;
   EmittedSource s = emit(tape, loss, options);
   for (const std::string* path : {&cpp_path, &cuda_path}) {
     if (path->empty()) continue;
+    std::error_code ec;
+    if (fs::is_directory(*path, ec))
+      throw EmitError("grad::emit: cannot write '" + *path + "': it is a directory; nothing was written");
     const std::size_t slash = path->rfind('/');
     const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path->substr(0, slash);
     if (::access(dir.c_str(), W_OK) != 0)
       throw EmitError("grad::emit: cannot write '" + *path + "': its directory '" + dir +
                       "' does not take new files (" + std::strerror(errno) + "); nothing was written");
+  }
+  if (!cpp_path.empty() && !cuda_path.empty()) {
+    std::error_code e1, e2, e3;
+    const fs::path a = fs::weakly_canonical(cpp_path, e1), b = fs::weakly_canonical(cuda_path, e2);
+    const bool same = (!e1 && !e2 && a == b) || fs::equivalent(cpp_path, cuda_path, e3) || cpp_path == cuda_path;
+    if (same)
+      throw EmitError("grad::emit: the C++ header and the CUDA source would both be written to '" + cpp_path +
+                      "' ('" + cuda_path + "' is the same file); nothing was written");
   }
   if (!cpp_path.empty()) write_source(cpp_path, s.cpp);
   if (!cuda_path.empty()) write_source(cuda_path, s.cuda);

@@ -5,7 +5,9 @@
 // bodies are the rounding source of truth) and the optimizers' element rules
 // (update_rules.hpp). An emitted file compiles with
 //
-//   g++ -std=c++20 -O2 -ffp-contract=off -I path/to/grad/include model.cpp
+//   g++ -std=c++20 -O2 -I path/to/grad/include model.cpp
+//
+// (contraction is switched off below, whatever -ffp-contract says: see there)
 //
 // and links nothing of grad. Every node of an emitted program is one call of
 // forward<Op, N> / backward<Op, In, N> below, N being the node's shapes as a
@@ -22,9 +24,42 @@
 // its first call) and slower to compile.
 #pragma once
 
+// grad's own headers, as an emitted program includes them, are not the
+// user's code: their warnings under a user's strict flags (-Wshadow,
+// -Wconversion, ... with -Werror) are not reported here. The emitted code
+// itself is checked clean under -Wall -Wextra -Wshadow -Wconversion -Werror
+// (test_emit).
+// Floating-point contraction off (a*b+c is never fused into an FMA: the tape
+// rounds the product and the sum separately) for grad's headers and, as the
+// emitted files repeat this, for the emitted code, whatever the command line
+// says (g++ -std=gnu++20 and clang contract by default; with -march=native
+// that changes bits). Undone at the end: the user's code keeps its own
+// setting. GCC: push_options / optimize; clang: float_control push and
+// `fp contract(off)`. nvcc's device code cannot be told so from the source:
+// it needs --fmad=false on the command line (no macro shows it).
+#if !defined(__CUDA_ARCH__)
+#if defined(__clang__)
+#pragma float_control(push)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+#endif
+
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wshadow"
+#pragma GCC diagnostic ignored "-Wconversion"
+#pragma GCC diagnostic ignored "-Wsign-conversion"
+#pragma GCC diagnostic ignored "-Wfloat-conversion"
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#endif
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "grad/config.hpp"
 #include "grad/numerics/fixed_order.hpp"
@@ -49,6 +84,39 @@ namespace grad::emitted {
 // The emitter's format version: an emitted file checks it (static_assert), so
 // a file written by another grad fails to compile instead of miscomputing.
 inline constexpr int format_version = 1;
+
+// A value from its bits: how an emitted file writes a NaN (its sign and
+// payload kept; a NaN has no literal). A constant expression.
+template <class T>
+GRAD_HD constexpr T from_bits(std::conditional_t<sizeof(T) == 8, std::uint64_t, std::uint32_t> bits) {
+  static_assert(sizeof(T) == sizeof(bits));
+  return __builtin_bit_cast(T, bits);
+}
+
+// n elements from src to dst (an emitted ParamStore::load, captured_x, a
+// forward() output that is a leaf).
+template <std::size_t N, class T>
+GRAD_HD constexpr void copy(T* dst, const T* src) {
+  for (std::size_t i = 0; i < N; ++i) dst[i] = src[i];
+}
+
+// ---- metadata: an emitted file's tables of parameters, inputs and outputs ----
+
+inline constexpr std::size_t no_offset = static_cast<std::size_t>(-1);
+
+// One tensor of an emitted program, for a caller that drives any emitted
+// model from its tables alone (parameters[], inputs[], outputs[]).
+template <class T>
+struct TensorInfo {
+  const char* name;         // as given to grad::emit, or its default (p<node>, in<node>, out<k>)
+  const char* identifier;   // its spelling in the emitted code (name, or name_ for a keyword or macro)
+  std::uint32_t node;       // in the recorded tape
+  Dims shape;               // rank and extents
+  std::size_t size;         // elements
+  std::size_t offset;       // in its flat buffer: params_at / value_and_grad's x and g, inputs_at, forward_flat's out
+  std::size_t grad_offset;  // parameters: in Workspace::grad after a step; no_offset if the loss does not reach it
+  const T* init;            // the captured values (host memory); outputs: nullptr
+};
 
 // A node's static description: operand and output shapes, the axis (softmax,
 // concat) and slice's starts. A structural type: a template argument.
@@ -249,3 +317,14 @@ __global__ void sgd_update_kernel(T* w, const T* g, T l2, T lr, const DeviceOpti
 #endif
 
 }  // namespace grad::emitted
+
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+#if !defined(__CUDA_ARCH__)
+#if defined(__clang__)
+#pragma float_control(pop)
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
+#endif
