@@ -93,9 +93,11 @@ int main(int argc, char** argv) {
       prog.sync_params_to(tp);  // the fingerprint below reads the tape
       report(loss);
       return 0;
-    } catch (const std::exception& e) {
+    } catch (const grad::dist::Error& e) {  // every rank throws it together
       std::fprintf(stderr, "%s\n", e.what());
       return 1;
+    } catch (const std::exception& e) {  // this rank's own failure: stop the others now, not at their timeout
+      comm.abort(std::string("dist_autoencoder: ") + e.what());
     }
 
   try {
@@ -113,9 +115,11 @@ int main(int argc, char** argv) {
     }
     if (!save.empty()) ddp.save_checkpoint(save);
     report(loss);
-  } catch (const grad::dist::Error& e) {
+  } catch (const grad::dist::Error& e) {  // every rank throws it together
     std::fprintf(stderr, "%s\n", e.what());
     return 1;
+  } catch (const std::exception& e) {  // this rank's own failure: stop the others now, not at their timeout
+    comm.abort(std::string("dist_autoencoder: ") + e.what());
   }
   return 0;
 }
