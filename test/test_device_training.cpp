@@ -611,7 +611,8 @@ TEST_CASE("device optimizers check every setting as the device holds it: an f32 
   prog.forward();
   prog.backward();
   adam.step();
-  for (double v : prog.value(w).data()) CHECK(std::isfinite(v));
+  const Tensor<double> stepped = prog.value(w);
+  for (double v : stepped.data()) CHECK(std::isfinite(v));
   // A double capture holds 1e300 exactly.
   auto wide = dev::capture(tp, loss);
   CHECK_NOTHROW(dev::Adam<double>(wide, 1e300));
