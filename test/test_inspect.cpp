@@ -337,6 +337,7 @@ TEST_CASE("summarize: per-layer rows of a Sequential, parameter counts equal the
   CHECK(s.grad_bytes == tp.grad_bytes());
   CHECK(s.arena_bytes >= s.value_bytes + s.grad_bytes);
   const std::string table = s.table();
+  if (std::getenv("GRAD_INSPECT_PRINT")) std::printf("%s", table.c_str());  // docs/inspect.md shows this table
   CHECK(contains(table, "Trainable parameters: 67"));
   CHECK(contains(table, "[5, 3]"));
 

@@ -24,7 +24,7 @@ namespace inspect_detail {
 template <class T>
 std::size_t first_non_finite(const T* p, std::size_t n) {
   using Bits = std::conditional_t<sizeof(T) == 8, std::uint64_t, std::uint32_t>;
-  constexpr Bits exponent = sizeof(T) == 8 ? Bits{0x7ff0000000000000} : Bits{0x7f800000};
+  constexpr Bits exponent = static_cast<Bits>(sizeof(T) == 8 ? 0x7ff0000000000000ULL : 0x7f800000ULL);
   Bits any = 0;
   for (std::size_t k = 0; k < n; ++k) any |= static_cast<Bits>((std::bit_cast<Bits>(p[k]) & exponent) == exponent);
   if (any == 0) return n;
