@@ -76,10 +76,13 @@ struct Scopes {
 
   std::uint32_t current() const { return stack.empty() ? 0 : stack.back(); }
 
+  // Looks the scope up without building its path, so reopening a known
+  // scope (every training step) allocates nothing.
   std::uint32_t intern(std::uint32_t parent, std::string_view name) {
-    std::string full = parent == 0 ? std::string(name) : names[parent] + "." + std::string(name);
+    const std::size_t length = (parent == 0 ? 0 : names[parent].size() + 1) + name.size();
     for (std::uint32_t i = 1; i < names.size(); ++i)
-      if (names[i] == full) return i;
+      if (parents[i] == parent && names[i].size() == length && std::string_view(names[i]).ends_with(name)) return i;
+    std::string full = parent == 0 ? std::string(name) : names[parent] + "." + std::string(name);
     names.push_back(std::move(full));
     parents.push_back(parent);
     return static_cast<std::uint32_t>(names.size() - 1);
