@@ -2,9 +2,12 @@
 // base weights are frozen constants, the 14 adapter tensors (A and B on q, k,
 // v, o, gate, up, down) are the only parameters. Task: memorise the next
 // token of one short sequence. Prints the loss curve and the final loss.
+// `lora_block --graph block.svg` also draws the first step's tape with
+// Graphviz (docs/inspect.md; docs/figures/lora_block_graph.svg is that picture).
 #include <cmath>
 #include <cstdio>
 #include <grad/grad.hpp>
+#include <grad/inspect.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -40,7 +43,8 @@ struct Projection {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const char* graph = argc == 3 && std::string(argv[1]) == "--graph" ? argv[2] : nullptr;
   Tape<double> tp;
 
   // The sequence, its embeddings (frozen) and next-token targets.
@@ -72,11 +76,19 @@ int main() {
   // Everything above is kept; each step re-records the block after this mark.
   const auto episode = tp.mark();
   auto block_loss = [&] {
-    Var<double> h = nn::rmsnorm(x, norm_in, eps);
-    Var<double> ctx = nn::gqa_attention(q(h), k(h), v(h), cos, sin, mask, n_heads, n_kv_heads, head_dim);
-    Var<double> x2 = x + o(ctx);
-    Var<double> h2 = nn::rmsnorm(x2, norm_post, eps);
-    Var<double> x3 = x2 + down(nn::swiglu(gate(h2), up(h2)));
+    Var<double> x2, x3;
+    {  // name scopes: the clusters of the --graph picture
+      grad::NameScope<double> scope(tp, "self_attn");
+      Var<double> h = nn::rmsnorm(x, norm_in, eps);
+      Var<double> ctx = nn::gqa_attention(q(h), k(h), v(h), cos, sin, mask, n_heads, n_kv_heads, head_dim);
+      x2 = x + o(ctx);
+    }
+    {
+      grad::NameScope<double> scope(tp, "mlp");
+      Var<double> h2 = nn::rmsnorm(x2, norm_post, eps);
+      x3 = x2 + down(nn::swiglu(gate(h2), up(h2)));
+    }
+    grad::NameScope<double> scope(tp, "lm_head");
     return nn::cross_entropy_rows(nn::linear(x3, w_vocab), onehot, seq - 1);
   };
 
@@ -95,6 +107,13 @@ int main() {
     if (step % 5 == 0) {
       const int bar = static_cast<int>(40 * std::min(loss, 3.0) / 3.0);
       std::printf("step %3d  loss %.6f  %s\n", step, loss, std::string(static_cast<std::size_t>(bar), '#').c_str());
+    }
+    if (step == 0 && graph) {
+      std::string why;
+      if (grad::render_svg(grad::to_dot(tp), graph, &why))
+        std::printf("          (the tape drawn to %s)\n", graph);
+      else
+        std::fprintf(stderr, "%s\n", why.c_str());
     }
     if (step == 0)
       std::printf("          (%zu nodes per step, gradient buffers %.1f KiB: none for the frozen base)\n",

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <grad/grad.hpp>
+#include <grad/inspect.hpp>
 #include <grad/lm.hpp>
 #include <new>
 #include <stdexcept>
@@ -50,9 +51,16 @@ struct TrainOptions {
   long steps = 600;
   double lr = 3e-3;
   std::uint64_t seed = 1;
+  bool detect_anomalies = false;
+  std::string profile;
 };
 
 void add_options(CLI::App& c, TrainOptions& o) {
+  c.add_flag("--detect-anomalies", o.detect_anomalies,
+             "stop at the first op or backward step that makes a NaN or inf, naming it (docs/inspect.md)");
+  c.add_option("--profile", o.profile,
+               "profile the second step: print per-op times and write a Chrome trace (Perfetto) to this file")
+      ->check(cli::output_file);
   c.add_option("--text", o.text, "text to train on (the last tenth held out for validation)")
       ->check(cli::input_file(max_text_bytes));
   c.add_option("--out", o.out, "where to write the trained model")->check(cli::required_output_file);
@@ -304,6 +312,7 @@ int train(const TrainOptions& o) {
   const double unigram = unigram_bpb(train_part, val_part);
 
   grad::Tape<T> tp;
+  tp.detect_anomalies(o.detect_anomalies);
   nn::Lm<T> model(tp, c, seed);
   grad::Adam<T> opt(static_cast<T>(lr));
   opt.set_clip(T(1));
@@ -332,9 +341,18 @@ int train(const TrainOptions& o) {
         out[b * seq + i] = train_part[at + i + 1];
       }
     }
+    const bool profiled = !o.profile.empty() && step == std::min(2L, steps);  // the first step warms the arenas
+    tp.profile(profiled);
     auto r = model.forward(model.ids(in, batch, seq), model.ids(out, batch * seq, 0));
     if (!tp.backward(r.loss) || !opt.step()) throw std::runtime_error(tp.error());
     const double loss = static_cast<double>(tp.scalar(r.loss));
+    if (profiled) {
+      tp.profile(false);
+      std::printf("\nprofile of step %ld (forward and backward; the optimizer is not timed):\n%s", step,
+                  grad::profile_table(grad::profile_by_op(tp)).c_str());
+      grad::write_chrome_trace(tp, o.profile);
+      std::printf("Chrome trace: %s (open it in https://ui.perfetto.dev)\n", o.profile.c_str());
+    }
     tp.reset_to(mark);
     seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     tokens_done += static_cast<double>(batch * seq);

@@ -40,6 +40,12 @@ class Arena {
   }
 
   Position position() const { return {current_, used_}; }
+  // Elements held in chunks (never freed, so this is the high-water mark).
+  std::size_t reserved() const {
+    std::size_t n = 0;
+    for (const Chunk& c : chunks_) n += c.capacity;
+    return n;
+  }
   void rewind(Position p) {
     current_ = p.chunk;
     used_ = p.used;

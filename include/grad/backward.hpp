@@ -49,7 +49,12 @@ bool Tape<T>::backward(Var<T> loss) {
 #endif
   for (std::size_t i = loss.index_ + 1; i-- > 0;) {
     Node<T>& n = nodes_[i];
-    if (n.touched && backward_steps_[n.op]) (this->*backward_steps_[n.op])(n);
+    if (!n.touched || !backward_steps_[n.op]) continue;
+    if (watch_ != 0) [[unlikely]] {
+      if (!backward_watched(i)) return false;  // timed and/or checked (inspect/tape_hooks.hpp)
+    } else {
+      (this->*backward_steps_[n.op])(n);
+    }
   }
   return true;
 }

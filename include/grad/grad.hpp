@@ -32,6 +32,8 @@
 //   csv.hpp          read_csv / read_labeled_csv
 //   print.hpp        operator<< for tensors and views
 //   threading.hpp    threading_thresholds, threading_report
+//   inspect.hpp      gradcheck, to_dot (Graphviz), summarize, the profiler's tables and Chrome
+//                    trace (anomaly detection and NameScope are in tape.hpp; docs/inspect.md)
 // docs/ARCHITECTURE.md has the layers, the op-tag and determinism contracts.
 //
 // Two modes, same results bit for bit: header-only (the default: every loop

@@ -293,9 +293,10 @@ class Sequential : public Module<T> {
     return *this;
   }
   Var<T> operator()(Var<T> x) const {
-    for (const auto& f : layers_) {
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
       if (!x.valid()) break;  // the tape is poisoned: later layers would only say so again
-      x = f(x);
+      NameScope<T> scope(this->tape(), std::to_string(i));  // its nodes are layer "i" (inspect: anomalies, summary)
+      x = layers_[i](x);
     }
     return x;
   }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "grad/arena.hpp"
+#include "grad/inspect/hooks.hpp"
 #include "grad/tags/op_list.hpp"
 #include "grad/tensor.hpp"
 
@@ -155,6 +156,28 @@ class Tape {
   // but no gradient buffers and no backward work; backward is refused.
   bool inference_mode() const { return inference_depth_ > 0; }
 
+  // Inspection (docs/inspect.md). Anomaly detection: after each op and each
+  // backward step, a non-finite value or gradient poisons the tape naming the
+  // node that made it (anomaly()). Profiling: each op and backward step is
+  // timed into inspection().events. Both off by default.
+  void detect_anomalies(bool on) { set_watch(inspect_detail::watch_anomalies, on); }
+  bool detects_anomalies() const { return (watch_ & inspect_detail::watch_anomalies) != 0; }
+  void profile(bool on) {
+    if (on && !profiling()) inspection_.epoch = std::chrono::steady_clock::now();
+    set_watch(inspect_detail::watch_profile, on);
+  }
+  bool profiling() const { return (watch_ & inspect_detail::watch_profile) != 0; }
+  const Anomaly* anomaly() const { return inspection_.has_anomaly ? &inspection_.anomaly : nullptr; }
+  const TapeInspection& inspection() const { return inspection_; }
+  void clear_profile() { inspection_.events.clear(); }
+  // The NameScope path (e.g. "encoder.0") open when node i was recorded; "" for none.
+  const std::string& scope_name(std::size_t node) const {
+    return inspection_.scopes.names[inspection_.scopes.of(node)];
+  }
+  // Bytes the value and gradient arenas have reserved: their high-water mark
+  // (rewinding keeps every chunk).
+  std::size_t arena_bytes() const { return (values_.reserved() + grads_.reserved()) * sizeof(T); }
+
   bool ok() const { return error_.empty(); }
   const std::string& error() const { return error_; }
   std::size_t size() const { return nodes_.size(); }
@@ -189,6 +212,7 @@ class Tape {
                     std::to_string(nodes_.size()) + " nodes, recorded after the reset); take a new mark");
     nodes_.resize(m.nodes);
     extras_.resize(m.extras);
+    inspection_.scopes.note(m.nodes);  // forget scope changes among the dropped nodes
     values_.rewind(m.values);
     grads_.rewind(m.grads);
     clear_gradients();
@@ -264,6 +288,8 @@ class Tape {
       n.extra = static_cast<std::uint32_t>(extras_.size());
       extras_.insert(extras_.end(), extra.begin(), extra.end());
     }
+    if (watch_ != 0) [[unlikely]]
+      return record_watched<Op>(n);  // the same, timed and/or checked (inspect/tape_hooks.hpp)
     Op::forward_tensor(args(n), n.value);
     learn_backward<Op>();
     return push(n);
@@ -302,6 +328,8 @@ class Tape {
     n.requires_grad = std::is_same_v<Op, Param>;
     if (!allocate(n, Op::name)) return rejected();
     std::copy(t.data().begin(), t.data().end(), n.value);
+    if (watch_ & inspect_detail::watch_anomalies) [[unlikely]]
+      return check_leaf(push(n));
     return push(n);
   }
 
@@ -360,6 +388,18 @@ class Tape {
   template <class Op>
   void backward_node(Node<T>& n);
 
+  // Inspection hooks, defined in inspect/tape_hooks.hpp; entered only when a
+  // watch is on.
+  void set_watch(std::uint8_t bit, bool on) { watch_ = on ? (watch_ | bit) : (watch_ & ~bit); }
+  template <class Op>
+  Var<T> record_watched(Node<T>& n);
+  Var<T> check_leaf(Var<T> v);
+  bool backward_watched(std::size_t i);
+  bool report_anomaly(Anomaly a);
+  Anomaly describe(Anomaly::Phase phase, std::size_t i) const;
+  void push_scope(std::string_view name) { inspection_.scopes.enter(name, nodes_.size()); }
+  void pop_scope() { inspection_.scopes.leave(nodes_.size()); }
+
   // The reverse walk calls each node's backward step through this table, so
   // a program compiles (and optimises) the backward of the ops it records
   // only: record<Op> enters Op's step; leaves have none. With the compiled
@@ -386,8 +426,12 @@ class Tape {
   std::uint64_t serial_ = 0;
   bool throw_ = false;
   std::uint32_t inference_depth_ = 0;
+  std::uint8_t watch_ = 0;  // inspect_detail::watch_* bits
+  TapeInspection inspection_;
   template <class U>
   friend class InferenceGuard;
+  template <class U>
+  friend class NameScope;
 };
 
 // Inference mode for one scope, like torch::NoGradGuard: ops recorded while a
@@ -414,3 +458,5 @@ class InferenceGuard {
 };
 
 }  // namespace grad
+
+#include "grad/inspect/tape_hooks.hpp"

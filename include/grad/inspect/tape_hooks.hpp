@@ -1,0 +1,238 @@
+// The tape's inspection hooks (anomaly detection, profiling) and NameScope.
+// Included at the end of tape.hpp; entered only when Tape::watch_ is not
+// zero, so the unwatched paths in record() and backward() stay as they were.
+#pragma once
+
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "grad/tape.hpp"
+
+namespace grad {
+
+namespace inspect_detail {
+
+// Index of the first non-finite element of p[0..n), or n. The common case
+// (all finite) is one branch-free pass over the exponent bits, which the
+// compiler can vectorise (std::isfinite per element in a loop with an early
+// exit cannot be); only a buffer that has one is searched for it.
+template <class T>
+std::size_t first_non_finite(const T* p, std::size_t n) {
+  using Bits = std::conditional_t<sizeof(T) == 8, std::uint64_t, std::uint32_t>;
+  constexpr Bits exponent = static_cast<Bits>(sizeof(T) == 8 ? 0x7ff0000000000000ULL : 0x7f800000ULL);
+  Bits any = 0;
+  for (std::size_t k = 0; k < n; ++k) any |= static_cast<Bits>((std::bit_cast<Bits>(p[k]) & exponent) == exponent);
+  if (any == 0) return n;
+  for (std::size_t k = 0; k < n; ++k)
+    if (!std::isfinite(p[k])) return k;
+  return n;
+}
+
+inline std::string number(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
+// A string as the inside of a JSON (or DOT) string literal.
+inline std::string json_escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+inline std::uint64_t since(std::chrono::steady_clock::time_point epoch, std::chrono::steady_clock::time_point t) {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t - epoch).count());
+}
+
+}  // namespace inspect_detail
+
+// Opens a name scope on the tape for its lifetime: every node recorded
+// meanwhile belongs to it (the anomaly report, the DOT clusters, the summary
+// and the profiler's per-scope rows use it). Scopes nest into dotted paths:
+//
+//   grad::NameScope encoder(tp, "encoder");
+//   { grad::NameScope layer(tp, "0"); h = lin(x); }   // scope "encoder.0"
+//
+// Costs a short string lookup when opened, nothing per op.
+template <class T>
+class NameScope {
+ public:
+  NameScope(Tape<T>& tp, std::string_view name) : tp_(&tp) { tp_->push_scope(name); }
+  ~NameScope() { tp_->pop_scope(); }
+  NameScope(const NameScope&) = delete;
+  NameScope& operator=(const NameScope&) = delete;
+
+ private:
+  Tape<T>* tp_;
+};
+
+// Anomaly detection for one scope (torch.autograd.detect_anomaly): on while
+// the guard lives, then back to what it was.
+template <class T>
+class AnomalyGuard {
+ public:
+  explicit AnomalyGuard(Tape<T>& tp) : tp_(&tp), was_(tp.detects_anomalies()) { tp.detect_anomalies(true); }
+  ~AnomalyGuard() { tp_->detect_anomalies(was_); }
+  AnomalyGuard(const AnomalyGuard&) = delete;
+  AnomalyGuard& operator=(const AnomalyGuard&) = delete;
+
+ private:
+  Tape<T>* tp_;
+  bool was_;
+};
+
+template <class T>
+Anomaly Tape<T>::describe(Anomaly::Phase phase, std::size_t i) const {
+  const Node<T>& n = nodes_[i];
+  Anomaly a;
+  a.phase = phase;
+  a.node = static_cast<std::uint32_t>(i);
+  a.op = std::string(op_name(n.op));
+  a.scope = scope_name(i);
+  a.shape = shape_string(n.dims);
+  for (std::uint32_t in : {n.a, n.b}) {
+    if (in == no_node) continue;
+    const Node<T>& x = nodes_[in];
+    Anomaly::Operand o;
+    o.node = in;
+    o.op = std::string(op_name(x.op));
+    o.shape = shape_string(x.dims);
+    o.scope = scope_name(in);
+    o.value_finite = inspect_detail::first_non_finite(x.value, x.dims.size()) == x.dims.size();
+    a.operands.push_back(std::move(o));
+  }
+  return a;
+}
+
+// Words the report, keeps it, poisons the tape (which throws in exception mode).
+template <class T>
+bool Tape<T>::report_anomaly(Anomaly a) {
+  const bool backward = a.phase == Anomaly::Phase::backward;
+  std::string m = std::string("anomaly: ") + (backward ? "backward" : "forward") + ": node " +
+                  std::to_string(a.node) + " (" + a.op + (a.scope.empty() ? "" : " in '" + a.scope + "'") +
+                  ", output " + a.shape + ") ";
+  if (backward)
+    m += "handed a non-finite gradient (" + inspect_detail::number(a.bad) + " at element " +
+         std::to_string(a.element) + ") to operand " + std::to_string(a.gradient_to + 1) + " (node " +
+         std::to_string(a.operands[static_cast<std::size_t>(a.gradient_to)].node) + "); its incoming gradient was " +
+         (a.incoming_gradient_finite ? "finite" : "NOT finite");
+  else
+    m += "produced a non-finite value (" + inspect_detail::number(a.bad) + " at element " + std::to_string(a.element) +
+         ")";
+  bool operands_finite = true;
+  for (std::size_t k = 0; k < a.operands.size(); ++k) {
+    const Anomaly::Operand& o = a.operands[k];
+    operands_finite = operands_finite && o.value_finite;
+    m += std::string(k == 0 ? "; operands: " : ", ") + std::to_string(k + 1) + " = node " + std::to_string(o.node) +
+         " (" + o.op + " " + o.shape + (o.scope.empty() ? "" : " in '" + o.scope + "'") + ", " +
+         (o.value_finite ? "finite" : "already NOT finite") + ")";
+  }
+  if (operands_finite && a.incoming_gradient_finite)
+    m += backward ? "; this node made the first non-finite gradient" : "; this node made the first non-finite value";
+  else
+    m += "; the non-finite input came from outside the watched recording (a leaf's value, or an op recorded "
+         "before anomaly detection was on)";
+  a.message = m;
+  inspection_.anomaly = std::move(a);
+  inspection_.has_anomaly = true;
+  poison(std::move(m));  // may throw TapeError: the report is kept first
+  return false;
+}
+
+template <class T>
+template <class Op>
+Var<T> Tape<T>::record_watched(Node<T>& n) {
+  using clock = std::chrono::steady_clock;
+  const bool timed = profiling();
+  const clock::time_point start = timed ? clock::now() : clock::time_point{};
+  Op::forward_tensor(args(n), n.value);
+  const clock::time_point stop = timed ? clock::now() : clock::time_point{};
+  learn_backward<Op>();
+  Var<T> v = push(n);
+  const std::size_t i = nodes_.size() - 1, size = n.dims.size();
+  if (timed)
+    inspection_.events.push_back({static_cast<std::uint32_t>(i), n.op, false, inspection_.scopes.of(i),
+                                  inspect_detail::since(inspection_.epoch, start),
+                                  inspect_detail::since(inspection_.epoch, stop) -
+                                      inspect_detail::since(inspection_.epoch, start),
+                                  size * sizeof(T)});
+  if (detects_anomalies()) {
+    const std::size_t bad = inspect_detail::first_non_finite(n.value, size);
+    if (bad < size) {
+      Anomaly a = describe(Anomaly::Phase::forward, i);
+      a.element = bad;
+      a.bad = static_cast<double>(n.value[bad]);
+      report_anomaly(std::move(a));
+      return rejected();  // as every poisoned op: the node stays on the tape for inspection
+    }
+  }
+  return v;
+}
+
+template <class T>
+Var<T> Tape<T>::check_leaf(Var<T> v) {
+  const Node<T>& n = nodes_[v.index_];
+  const std::size_t bad = inspect_detail::first_non_finite(n.value, n.dims.size());
+  if (bad == n.dims.size()) return v;
+  Anomaly a = describe(Anomaly::Phase::forward, v.index_);
+  a.element = bad;
+  a.bad = static_cast<double>(n.value[bad]);
+  report_anomaly(std::move(a));
+  return rejected();
+}
+
+template <class T>
+bool Tape<T>::backward_watched(std::size_t i) {
+  using clock = std::chrono::steady_clock;
+  Node<T>& n = nodes_[i];
+  const bool checked = detects_anomalies();
+  const std::size_t size = n.dims.size();
+  const bool incoming_finite = !checked || inspect_detail::first_non_finite(n.grad, size) == size;
+  const bool timed = profiling();
+  const clock::time_point start = timed ? clock::now() : clock::time_point{};
+  (this->*backward_steps_[n.op])(n);
+  if (timed) {
+    const clock::time_point stop = clock::now();
+    std::uint64_t bytes = 0;
+    for (std::uint32_t in : {n.a, n.b})
+      if (in != no_node && nodes_[in].grad) bytes += nodes_[in].dims.size() * sizeof(T);
+    const std::uint64_t t0 = inspect_detail::since(inspection_.epoch, start);
+    inspection_.events.push_back({static_cast<std::uint32_t>(i), n.op, true, inspection_.scopes.of(i), t0,
+                                  inspect_detail::since(inspection_.epoch, stop) - t0, bytes});
+  }
+  if (!checked) return true;
+  const std::uint32_t inputs[2] = {n.a, n.b};
+  for (int k = 0; k < 2; ++k) {
+    const std::uint32_t in = inputs[k];
+    if (in == no_node || !nodes_[in].grad) continue;
+    const Node<T>& x = nodes_[in];
+    const std::size_t bad = inspect_detail::first_non_finite(x.grad, x.dims.size());
+    if (bad == x.dims.size()) continue;
+    Anomaly a = describe(Anomaly::Phase::backward, i);
+    a.gradient_to = k;
+    a.element = bad;
+    a.bad = static_cast<double>(x.grad[bad]);
+    a.incoming_gradient_finite = incoming_finite;
+    return report_anomaly(std::move(a));
+  }
+  return true;
+}
+
+}  // namespace grad
