@@ -41,7 +41,8 @@ expect 2 "--steps: 'abc' is not a whole number in [1, 10000000]" train --steps a
 expect 2 "--steps: '99999999999999999999999' is not a whole number" train --steps 99999999999999999999999
 expect 2 "--lr: 'x' is not a number in" train --lr x
 expect 2 "--stepz" train --stepz 1
-expect 2 "valid options: --help, --text, --out" train --stepz 1
+expect 2 "valid options: --help, " train --stepz 1
+expect 2 ", --text, --out, --csv, --svg, --steps, " train --stepz 1
 expect 2 "--seq: '0' is not a whole number in [1, 1024]" train --seq 0
 expect 2 "--d: '100000000000' is not a whole number in [2, 1024]" train --d 100000000000
 expect 2 "--batch: '100000' is not a whole number in [1, 64]" train --batch 100000
