@@ -164,11 +164,8 @@ pkgconfig() {
       -Dbenchmarks=disabled -Dcuda=disabled >"$work/install.log" 2>&1
     meson install -C "$from" --destdir "$prefix" >>"$work/install.log" 2>&1 || { tail -20 "$work/install.log"; fail "install"; return; }
   fi
-  # --destdir keeps the build's prefix inside the .pc files: point copies of them at the stage
-  # (PKG_CONFIG_SYSROOT_DIR would move -L/usr/local/cuda/lib64 as well).
-  pcdir=$(dirname "$(find "$prefix" -name grad.pc | head -1)")
-  rm -rf "$work/pc"; mkdir -p "$work/pc"
-  for f in "$pcdir"/*.pc; do sed "s|^prefix=\(.*\)|prefix=$prefix\1|" "$f" >"$work/pc/$(basename "$f")"; done
+  # --destdir keeps the build's prefix inside the .pc files: point copies of them at the stage.
+  "$src/scripts/stage-pc.sh" "$prefix" "$work/pc" >/dev/null
   export PKG_CONFIG_PATH="$work/pc"
   cat >"$work/pc-grad.cpp" <<'CPP'
 #include <grad/grad.hpp>

@@ -18,17 +18,6 @@ work=$2
 rm -rf "$work"
 mkdir -p "$work/sub/subprojects"
 fail() { echo "consumer: $*"; exit 1; }
-# stage_pc_files STAGE DIR: copies the .pc files under STAGE (a --destdir
-# install) into DIR with their prefix moved into STAGE; prints the directory
-# they came from. (PKG_CONFIG_SYSROOT_DIR would move -L/usr/local/cuda/lib64 too.)
-stage_pc_files() {
-  from=$(dirname "$(find "$1" -name grad.pc | head -1)")
-  mkdir -p "$2"
-  for f in "$from"/*.pc; do
-    sed "s|^prefix=\(.*\)|prefix=$1\1|" "$f" >"$2/$(basename "$f")"
-  done
-  echo "$from"
-}
 
 # 1. subproject, both modes
 cp "$src/test/consumer/consumer.cpp" "$work/sub/"
@@ -74,7 +63,7 @@ if [ -n "${3:-}" ]; then
   meson install -C "$3" --no-rebuild --destdir "$work/stage" >"$work/install.log" 2>&1 ||
     { cat "$work/install.log"; exit 1; }
   # The .pc files name the build's prefix: point copies of them at the stage.
-  pcdir=$(stage_pc_files "$work/stage" "$work/pc")
+  pcdir=$("$src/scripts/stage-pc.sh" "$work/stage" "$work/pc")
   export PKG_CONFIG_PATH="$work/pc"
 else
   meson setup "$work/grad-build" "$src" --prefix="$work/stage" --libdir=lib \
