@@ -229,17 +229,23 @@ TEST_CASE_TEMPLATE("the SGD and Adam update loops give the rules' bits at every 
     kernels::sgd_update<ClipRule, SgdRule>(w_sgd.data(), g.data(), n, scale, l2, lr);
     for (std::size_t i = 0; i < n; ++i)
       want_sgd[i] = SgdRule::update(want_sgd[i], ClipRule::effective(g[i], want_sgd[i], scale, l2), lr);
-    std::vector<T> w_adam = w, m_adam = m, v_adam = v, want_w = w, want_m = m, want_v = v;
-    kernels::adam_update<ClipRule, AdamRule>(w_adam.data(), m_adam.data(), v_adam.data(), g.data(), n, scale, l2,
-                                             beta1, beta2, eps, c);
-    for (std::size_t i = 0; i < n; ++i)
-      AdamRule::update(want_w[i], want_m[i], want_v[i], ClipRule::effective(g[i], want_w[i], scale, l2), beta1, beta2,
-                       eps, c);
+    // Both forms of Adam; the PyTorch one with AdamW's decoupled decay too.
+    const AdamStepConstants<T> torch_form =
+        AdamRule::constants(lr, beta1, beta2, T(0.9 * 0.9), T(0.999 * 0.999), AdamForm::pytorch);
+    for (const auto& [constants, decay] : {std::pair{c, T(1)}, std::pair{torch_form, AdamRule::decay_factor(lr, T(0.1))}}) {
+      std::vector<T> w_adam = w, m_adam = m, v_adam = v, want_w = w, want_m = m, want_v = v;
+      kernels::adam_update<ClipRule, AdamRule>(w_adam.data(), m_adam.data(), v_adam.data(), g.data(), n, scale, l2,
+                                               beta1, beta2, eps, constants, decay);
+      for (std::size_t i = 0; i < n; ++i)
+        AdamRule::update(want_w[i], want_m[i], want_v[i], ClipRule::effective(g[i], want_w[i], scale, l2), beta1,
+                         beta2, eps, constants, decay);
+      INFO("n = " << n << ", decay " << decay);
+      CHECK(same_bits(w_adam, want_w));
+      CHECK(same_bits(m_adam, want_m));
+      CHECK(same_bits(v_adam, want_v));
+    }
     INFO("n = " << n);
     CHECK(same_bits(w_sgd, want_sgd));
-    CHECK(same_bits(w_adam, want_w));
-    CHECK(same_bits(m_adam, want_m));
-    CHECK(same_bits(v_adam, want_v));
   }
 }
 

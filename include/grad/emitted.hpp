@@ -220,7 +220,7 @@ template <std::size_t N, class T>
 GRAD_HD inline void adam_update(T* w, T* m, T* v, const T* g, T scale, T l2, T beta1, T beta2, T eps,
                                 const AdamStepConstants<T>& c) {
 #if defined(GRAD_EMITTED_HOST_LOOPS) && !defined(__CUDACC__)
-  kernels::adam_update<ClipRule, AdamRule>(w, m, v, g, N, scale, l2, beta1, beta2, eps, c);
+  kernels::adam_update<ClipRule, AdamRule>(w, m, v, g, N, scale, l2, beta1, beta2, eps, c, T(1));
 #else
   for (std::size_t i = 0; i < N; ++i) adam_element(w[i], m[i], v[i], g[i], scale, l2, beta1, beta2, eps, c);
 #endif

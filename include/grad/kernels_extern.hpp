@@ -71,7 +71,7 @@ struct AdamStepConstants;
   E template void grad::gemm_detail::multiply<T>(grad::Isa, const grad::gemm_detail::Problem<T>&);                 \
   E template void grad::kernels::sgd_update<grad::ClipRule, grad::SgdRule, T>(T*, const T*, std::size_t, T, T, T); \
   E template void grad::kernels::adam_update<grad::ClipRule, grad::AdamRule, T, grad::AdamStepConstants<T>>(       \
-      T*, T*, T*, const T*, std::size_t, T, T, T, T, T, const grad::AdamStepConstants<T>&);
+      T*, T*, T*, const T*, std::size_t, T, T, T, T, T, const grad::AdamStepConstants<T>&, T);
 
 #if defined(GRAD_COMPILED_KERNELS) && GRAD_SIMD
 GRAD_KERNEL_INSTANCES(extern, float)
