@@ -8,14 +8,17 @@
 //
 // What is saved: the parameters added to `opt`, in add order (values, shapes,
 // L2 coefficients), the optimizer's settings (lr, clip, and for Adam beta1,
-// beta2, eps), its step count and, for Adam, the running powers b1^t, b2^t
-// and both moments. Parameters never added to the optimizer are not saved:
-// they are the program's to rebuild. Loading restores the settings too, so
-// that a resumed run continues bit for bit; call set_lr() afterwards to
-// change the rate. A learning-rate schedule (opt.set_schedule) is not in the
-// file: attach the same one to the optimizer the checkpoint is loaded into,
-// before or after loading; it continues from the restored step count (the
-// saved lr is then the schedule's next rate, and is recomputed from it).
+// beta2, eps, its form; SGD's momentum, dampening, Nesterov; AdamW's weight
+// decays), its step count and, for Adam, the running powers b1^t, b2^t
+// and both moments; SGD's momentum buffers; the learning-rate schedule with
+// its state (a plateau schedule's rate, best metric and counters).
+// Parameters never added to the optimizer are not saved: they are the
+// program's to rebuild. Loading restores the settings and the schedule too,
+// so that a resumed run continues bit for bit without re-attaching
+// anything; call set_lr() or set_schedule() afterwards to change the rate.
+// A file without a schedule (one saved without, or by an older build) keeps
+// a schedule attached to the optimizer it is loaded into; it continues from
+// the restored step count.
 //
 // Saving writes a temporary file of its own ("<path>.tmp.XXXXXX", unique, in
 // the same directory), fsyncs it, renames it over `path` and fsyncs the
@@ -44,6 +47,19 @@
 // Notes are named integers a caller keeps with the state: grad::dist saves
 // its shard count (and combine mode) there and refuses to resume with
 // another, since another count sums the gradient in another order.
+// Version 3 (written only when the optimizer has state versions 1 and 2
+// cannot hold: AdamW, Adam's PyTorch form, SGD momentum or a schedule; the
+// note list is then always there, perhaps empty) appends after the notes
+//            u32 Adam form (0 efficient, 1 pytorch)  T momentum  T dampening
+//            u32 nesterov  T AdamW's default weight decay   (zero where unused)
+//            per parameter: T weight decay, u32 momentum buffer started
+//            SGD with momentum: all momentum buffers
+//            u32 schedule present; if 1: u32 shape  f64 base_lr min_lr
+//            u64 warmup total  f64 gamma  u64 step_size  u64 milestone count,
+//            milestones  f64 pct_start div_factor final_div_factor  u32 mode
+//            f64 factor  u64 patience  f64 threshold  u32 threshold_mode
+//            u64 cooldown  f64 eps; the plateau state: f64 lr best
+//            u64 bad_reports cooldown_left reports
 //
 // The frame (header, checksum trailer), the atomic write and the bounded
 // read are shared with named model files (grad/model_file.hpp: detail::frame,
@@ -52,9 +68,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -76,7 +94,7 @@ struct [[nodiscard]] CheckpointResult {
   explicit operator bool() const { return ok(); }
 };
 
-inline constexpr std::uint32_t checkpoint_version = 2;  // the newest version written and read (1 still reads)
+inline constexpr std::uint32_t checkpoint_version = 3;  // the newest version written and read (1 and 2 still read)
 
 // A named integer saved with a checkpoint (see "Version 2" above).
 struct CheckpointNote {
@@ -99,7 +117,7 @@ inline std::uint64_t fnv1a(std::span<const unsigned char> bytes) {
 template <class T>
 constexpr std::uint32_t dtype_code = std::is_same_v<T, double> ? 1 : 2;
 inline const char* dtype_name(std::uint32_t code) { return code == 1 ? "float64" : code == 2 ? "float32" : "unknown"; }
-inline const char* kind_name(std::uint32_t k) { return k == 1 ? "sgd" : k == 2 ? "adam" : "unknown"; }
+inline const char* kind_name(std::uint32_t k) { return k == 1 ? "sgd" : k == 2 ? "adam" : k == 3 ? "adamw" : "unknown"; }
 
 struct ByteWriter {
   std::vector<unsigned char> bytes;
@@ -309,17 +327,87 @@ inline std::string read_framed(const std::string& path, const char (&magic)[8], 
   return {};
 }
 
+// A schedule and its state, as format version 3 lays them out.
+inline void put_schedule(ByteWriter& w, const LrSchedule& s, const PlateauState& p) {
+  w.put(static_cast<std::uint32_t>(s.shape));
+  w.put(s.base_lr);
+  w.put(s.min_lr);
+  w.put(s.warmup);
+  w.put(s.total);
+  w.put(s.gamma);
+  w.put(s.step_size);
+  w.put(static_cast<std::uint64_t>(s.milestones.size()));
+  for (std::uint64_t m : s.milestones) w.put(m);
+  for (double x : {s.pct_start, s.div_factor, s.final_div_factor}) w.put(x);
+  w.put(static_cast<std::uint32_t>(s.mode));
+  w.put(s.factor);
+  w.put(s.patience);
+  w.put(s.threshold);
+  w.put(static_cast<std::uint32_t>(s.threshold_mode));
+  w.put(s.cooldown);
+  w.put(s.eps);
+  w.put(p.lr);
+  w.put(p.best);
+  w.put(p.bad_reports);
+  w.put(p.cooldown_left);
+  w.put(p.reports);
+}
+// The reverse; r.short_read says whether it was all there (a milestone
+// count larger than the bytes left is a short read, not an allocation).
+inline void get_schedule(ByteReader& r, LrSchedule& s, PlateauState& p) {
+  s.shape = static_cast<LrShape>(r.get<std::uint32_t>());
+  s.base_lr = r.get<double>();
+  s.min_lr = r.get<double>();
+  s.warmup = r.get<std::uint64_t>();
+  s.total = r.get<std::uint64_t>();
+  s.gamma = r.get<double>();
+  s.step_size = r.get<std::uint64_t>();
+  const auto milestones = r.get<std::uint64_t>();
+  const auto bytes = r.take<std::uint64_t>(static_cast<std::size_t>(milestones));
+  s.milestones.resize(bytes.size() / sizeof(std::uint64_t));
+  if (!bytes.empty()) std::memcpy(s.milestones.data(), bytes.data(), bytes.size());
+  for (double* x : {&s.pct_start, &s.div_factor, &s.final_div_factor}) *x = r.get<double>();
+  s.mode = static_cast<PlateauMode>(r.get<std::uint32_t>());
+  s.factor = r.get<double>();
+  s.patience = r.get<std::uint64_t>();
+  s.threshold = r.get<double>();
+  s.threshold_mode = static_cast<ThresholdMode>(r.get<std::uint32_t>());
+  s.cooldown = r.get<std::uint64_t>();
+  s.eps = r.get<double>();
+  p.lr = r.get<double>();
+  p.best = r.get<double>();
+  p.bad_reports = r.get<std::uint64_t>();
+  p.cooldown_left = r.get<std::uint64_t>();
+  p.reports = r.get<std::uint64_t>();
+}
+
 // What is wrong with a checkpoint's optimizer settings ("" if nothing), by
 // the same ranges the optimizers' constructors enforce (invalid_setting).
 template <class Access, class Settings>
 std::string settings_error(const Settings& s) {
+  using T = decltype(s.lr);
   std::string why = invalid_setting("lr", s.lr);
   if (why.empty()) why = invalid_setting("clip", s.clip);
   if constexpr (Access::is_adam) {
-    const std::pair<const char*, double> adam[] = {
-        {"beta1", s.beta1}, {"beta2", s.beta2}, {"eps", s.eps}, {"beta1^t", s.beta1_power}, {"beta2^t", s.beta2_power}};
+    const std::pair<const char*, double> adam[] = {{"beta1", s.beta1},     {"beta2", s.beta2},
+                                                   {"eps", s.eps},         {"beta1^t", s.beta1_power},
+                                                   {"beta2^t", s.beta2_power}, {"weight_decay", s.weight_decay}};
     for (const auto& [name, value] : adam)
       if (why.empty()) why = invalid_setting(name, value);
+    if (why.empty() && s.form != AdamForm::efficient && s.form != AdamForm::pytorch)
+      why = "Adam form " + std::to_string(static_cast<int>(s.form)) + " is not an AdamForm";
+  } else {
+    for (const auto& [name, value] : {std::pair{"momentum", s.momentum}, std::pair{"dampening", s.dampening}})
+      if (why.empty()) why = invalid_setting(name, value);
+    if (why.empty() && s.nesterov && (s.momentum == T(0) || s.dampening != T(0)))
+      why = "Nesterov momentum without momentum or with dampening";
+  }
+  if (why.empty() && s.schedule) {
+    why = s.schedule->invalid();
+    if (why.empty() && s.schedule->shape == LrShape::plateau &&
+        !(std::isfinite(s.plateau.lr) && s.plateau.lr >= 0 && !std::isnan(s.plateau.best)))
+      why = "the plateau schedule's state is out of range (rate " + std::to_string(s.plateau.lr) + ")";
+    if (!why.empty()) why = "schedule: " + why;
   }
   return why;
 }
@@ -332,8 +420,43 @@ struct CheckpointAccess {
   struct Settings {
     std::uint64_t steps = 0;
     T lr{}, clip{}, beta1{}, beta2{}, eps{}, beta1_power{}, beta2_power{};
+    AdamForm form = AdamForm::efficient;
+    T momentum{}, dampening{};
+    bool nesterov = false;
+    T weight_decay{};  // AdamW's default for add()
+    std::optional<LrSchedule> schedule;  // restore() keeps an attached one when empty
+    PlateauState plateau;
   };
-  static constexpr bool is_adam = std::is_same_v<Opt, Adam<T>>;
+  static constexpr bool is_adam = std::is_base_of_v<Adam<T>, Opt>;
+  static constexpr bool is_adamw = std::is_same_v<Opt, AdamW<T>>;
+  static constexpr bool is_sgd = std::is_same_v<Opt, SGD<T>>;
+  // State that only format version 3 holds.
+  static bool needs_version_3(const Opt& o) {
+    if (o.schedule_) return true;
+    if constexpr (is_adam)
+      return is_adamw || o.form_ != AdamForm::efficient;
+    else
+      return o.momentum_ != T(0) || o.nesterov_;
+  }
+  // Whether parameter k's momentum buffer holds a first gradient (SGD).
+  static std::vector<std::uint8_t>* started(Opt& o) {
+    if constexpr (is_sgd)
+      return &o.started_;
+    else
+      return nullptr;
+  }
+  static bool started(const Opt& o, std::size_t k) {
+    if constexpr (is_sgd)
+      return k < o.started_.size() && o.started_[k];
+    else
+      return false;
+  }
+  static std::vector<T>* momentum_buffers(Opt& o) {
+    if constexpr (is_sgd)
+      return &o.buffers_;
+    else
+      return nullptr;
+  }
   // f(settings field, optimizer field) for every setting: the one list that
   // both directions below walk (o and s const or not, as each needs).
   template <class O, class S, class F>
@@ -347,17 +470,30 @@ struct CheckpointAccess {
       f(s.eps, o.eps_);
       f(s.beta1_power, o.beta1_power_);
       f(s.beta2_power, o.beta2_power_);
+      f(s.form, o.form_);
+    }
+    if constexpr (is_adamw) f(s.weight_decay, o.weight_decay_);
+    if constexpr (is_sgd) {
+      f(s.momentum, o.momentum_);
+      f(s.dampening, o.dampening_);
+      f(s.nesterov, o.nesterov_);
     }
   }
   static Settings settings(const Opt& o) {
     Settings s;
     each_setting(o, s, [](auto& to, const auto& from) { to = from; });
+    s.schedule = o.schedule_;
+    s.plateau = o.plateau_;
     return s;
   }
   static void restore(Opt& o, const Settings& s) {
     each_setting(o, s, [](const auto& from, auto& to) { to = from; });
-    // An attached schedule continues from the restored step count.
-    if (o.schedule_) o.lr_ = static_cast<T>(o.schedule_->at(o.steps_ + 1));
+    if (s.schedule) {
+      o.schedule_ = s.schedule;
+      o.plateau_ = s.plateau;
+    }
+    // The schedule continues from the restored step count.
+    if (o.schedule_) o.lr_ = static_cast<T>(o.schedule_->rate(o.steps_ + 1, o.plateau_));
   }
   static std::vector<typename Optimizer<T>::Entry>& entries(Opt& o) { return o.entries_; }
   static std::vector<T>* moments(Opt& o, int which) {
@@ -395,7 +531,8 @@ CheckpointResult save_checkpoint(const std::string& path, const Tape<T>& tp, con
     payload.put_all(opt.first_moments());
     payload.put_all(opt.second_moments());
   }
-  if (!notes.empty()) {
+  const bool version_3 = Access::needs_version_3(opt);
+  if (!notes.empty() || version_3) {
     payload.put(static_cast<std::uint32_t>(notes.size()));
     for (const CheckpointNote& n : notes) {
       payload.put(static_cast<std::uint32_t>(n.key.size()));
@@ -403,9 +540,23 @@ CheckpointResult save_checkpoint(const std::string& path, const Tape<T>& tp, con
       payload.put(n.value);
     }
   }
+  if (version_3) {
+    payload.put(static_cast<std::uint32_t>(s.form));
+    for (T x : {s.momentum, s.dampening}) payload.put(x);
+    payload.put(static_cast<std::uint32_t>(s.nesterov));
+    payload.put(s.weight_decay);
+    for (std::size_t k = 0; k < entries.size(); ++k) {
+      payload.put(entries[k].weight_decay);
+      payload.put(static_cast<std::uint32_t>(Access::started(opt, k)));
+    }
+    if constexpr (Access::is_sgd)
+      if (s.momentum != T(0)) payload.put_all(opt.momentum_buffers());
+    payload.put(static_cast<std::uint32_t>(s.schedule.has_value()));
+    if (s.schedule) detail::put_schedule(payload, *s.schedule, s.plateau);
+  }
 
   const std::vector<unsigned char> file =
-      detail::frame(detail::checkpoint_magic, notes.empty() ? 1 : 2, detail::dtype_code<T>,
+      detail::frame(detail::checkpoint_magic, version_3 ? 3 : notes.empty() ? 1 : 2, detail::dtype_code<T>,
                     static_cast<std::uint32_t>(OptT<T>::kind), payload.bytes);
   if (std::string why = detail::write_atomically(path, file, "checkpoint"); !why.empty()) return failed(why);
   return {};
@@ -487,6 +638,31 @@ CheckpointResult load_checkpoint(const std::string& path, Tape<T>& tp, OptT<T>& 
                         std::to_string(e.value));
     }
   }
+  std::vector<T> decays(entries.size(), T(0));
+  std::vector<std::uint8_t> started(entries.size(), 0);
+  std::span<const unsigned char> buffers;
+  if (f.version >= 3) {
+    const auto form = r.get<std::uint32_t>();
+    s.form = form <= 1 ? static_cast<AdamForm>(form) : static_cast<AdamForm>(255);
+    s.momentum = r.get<T>();
+    s.dampening = r.get<T>();
+    s.nesterov = r.get<std::uint32_t>() != 0;
+    s.weight_decay = r.get<T>();
+    for (std::size_t k = 0; k < entries.size(); ++k) {
+      decays[k] = r.get<T>();
+      started[k] = r.get<std::uint32_t>() != 0;
+      if (const std::string why = invalid_setting("weight_decay", decays[k]); !r.short_read && !why.empty())
+        return failed("invalid setting in the file: parameter " + std::to_string(k + 1) + ": " + why);
+    }
+    if constexpr (Access::is_sgd)
+      if (s.momentum != T(0)) buffers = r.template take<T>(n);
+    if (r.get<std::uint32_t>() != 0) {
+      s.schedule.emplace();
+      detail::get_schedule(r, *s.schedule, s.plateau);
+    }
+    if (const std::string why = detail::settings_error<Access>(s); !r.short_read && !why.empty())
+      return failed("invalid setting in the file: " + why);
+  }
   if (r.short_read || r.at != r.bytes.size())
     return failed("corrupted: the payload does not match its own parameter list");
 
@@ -495,12 +671,18 @@ CheckpointResult load_checkpoint(const std::string& path, Tape<T>& tp, OptT<T>& 
   auto& list = Access::entries(opt);
   for (std::size_t i = 0; i < list.size(); ++i) {
     list[i].l2 = l2[i];
+    list[i].weight_decay = decays[i];
     std::memcpy(tp.leaf_value(list[i].var).data(), values.data() + list[i].offset * sizeof(T),
                 list[i].size * sizeof(T));
   }
   if constexpr (Access::is_adam) {
     std::memcpy(Access::moments(opt, 0)->data(), m.data(), m.size());
     std::memcpy(Access::moments(opt, 1)->data(), v.data(), v.size());
+  }
+  if constexpr (Access::is_sgd) {  // the file's momentum: buffers as saved, or none
+    Access::momentum_buffers(opt)->assign(s.momentum != T(0) ? n : 0, T(0));
+    if (!buffers.empty()) std::memcpy(Access::momentum_buffers(opt)->data(), buffers.data(), buffers.size());
+    *Access::started(opt) = s.momentum != T(0) ? started : std::vector<std::uint8_t>{};
   }
   return {};
 }

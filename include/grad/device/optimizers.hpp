@@ -11,7 +11,13 @@
 // learning-rate schedule (set_schedule, grad::LrSchedule: the same function
 // and step numbering as grad::SGD / grad::Adam, so both use the same rate
 // bits) upload the new values before the step; graph and fused modes keep
-// their captured graphs (Program::graph_captures() does not move).
+// their captured graphs (Program::graph_captures() does not move). Every
+// LrSchedule shape works here, a plateau schedule fed by report_metric.
+//
+// The device runs the rules every engine shares: SGD without momentum and
+// Adam in its efficient form. A host optimizer with more (SGD momentum,
+// AdamForm::pytorch, AdamW: Optimizer::host_only_feature) is refused by
+// copy_to / copy_from by name, never stepped with another rule.
 #pragma once
 
 #include <algorithm>
@@ -68,17 +74,27 @@ class Optimizer {
     if (why.empty()) why = invalid_on_device("min_lr", schedule.min_lr);
     if (!why.empty()) throw std::invalid_argument("grad::device::" + std::string(name_) + ".set_schedule: " + why);
     schedule_ = schedule;
+    plateau_ = schedule.start();
   }
   void clear_schedule() {
-    if (schedule_) settings_.lr = schedule_->at(steps_ + 1);
+    if (schedule_) settings_.lr = schedule_->rate(steps_ + 1, plateau_);
     schedule_.reset();
   }
   const std::optional<LrSchedule>& schedule() const { return schedule_; }
+  const PlateauState& plateau_state() const { return plateau_; }
+  // As grad::Optimizer::report_metric: one metric for a plateau schedule.
+  void report_metric(double metric) {
+    const std::string who = "grad::device::" + std::string(name_) + ".report_metric: ";
+    if (!schedule_ || schedule_->shape != LrShape::plateau)
+      throw std::logic_error(who + "the optimizer has no reduce-on-plateau schedule (LrShape::plateau)");
+    if (std::string why = invalid_setting("metric", metric); !why.empty()) throw std::invalid_argument(who + why);
+    schedule_->report(plateau_, metric);
+  }
   // The rate the next step() uses.
-  T lr() const { return static_cast<T>(schedule_ ? schedule_->at(steps_ + 1) : settings_.lr); }
+  T lr() const { return static_cast<T>(schedule_ ? schedule_->rate(steps_ + 1, plateau_) : settings_.lr); }
 
   void step() {
-    if (schedule_) settings_.lr = schedule_->at(steps_ + 1);
+    if (schedule_) settings_.lr = schedule_->rate(steps_ + 1, plateau_);
     program_->with_engine([&](auto& e, auto) {
       if (dirty_) e.set_optimizer(slots_, settings_.adam);
       e.optimizer_step(settings_);
@@ -111,6 +127,8 @@ class Optimizer {
     st.beta1 = static_cast<T>(settings_.beta1);
     st.beta2 = static_cast<T>(settings_.beta2);
     st.eps = static_cast<T>(settings_.eps);
+    st.schedule = schedule_;
+    st.plateau = plateau_;
     program_->with_engine([&](auto& e, auto zero) {
       using S = decltype(zero);
       if (dirty_) e.set_optimizer(slots_, settings_.adam);  // never stepped: zero moments, b^0 = 1
@@ -165,6 +183,10 @@ class Optimizer {
     settings_.beta1 = static_cast<double>(st.beta1);
     settings_.beta2 = static_cast<double>(st.beta2);
     settings_.eps = static_cast<double>(st.eps);
+    if (st.schedule) {
+      schedule_ = st.schedule;
+      plateau_ = st.plateau;
+    }
   }
   std::size_t added() const { return added_.size(); }
   Program<T>& program() const { return *program_; }
@@ -196,6 +218,9 @@ class Optimizer {
     const std::string who = "grad::device::" + std::string(name_) + "." + call + ": ";
     if (CheckpointAccess<T, HostOpt>::is_adam != settings_.adam)
       throw std::invalid_argument(who + "the host optimizer is of another kind (Adam for device::Adam, SGD for SGD)");
+    if (const std::string feature = host.host_only_feature(); !feature.empty())
+      throw std::invalid_argument(who + "the host optimizer uses " + feature +
+                                  ", which the device optimizers do not run; use it on the tape");
     if (slots_.size() != added_.size())
       throw std::invalid_argument(who + std::to_string(added_.size() - slots_.size()) +
                                   " added parameter(s) are not reached by the captured loss");
@@ -211,6 +236,7 @@ class Optimizer {
   const char* name_;
   OptimizerSettings settings_;
   std::optional<LrSchedule> schedule_;
+  PlateauState plateau_;
   std::vector<ParamSlot> slots_;  // reached parameters, in add order
   std::vector<std::uint32_t> added_;
   bool dirty_ = true;
