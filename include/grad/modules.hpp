@@ -332,6 +332,9 @@ struct Decay {
 // poisoned, saying which parameter) as soon as one add fails.
 template <class Opt, class T>
 bool add_parameters(Opt& opt, const Module<T>& model, Decay decay = {}) {
+  static_assert(std::is_same_v<typename Opt::value_type, T>,
+                "grad::nn::add_parameters: the optimizer's precision differs from the model's (e.g. a float model "
+                "with grad::Adam opt(0.005), which is Adam<double>): declare grad::Adam<float> opt(0.005f)");
   for (const auto& p : model.parameters())
     if (!opt.add(p.var, static_cast<T>(p.kind == ParamKind::weight ? decay.weights : decay.others))) return false;
   return true;

@@ -404,6 +404,8 @@ class Optimizer {
   static_assert(Scalar<T>, "optimizers are for T = float or double");
 
  public:
+  using value_type = T;  // the parameters' element type
+
   struct Entry {
     Var<T> var;
     T l2;
