@@ -28,7 +28,7 @@ GRAD_HD inline void optimizer_prepare(const ParamView<S>* params, std::size_t co
     st->scale = h.clip != S(0) ? ClipRule::scale(acc, h.clip) : S(1);
     if (h.adam) {
       AdamRule::advance(st->beta1_power, st->beta2_power, h.beta1, h.beta2);
-      st->constants = AdamRule::constants(h.lr, h.beta1, h.beta2, st->beta1_power, st->beta2_power);
+      st->constants = AdamRule::constants(h.lr, h.beta1, h.beta2, st->beta1_power, st->beta2_power, h.form);
     }
   });
 }
@@ -38,7 +38,8 @@ GRAD_HD inline void optimizer_update(const ParamView<S>& p, const OptimizerHyper
                                      std::size_t i) {
   const S g = ClipRule::effective(p.g[i], p.w[i], st.scale, p.l2);
   if (h.adam)
-    AdamRule::update(p.w[i], p.m[i], p.v[i], g, h.beta1, h.beta2, h.eps, st.constants);
+    AdamRule::update(p.w[i], p.m[i], p.v[i], g, h.beta1, h.beta2, h.eps, st.constants,
+                     AdamRule::decay_factor(h.lr, p.weight_decay));
   else
     p.w[i] = SgdRule::update(p.w[i], g, h.lr);
 }

@@ -617,3 +617,134 @@ TEST_CASE("device optimizers check every setting as the device holds it: an f32 
   auto wide = dev::capture(tp, loss);
   CHECK_NOTHROW(dev::Adam<double>(wide, 1e300));
 }
+
+// ---- AdamW and Adam's PyTorch form on the device; momentum SGD refused ----
+
+namespace {
+
+// `steps` steps of a host optimizer on the relu model: w1's and w2's values.
+template <class HostOpt>
+std::vector<double> host_steps(HostOpt opt, const grad::LrSchedule& schedule, int steps) {
+  Tape<double> tp;
+  Var<double> w1, w2;
+  const Var<double> x = relu_model(tp, w1, w2);
+  REQUIRE(opt.add(w1, 0.1));
+  REQUIRE(opt.add(w2, 0.0));
+  opt.set_clip(0.5);
+  opt.set_schedule(schedule);
+  const auto mark = tp.mark();
+  for (int e = 0; e < steps; ++e) {
+    tp.reset_to(mark);
+    const Var<double> loss = relu_loss(x, w1, w2);
+    REQUIRE(tp.backward(loss));
+    REQUIRE(opt.step());
+    if (schedule.shape == grad::LrShape::plateau) opt.report_metric(e % 4 == 0 ? 1.0 : 2.0);
+  }
+  std::vector<double> out(tp.value(w1).begin(), tp.value(w1).end());
+  out.insert(out.end(), tp.value(w2).begin(), tp.value(w2).end());
+  return out;
+}
+
+template <class DevOpt, class... Args>
+std::vector<double> device_steps(dev::Mode mode, const grad::LrSchedule& schedule, int steps, Args... args) {
+  Tape<double> tp;
+  Var<double> w1, w2;
+  const Var<double> x = relu_model(tp, w1, w2);
+  auto prog = dev::capture(tp, relu_loss(x, w1, w2), {.mode = mode});
+  DevOpt opt(prog, args...);
+  opt.add(w1, 0.1);
+  opt.add(w2, 0.0);
+  opt.set_clip(0.5);
+  opt.set_schedule(schedule);
+  for (int e = 0; e < steps; ++e) {
+    prog.forward();
+    prog.backward();
+    opt.step();
+    if (schedule.shape == grad::LrShape::plateau) opt.report_metric(e % 4 == 0 ? 1.0 : 2.0);
+  }
+  prog.sync_params_to(tp);
+  std::vector<double> out(tp.value(w1).begin(), tp.value(w1).end());
+  out.insert(out.end(), tp.value(w2).begin(), tp.value(w2).end());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("AdamW and Adam's PyTorch form, with one-cycle and plateau schedules: the host optimizer's bits on the "
+          "CPU backend, every mode") {
+  constexpr int steps = 20;
+  grad::LrSchedule plateau = grad::LrSchedule::plateau(0.02, 0.5, 1);
+  for (const grad::LrSchedule& s : {grad::LrSchedule::one_cycle(0.02, steps), plateau}) {
+    CAPTURE(static_cast<int>(s.shape));
+    const std::vector<double> adamw = host_steps(grad::AdamW<double>(0.02, 0.9, 0.99, 1e-6, 0.05), s, steps);
+    const std::vector<double> adam =
+        host_steps(grad::Adam<double>(0.02, 0.9, 0.99, 1e-6, grad::AdamForm::pytorch), s, steps);
+    // The forms differ (a check that would fail if the device ignored them).
+    CHECK_FALSE(testing::bitwise_equal<double>(adam, host_steps(grad::Adam<double>(0.02, 0.9, 0.99, 1e-6), s, steps)));
+    for (dev::Mode mode : {dev::Mode::per_node, dev::Mode::graph, dev::Mode::fused}) {
+      CAPTURE(dev::mode_name(mode));
+      CHECK(testing::bitwise_equal<double>(
+          adamw, device_steps<dev::AdamW<double>>(mode, s, steps, 0.02, 0.9, 0.99, 1e-6, 0.05)));
+      CHECK(testing::bitwise_equal<double>(
+          adam, device_steps<dev::Adam<double>>(mode, s, steps, 0.02, 0.9, 0.99, 1e-6, grad::AdamForm::pytorch)));
+    }
+  }
+}
+
+TEST_CASE("device AdamW state and schedule go through a checkpoint; a host SGD with momentum is refused by name") {
+  Tape<double> tp;
+  Var<double> w1, w2;
+  const Var<double> x = relu_model(tp, w1, w2);
+  auto prog = dev::capture(tp, relu_loss(x, w1, w2));
+  dev::AdamW<double> opt(prog, 0.02);
+  opt.add(w1);
+  opt.add(w2, 0.0);
+  opt.set_schedule(grad::LrSchedule::exponential(0.02, 0.9));
+  for (int e = 0; e < 3; ++e) {
+    prog.forward();
+    prog.backward();
+    opt.step();
+  }
+  grad::AdamW<double> host(0.5);
+  REQUIRE(host.add(w1));
+  REQUIRE(host.add(w2));
+  opt.copy_to(tp, host);
+  CHECK(host.steps() == 3);
+  CHECK(host.params()[0].weight_decay == 0.01);
+  CHECK(host.params()[1].weight_decay == 0.0);
+  REQUIRE(host.schedule().has_value());
+  CHECK(host.lr() == static_cast<double>(opt.lr()));
+
+  dev::AdamW<double> fresh(prog, 0.5, 0.9, 0.999, 1e-8, 0.3);
+  fresh.add(w1);
+  fresh.add(w2);
+  fresh.copy_from(tp, host);
+  CHECK(fresh.steps() == 3);
+  CHECK(fresh.lr() == opt.lr());
+
+  grad::Adam<double> plain(0.5);
+  REQUIRE(plain.add(w1));
+  REQUIRE(plain.add(w2));
+  CHECK_THROWS_WITH_AS(opt.copy_to(tp, plain),
+                       "grad::device::adamw.copy_to: the host optimizer is of another kind (grad::Adam for "
+                       "device::Adam, grad::AdamW for AdamW, grad::SGD for SGD)",
+                       std::invalid_argument);
+
+  Tape<double> tp2;
+  Var<double> v1, v2;
+  const Var<double> x2 = relu_model(tp2, v1, v2);
+  auto prog2 = dev::capture(tp2, relu_loss(x2, v1, v2));
+  dev::SGD<double> sgd(prog2, 0.1);
+  sgd.add(v1);
+  sgd.add(v2);
+  grad::SGD<double> momentum(0.1, 0.9);
+  REQUIRE(momentum.add(v1));
+  REQUIRE(momentum.add(v2));
+  const std::string refusal =
+      "the host SGD uses momentum, which the device optimizers do not run yet; train momentum SGD on the tape";
+  CHECK_THROWS_WITH_AS(sgd.copy_from(tp2, momentum), ("grad::device::sgd.copy_from: " + refusal).c_str(),
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(sgd.copy_to(tp2, momentum), ("grad::device::sgd.copy_to: " + refusal).c_str(),
+                       std::invalid_argument);
+  CHECK(momentum.momentum() == 0.9);
+}

@@ -340,7 +340,7 @@ class EmitPlan {
         throw EmitError(who +
                         "the optimizer has a learning-rate schedule, which is not emitted; "
                         "clear it and set the emitted Optimizer's lr before each step");
-      if (const std::string feature = opt.host_only_feature(); !feature.empty())
+      if (const std::string feature = opt.feature_not_emitted(); !feature.empty())
         throw EmitError(who + "the optimizer uses " + feature +
                         ", which emitted code does not run (it runs SGD without momentum and Adam's efficient form)");
       adam_ = dynamic_cast<const Adam<T>*>(&opt);

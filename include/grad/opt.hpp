@@ -509,11 +509,11 @@ class Optimizer {
     lr_ = static_cast<T>(plateau_.lr);
   }
 
-  // "" for the update every engine runs (SGD without momentum, Adam in its
+  // "" for an update grad::emit writes (SGD without momentum, Adam in its
   // efficient form); otherwise the feature ("momentum", "the PyTorch form",
-  // "decoupled weight decay"), which grad::emit and the device optimizers'
-  // copy_to / copy_from refuse by name rather than run another rule.
-  virtual std::string host_only_feature() const { return {}; }
+  // "decoupled weight decay"), which emit refuses by name rather than write
+  // another rule.
+  virtual std::string feature_not_emitted() const { return {}; }
   // Completed steps.
   std::uint64_t steps() const { return steps_; }
 
@@ -708,7 +708,7 @@ class SGD : public Optimizer<T> {
   // The momentum buffers of every parameter, in add order (Entry::offset);
   // empty without momentum.
   std::span<const T> momentum_buffers() const { return buffers_; }
-  std::string host_only_feature() const override { return momentum_ == T(0) ? "" : "momentum"; }
+  std::string feature_not_emitted() const override { return momentum_ == T(0) ? "" : "momentum"; }
 
  private:
   // Explicit vector code for the best instruction set (update.hpp; in the
@@ -769,7 +769,7 @@ class Adam : public Optimizer<T> {
   // First and second moments of every parameter, in add order (Entry::offset).
   std::span<const T> first_moments() const { return m_; }
   std::span<const T> second_moments() const { return v_; }
-  std::string host_only_feature() const override {
+  std::string feature_not_emitted() const override {
     return form_ == AdamForm::efficient ? "" : "the PyTorch form (AdamForm::pytorch)";
   }
 
@@ -832,7 +832,7 @@ class AdamW : public Adam<T> {
     return true;
   }
   T weight_decay() const { return weight_decay_; }
-  std::string host_only_feature() const override { return "decoupled weight decay (AdamW)"; }
+  std::string feature_not_emitted() const override { return "decoupled weight decay (AdamW)"; }
 
  private:
   const char* kind_name() const override { return "adamw"; }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "grad/tensor.hpp"
+#include "grad/update_rules.hpp"  // AdamForm
 
 namespace grad::device {
 
@@ -77,10 +78,12 @@ struct Layout {
 struct ParamSlot {
   std::size_t value = 0, grad = 0, size = 0;
   double l2 = 0;
+  double weight_decay = 0;  // AdamW's decoupled decay
 };
 struct OptimizerSettings {
   bool adam = false;
   double lr = 0, beta1 = 0, beta2 = 0, eps = 0, clip = 0;  // clip 0 = off
+  AdamForm form = AdamForm::efficient;
 };
 
 // A fault of the device itself (an illegal address, a failed or timed-out

@@ -69,6 +69,7 @@ struct ParamView {
   S* v = nullptr;
   std::size_t size = 0;
   S l2 = S(0);
+  S weight_decay = S(0);  // AdamW's decoupled decay (0: none)
 };
 
 // The hyperparameters of a step. They live in device memory (one record per
@@ -79,6 +80,7 @@ template <class S>
 struct OptimizerHyper {
   S lr, beta1, beta2, eps, clip;
   bool adam;
+  AdamForm form;
 };
 
 // Per-step values computed on the device, so that a step needs no host round trip.

@@ -14,10 +14,11 @@
 // their captured graphs (Program::graph_captures() does not move). Every
 // LrSchedule shape works here, a plateau schedule fed by report_metric.
 //
-// The device runs the rules every engine shares: SGD without momentum and
-// Adam in its efficient form. A host optimizer with more (SGD momentum,
-// AdamForm::pytorch, AdamW: Optimizer::host_only_feature) is refused by
-// copy_to / copy_from by name, never stepped with another rule.
+// device::Adam takes the same AdamForm as grad::Adam, and device::AdamW is
+// grad::AdamW (the PyTorch form, decoupled weight decay per parameter): the
+// same rule structs, so the same bits. SGD momentum has no device version
+// yet: copy_to / copy_from refuse a host SGD with momentum by name rather
+// than step it without.
 #pragma once
 
 #include <algorithm>
@@ -49,9 +50,10 @@ class Optimizer {
       if (i == param.index())
         throw std::invalid_argument("grad::device::" + who + ": parameter (node " + std::to_string(i) +
                                     ") was already added");
-    checked(".add", "l2", l2);
+    checked(".add", kind_ == OptimizerKind::adamw ? "weight_decay" : "l2", l2);
     added_.push_back(param.index());
-    slot.l2 = static_cast<double>(l2);
+    // AdamW's coefficient is its decoupled decay, as on the host.
+    (kind_ == OptimizerKind::adamw ? slot.weight_decay : slot.l2) = static_cast<double>(l2);
     if (slot.grad != no_offset) slots_.push_back(slot);
     dirty_ = true;
   }
@@ -127,6 +129,8 @@ class Optimizer {
     st.beta1 = static_cast<T>(settings_.beta1);
     st.beta2 = static_cast<T>(settings_.beta2);
     st.eps = static_cast<T>(settings_.eps);
+    st.form = settings_.form;
+    st.weight_decay = static_cast<T>(weight_decay_);
     st.schedule = schedule_;
     st.plateau = plateau_;
     program_->with_engine([&](auto& e, auto zero) {
@@ -146,7 +150,10 @@ class Optimizer {
     });
     Access::restore(host, st);
     auto& entries = Access::entries(host);
-    for (std::size_t k = 0; k < slots_.size(); ++k) entries[k].l2 = static_cast<T>(slots_[k].l2);
+    for (std::size_t k = 0; k < slots_.size(); ++k) {
+      entries[k].l2 = static_cast<T>(slots_[k].l2);
+      entries[k].weight_decay = static_cast<T>(slots_[k].weight_decay);
+    }
   }
   template <class HostOpt>
   void copy_from(const Tape<T>& tape, const HostOpt& host) {
@@ -164,6 +171,7 @@ class Optimizer {
       for (std::size_t k = 0; k < slots_.size(); ++k) {
         e.write_values(slots_[k].value, narrow(tape.value(host.params()[k].var).data));
         slots_[k].l2 = static_cast<double>(host.params()[k].l2);
+        slots_[k].weight_decay = static_cast<double>(host.params()[k].weight_decay);
       }
       e.set_optimizer(slots_, settings_.adam);
       std::vector<S> m, v;
@@ -183,6 +191,8 @@ class Optimizer {
     settings_.beta1 = static_cast<double>(st.beta1);
     settings_.beta2 = static_cast<double>(st.beta2);
     settings_.eps = static_cast<double>(st.eps);
+    settings_.form = st.form;
+    weight_decay_ = static_cast<double>(st.weight_decay);
     if (st.schedule) {
       schedule_ = st.schedule;
       plateau_ = st.plateau;
@@ -192,8 +202,9 @@ class Optimizer {
   Program<T>& program() const { return *program_; }
 
  protected:
-  Optimizer(Program<T>& program, const char* name, bool adam, T lr) : program_(&program), name_(name) {
-    settings_.adam = adam;
+  Optimizer(Program<T>& program, const char* name, OptimizerKind kind, T lr)
+      : program_(&program), name_(name), kind_(kind) {
+    settings_.adam = kind != OptimizerKind::sgd;
     settings_.lr = checked("", "lr", lr);
   }
   // `value` as the engine holds it, or std::invalid_argument naming the
@@ -216,11 +227,15 @@ class Optimizer {
   template <class HostOpt>
   void check_host(const HostOpt& host, const char* call) const {
     const std::string who = "grad::device::" + std::string(name_) + "." + call + ": ";
-    if (CheckpointAccess<T, HostOpt>::is_adam != settings_.adam)
-      throw std::invalid_argument(who + "the host optimizer is of another kind (Adam for device::Adam, SGD for SGD)");
-    if (const std::string feature = host.host_only_feature(); !feature.empty())
-      throw std::invalid_argument(who + "the host optimizer uses " + feature +
-                                  ", which the device optimizers do not run; use it on the tape");
+    if (HostOpt::kind != kind_)
+      throw std::invalid_argument(who +
+                                  "the host optimizer is of another kind (grad::Adam for device::Adam, grad::AdamW for "
+                                  "AdamW, grad::SGD for SGD)");
+    if constexpr (CheckpointAccess<T, HostOpt>::is_sgd)
+      if (host.momentum() != T(0))
+        throw std::invalid_argument(who +
+                                    "the host SGD uses momentum, which the device optimizers do not run yet; train "
+                                    "momentum SGD on the tape");
     if (slots_.size() != added_.size())
       throw std::invalid_argument(who + std::to_string(added_.size() - slots_.size()) +
                                   " added parameter(s) are not reached by the captured loss");
@@ -234,6 +249,8 @@ class Optimizer {
 
   Program<T>* program_;
   const char* name_;
+  OptimizerKind kind_;
+  double weight_decay_ = 0;  // AdamW: add()'s default
   OptimizerSettings settings_;
   std::optional<LrSchedule> schedule_;
   PlateauState plateau_;
@@ -246,18 +263,41 @@ class Optimizer {
 template <class T>
 class SGD : public Optimizer<T> {
  public:
-  SGD(Program<T>& program, T lr) : Optimizer<T>(program, "sgd", false, lr) {}
+  SGD(Program<T>& program, T lr) : Optimizer<T>(program, "sgd", OptimizerKind::sgd, lr) {}
 };
 
 template <class T>
 class Adam : public Optimizer<T> {
  public:
-  Adam(Program<T>& program, T lr, T beta1 = T(0.9), T beta2 = T(0.999), T eps = T(1e-8))
-      : Optimizer<T>(program, "adam", true, lr) {
+  // As grad::Adam, form included.
+  Adam(Program<T>& program, T lr, T beta1 = T(0.9), T beta2 = T(0.999), T eps = T(1e-8),
+       AdamForm form = AdamForm::efficient)
+      : Adam(program, "adam", OptimizerKind::adam, lr, beta1, beta2, eps, form) {}
+
+ protected:
+  Adam(Program<T>& program, const char* name, OptimizerKind kind, T lr, T beta1, T beta2, T eps, AdamForm form)
+      : Optimizer<T>(program, name, kind, lr) {
     this->settings_.beta1 = this->checked("", "beta1", beta1);
     this->settings_.beta2 = this->checked("", "beta2", beta2);
     this->settings_.eps = this->checked("", "eps", eps);
+    if (form != AdamForm::efficient && form != AdamForm::pytorch)
+      throw std::invalid_argument("grad::device::" + std::string(name) + ": form " +
+                                  std::to_string(static_cast<int>(form)) + " is not an AdamForm");
+    this->settings_.form = form;
   }
+};
+
+// As grad::AdamW: the PyTorch form, add(param, wd) each parameter's
+// decoupled weight decay (weight_decay by default).
+template <class T>
+class AdamW : public Adam<T> {
+ public:
+  AdamW(Program<T>& program, T lr, T beta1 = T(0.9), T beta2 = T(0.999), T eps = T(1e-8), T weight_decay = T(0.01))
+      : Adam<T>(program, "adamw", OptimizerKind::adamw, lr, beta1, beta2, eps, AdamForm::pytorch) {
+    this->weight_decay_ = this->checked("", "weight_decay", weight_decay);
+  }
+  void add(Var<T> param) { Optimizer<T>::add(param, static_cast<T>(this->weight_decay_)); }
+  void add(Var<T> param, T weight_decay) { Optimizer<T>::add(param, weight_decay); }
 };
 
 }  // namespace grad::device

@@ -135,6 +135,7 @@ class ReplayEngine final : public Engine<S> {
       view.v = adam ? v_ + at : nullptr;
       view.size = p.size;
       view.l2 = static_cast<S>(p.l2);
+      view.weight_decay = static_cast<S>(p.weight_decay);
       params_.push_back(view);
       at += p.size;
     }
@@ -152,12 +153,13 @@ class ReplayEngine final : public Engine<S> {
   void optimizer_step(const OptimizerSettings& s) override {
     if (!state_) return;
     const OptimizerHyper<S> h{static_cast<S>(s.lr),  static_cast<S>(s.beta1), static_cast<S>(s.beta2),
-                              static_cast<S>(s.eps), static_cast<S>(s.clip),  s.adam};
+                              static_cast<S>(s.eps), static_cast<S>(s.clip),  s.adam,
+                              s.form};
     // The kernels read the record in device memory: a change is an upload,
     // and the graphs stay. A queued optimizer phase must still see the old
     // record, so it runs first; forward and backward never read it.
     const bool same = hyper_uploaded_ && h.lr == hyper_.lr && h.beta1 == hyper_.beta1 && h.beta2 == hyper_.beta2 &&
-                      h.eps == hyper_.eps && h.clip == hyper_.clip && h.adam == hyper_.adam;
+                      h.eps == hyper_.eps && h.clip == hyper_.clip && h.adam == hyper_.adam && h.form == hyper_.form;
     if (!same) {
       flush_if_optimizer_queued();
       run_.upload(hyper_device_, &h, sizeof h);
