@@ -460,6 +460,23 @@ TEST_CASE("emit refuses what it cannot write exactly, by name, and writes nothin
     o.optimizer = &adam;
     refused([&] { emit_files(tp, sum(a * a), o, path); }, "learning-rate schedule");
   }
+  SUBCASE("an optimizer rule emitted code does not run: momentum, Adam's PyTorch form, AdamW") {
+    Tape<double> tp;
+    Var<double> a = tp.param(Tensor<double>({2}, {1.0, 2.0}));
+    SGD<double> momentum(0.1, 0.9);
+    Adam<double> torch_form(0.1, 0.9, 0.999, 1e-8, AdamForm::pytorch);
+    AdamW<double> adamw(0.1);
+    const std::pair<Optimizer<double>*, const char*> cases[] = {
+        {&momentum, "the optimizer uses momentum, which emitted code does not run"},
+        {&torch_form, "the optimizer uses the PyTorch form (AdamForm::pytorch), which emitted code does not run"},
+        {&adamw, "the optimizer uses decoupled weight decay (AdamW), which emitted code does not run"}};
+    for (const auto& [opt, words] : cases) {
+      CHECK(opt->add(a));
+      EmitOptions<double> o;
+      o.optimizer = opt;
+      refused([&] { emit_files(tp, sum(a * a), o, path); }, words);
+    }
+  }
   SUBCASE("a name that is not an identifier") {
     Tape<double> tp;
     Var<double> a = tp.param(Tensor<double>({2}, {1.0, 2.0}));

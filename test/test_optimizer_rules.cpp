@@ -309,6 +309,17 @@ TEST_CASE("settings out of range are refused by name, changing nothing") {
   CHECK_FALSE(adamw.add(w, -1.0));
   CHECK(tp.error() == "grad: adamw.add: parameter 1: weight_decay -1 is out of range: expected a finite value >= 0");
   CHECK(adamw.params().empty());
+  // Through the base class, too, AdamW's coefficient is its decoupled decay.
+  grad::Tape<double> tp2;
+  auto u = tp2.param(Tensor<double>({2}, {1, 2})), v = tp2.param(Tensor<double>({2}, {1, 2}));
+  grad::AdamW<double> adamw2(0.1);
+  grad::Optimizer<double>& base = adamw2;
+  REQUIRE(base.add(u));
+  REQUIRE(base.add(v, 0.5));
+  CHECK(adamw2.params()[0].weight_decay == 0.01);
+  CHECK(adamw2.params()[1].weight_decay == 0.5);
+  CHECK(adamw2.params()[0].l2 == 0);
+  CHECK(adamw2.params()[1].l2 == 0);
 
   grad::SGD<double> sgd(0.1);
   const std::pair<LrSchedule, const char*> bad[] = {

@@ -427,11 +427,15 @@ class Optimizer {
     return false;
   }
 
-  // Adds a parameter (a tp.param leaf) with its own L2 coefficient. Returns
-  // false, poisoning the tape with a message, for a constant, a computed
-  // node, a dropped Var, a parameter added twice or one from another tape
-  // than the first; throws std::invalid_argument for a default Var.
-  bool add(Var<T> param, T l2 = T(0)) {
+  // Adds a parameter (a tp.param leaf) with its own decay coefficient: an L2
+  // term for SGD and Adam, the decoupled weight decay for AdamW (as torch's
+  // weight_decay means in each; default 0, AdamW's its weight_decay()).
+  // Returns false, poisoning the tape with a message, for a constant, a
+  // computed node, a dropped Var, a parameter added twice or one from another
+  // tape than the first, or a coefficient out of range; throws
+  // std::invalid_argument for a default Var.
+  bool add(Var<T> param) { return add(param, default_decay()); }
+  bool add(Var<T> param, T decay) {
     if (!param.tape())
       throw std::invalid_argument(std::string(kind_name()) + ".add: the parameter is a default-constructed Var");
     Tape<T>& tp = *param.tape();
@@ -445,10 +449,12 @@ class Optimizer {
     for (const Entry& e : entries_)
       if (e.var.index() == param.index())
         return fail(tp, who + " (node " + std::to_string(param.index()) + ") was already added");
-    if (const std::string why = invalid_setting("l2", l2); !why.empty()) return fail(tp, who + ": " + why);
+    const bool decoupled = decouples_decay();
+    if (const std::string why = invalid_setting(decoupled ? "weight_decay" : "l2", decay); !why.empty())
+      return fail(tp, who + ": " + why);
     tape_ = &tp;
     const std::size_t size = tp.value(param).size();
-    entries_.push_back({param, l2, elements_, size});
+    entries_.push_back({param, decoupled ? T(0) : decay, elements_, size, decoupled ? decay : T(0)});
     elements_ += size;
     on_add(size);
     return true;
@@ -605,6 +611,9 @@ class Optimizer {
   }
   virtual const char* kind_name() const = 0;
   virtual void on_add(std::size_t) {}
+  // AdamW: add()'s coefficient is a decoupled weight decay, not L2.
+  virtual bool decouples_decay() const { return false; }
+  virtual T default_decay() const { return T(0); }
 
   // The rate of the step about to run (a schedule's value for t = steps() + 1).
   T begin_step() {
@@ -820,22 +829,13 @@ class AdamW : public Adam<T> {
       : Adam<T>("adamw", lr, beta1, beta2, eps, AdamForm::pytorch),
         weight_decay_(this->checked("weight_decay", weight_decay)) {}
 
-  using Adam<T>::add;
-  bool add(Var<T> param) { return add(param, weight_decay_); }
-  // As Optimizer::add, with this parameter's decoupled weight decay (no L2);
-  // an out-of-range decay poisons the tape, as a bad L2 coefficient does.
-  bool add(Var<T> param, T weight_decay) {
-    if (std::string why = invalid_setting("weight_decay", weight_decay); !why.empty() && param.tape())
-      return this->fail(*param.tape(), "adamw.add: parameter " + std::to_string(this->entries_.size() + 1) + ": " + why);
-    if (!Optimizer<T>::add(param, T(0))) return false;
-    this->entries_.back().weight_decay = weight_decay;
-    return true;
-  }
   T weight_decay() const { return weight_decay_; }
   std::string feature_not_emitted() const override { return "decoupled weight decay (AdamW)"; }
 
  private:
   const char* kind_name() const override { return "adamw"; }
+  bool decouples_decay() const override { return true; }
+  T default_decay() const override { return weight_decay_; }
   T weight_decay_;
   template <class U, class Opt>
   friend struct CheckpointAccess;

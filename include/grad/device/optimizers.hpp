@@ -42,7 +42,10 @@ class Optimizer {
   // A captured parameter (tape.param) with its own L2 coefficient. Throws
   // std::invalid_argument for anything else, a repeat, or l2 < 0, and
   // std::logic_error after the first step.
-  void add(Var<T> param, T l2 = T(0)) {
+  // The coefficient is L2, or for AdamW its decoupled weight decay (default
+  // weight_decay), as grad::Optimizer::add.
+  void add(Var<T> param) { add(param, static_cast<T>(weight_decay_)); }
+  void add(Var<T> param, T l2) {
     const std::string who = std::string(name_) + ".add";  // once per parameter, not per step
     if (steps_ > 0) throw std::logic_error("grad::device::" + who + ": add every parameter before the first step");
     ParamSlot slot = program_->param_slot(param, who);
@@ -250,7 +253,7 @@ class Optimizer {
   Program<T>* program_;
   const char* name_;
   OptimizerKind kind_;
-  double weight_decay_ = 0;  // AdamW: add()'s default
+  double weight_decay_ = 0;  // add()'s default coefficient: AdamW's weight_decay, else 0
   OptimizerSettings settings_;
   std::optional<LrSchedule> schedule_;
   PlateauState plateau_;
@@ -296,8 +299,6 @@ class AdamW : public Adam<T> {
       : Adam<T>(program, "adamw", OptimizerKind::adamw, lr, beta1, beta2, eps, AdamForm::pytorch) {
     this->weight_decay_ = this->checked("", "weight_decay", weight_decay);
   }
-  void add(Var<T> param) { Optimizer<T>::add(param, static_cast<T>(this->weight_decay_)); }
-  void add(Var<T> param, T weight_decay) { Optimizer<T>::add(param, weight_decay); }
 };
 
 }  // namespace grad::device
