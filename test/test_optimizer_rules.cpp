@@ -394,3 +394,37 @@ TEST_CASE("an optimizer of another precision than the model: a compile error tha
     CHECK(out.find("float_model.cpp:8") != std::string::npos);  // the user's line, in "required from here"
   }
 }
+
+TEST_CASE("momentum SGD, Nesterov, Adam's PyTorch form and AdamW: the same bits on one thread and on three") {
+  // Large enough (> 2 * elementwise_grain elements) that the update loops are split over the pool.
+  auto run = [](std::size_t threads) {
+    grad::set_num_threads(threads);
+    grad::testing::Rng rng(23);
+    grad::Tape<double> tp;
+    grad::Var<double> w[4];
+    for (auto& v : w) v = tp.param(grad::testing::random_tensor<double>({300, 300}, rng));
+    grad::SGD<double> momentum(0.05, 0.9, 0.1);
+    grad::SGD<double> nesterov(0.05, 0.9, 0, true);
+    grad::Adam<double> adam(0.01, 0.9, 0.999, 1e-8, grad::AdamForm::pytorch);
+    grad::AdamW<double> adamw(0.01);
+    REQUIRE(momentum.add(w[0], 1e-3));
+    REQUIRE(nesterov.add(w[1], 1e-3));
+    REQUIRE(adam.add(w[2], 1e-3));
+    REQUIRE(adamw.add(w[3]));
+    adamw.set_clip(10.0);
+    const auto m = tp.mark();
+    for (int step = 0; step < 3; ++step) {
+      tp.reset_to(m);
+      REQUIRE(tp.backward(grad::sum(grad::tanh(w[0]) * w[1]) + grad::sum(grad::tanh(w[2]) * w[3])));
+      REQUIRE(momentum.step());
+      REQUIRE(nesterov.step());
+      REQUIRE(adam.step());
+      REQUIRE(adamw.step());
+    }
+    std::vector<double> out;
+    for (auto& v : w) out.insert(out.end(), tp.value(v).begin(), tp.value(v).end());
+    grad::set_num_threads(1);
+    return out;
+  };
+  CHECK(bitwise_equal<double>(run(1), run(3)));
+}
