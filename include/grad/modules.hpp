@@ -321,7 +321,8 @@ Sequential<T> mlp(Tape<T>& tp, std::initializer_list<std::size_t> widths, SplitM
   return s;
 }
 
-// L2 coefficients by parameter kind for add_parameters.
+// Decay coefficients by parameter kind for add_parameters: what opt.add(p, c)
+// takes (L2 for SGD and Adam, the decoupled weight decay for AdamW).
 struct Decay {
   double weights = 0;  // ParamKind::weight
   double others = 0;   // biases and norm gains (the usual practice: no decay)
