@@ -234,9 +234,7 @@ class ReplayEngine final : public Engine<S> {
           launched_ += graph_kernels_[key];
         return;
       } catch (const DeviceFault&) {
-        throw;
-      } catch (const AnomalyError&) {
-        throw;  // never raised inside a graph (anomaly mode runs without), but never a reason to fall back  // the context is broken: per-node launches would only fail again
+        throw;  // the context is broken: per-node launches would only fail again
       } catch (const std::runtime_error& e) {
         fallback_ = "grad::device: " + std::string(mode_ == Mode::fused ? "fused" : "graph") +
                     " mode could not run the step as a graph (" + e.what() + "); falling back to per-node launches";
