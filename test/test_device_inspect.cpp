@@ -286,6 +286,30 @@ TEST_CASE("device anomaly: off by default (NaN flows, nothing thrown); on, a cle
   }
 }
 
+TEST_CASE("device anomaly: a NaN uploaded as input is named as an operand already non-finite") {
+  Block b;
+  record(b, good, log_of_negative);
+  auto prog = dev::capture(b.tp, b.loss, {.backend = dev::Backend::cpu, .mode = dev::Mode::graph});
+  prog.detect_anomalies(true);
+  Tensor<double> nan_input = good;
+  nan_input[3] = NAN;
+  prog.set_input(b.x, nan_input);
+  try {
+    prog.forward();
+    FAIL("the forward went through");
+  } catch (const dev::AnomalyError& e) {
+    const Anomaly& a = e.anomaly();
+    CHECK(a.op == "matmul");  // the first launch that reads it
+    CHECK(a.scope == "block.0");
+    CHECK(a.element == 0);  // row 0 of x . w: x[0][3] * w[3][0] = nan * 0
+    REQUIRE(a.operands.size() == 2);
+    CHECK_FALSE(a.operands[0].value_finite);
+    CHECK(a.operands[1].value_finite);
+    CHECK(contains(a.message, "1 = node 0 (const [2, 4], already NOT finite)"));
+    CHECK(contains(a.message, "the non-finite input came from outside the watched recording (a leaf's value"));
+  }
+}
+
 TEST_CASE("device anomaly: turned off again, the replay runs through") {
   Block b;
   record(b, good, log_of_negative);
