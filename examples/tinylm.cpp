@@ -348,8 +348,10 @@ int train(const TrainOptions& o) {
     const double loss = static_cast<double>(tp.scalar(r.loss));
     if (profiled) {
       tp.profile(false);
-      std::printf("\nprofile of step %ld (forward and backward; the optimizer is not timed):\n%s", step,
+      std::printf("\nprofile of step %ld (forward and backward; the optimizer is not timed), by op:\n%s", step,
                   grad::profile_table(grad::profile_by_op(tp)).c_str());
+      std::printf("by part of the model (nn::Lm's name scopes):\n%s",
+                  grad::profile_table(grad::profile_by_scope(tp)).c_str());
       grad::write_chrome_trace(tp, o.profile);
       std::printf("Chrome trace: %s (open it in https://ui.perfetto.dev)\n", o.profile.c_str());
     }
