@@ -59,7 +59,8 @@ void add_options(CLI::App& c, TrainOptions& o) {
   c.add_flag("--detect-anomalies", o.detect_anomalies,
              "stop at the first op or backward step that makes a NaN or inf, naming it (docs/inspect.md)");
   c.add_option("--profile", o.profile,
-               "profile the second step: print per-op times and write a Chrome trace (Perfetto) to this file")
+               "profile the second step: print times per op and per part of the model, write a Chrome trace "
+               "(Perfetto) to this file")
       ->check(cli::output_file);
   c.add_option("--text", o.text, "text to train on (the last tenth held out for validation)")
       ->check(cli::input_file(max_text_bytes));
