@@ -456,8 +456,18 @@ TEST_CASE("Lm names its parts: every node and parameter under block / part scope
   tp.profile(true);
   m.forward(m.ids(tokens(2 * 6, 1), 2, 6), m.ids(tokens(2 * 6, 2), 12, 0));
   tp.profile(false);
-  for (const ProfileRow& row : profile_by_scope(tp)) profiled_scope = profiled_scope || row.key == "layers.2.attention";
+  const std::vector<ProfileRow> by_scope = profile_by_scope(tp);
+  for (const ProfileRow& row : by_scope) profiled_scope = profiled_scope || row.key == "layers.2.attention";
   CHECK(profiled_scope);
+  // Long scope paths widen the name column: every line of the table lines up.
+  std::istringstream table(profile_table(by_scope));
+  std::size_t lines = 0, width = 0;
+  for (std::string line; std::getline(table, line); ++lines) {
+    if (lines == 0) width = line.size();
+    CHECK(line.size() == width);
+  }
+  CHECK(lines == by_scope.size() + 1);
+  CHECK(width == 26 + 63);  // the longest name, "layers.0.attn_norm.rmsnorm", and 63 for the numbers
 
   // LoRA: the base weights are frozen constants in their parts, the adapters under ".lora".
   nn::LmConfig lc = tiny_lm();

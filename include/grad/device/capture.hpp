@@ -115,8 +115,13 @@ class Program {
   bool detects_anomalies() const { return detects_anomalies_; }
   // The latest anomaly found (null before any).
   const Anomaly* anomaly() const { return captured_->has_anomaly ? &captured_->anomaly : nullptr; }
-  // Node i as captured (i < nodes()).
-  const CapturedNode& node(std::uint32_t i) const { return captured_->nodes.at(i); }
+  // Node i as captured; std::out_of_range for i >= nodes().
+  const CapturedNode& node(std::uint32_t i) const {
+    if (i >= captured_->nodes.size())
+      throw std::out_of_range("grad::device::Program::node: node " + std::to_string(i) + " of a program of " +
+                              std::to_string(captured_->nodes.size()) + " captured nodes");
+    return captured_->nodes[i];
+  }
 
   void forward() {
     with_engine([](auto& e, auto) { e.forward(); });
