@@ -31,14 +31,22 @@ Tensor<double> uniform(grad::Shape shape, double bound) {
   return t;
 }
 
-// One linear map of the block: a frozen weight and its adapter pair.
+// One linear map of the block: a frozen weight and its adapter pair,
+// recorded under its own name scope (q_proj, ...: a cluster of the picture).
 struct Projection {
+  Tape<double>* tape;
+  const char* name;
   Var<double> w, a, b;
-  Projection(Tape<double>& tp, std::size_t in, std::size_t out)
-      : w(tp.constant(uniform({in, out}, 1.7 / std::sqrt(double(in))))),
+  Projection(Tape<double>& tp, const char* name_, std::size_t in, std::size_t out)
+      : tape(&tp),
+        name(name_),
+        w(tp.constant(uniform({in, out}, 1.7 / std::sqrt(double(in))))),
         a(tp.param(uniform({in, rank}, 1.0 / std::sqrt(double(in))))),
         b(tp.param(Tensor<double>({rank, out}))) {}  // PEFT init: B = 0, so training starts from the base model
-  Var<double> operator()(Var<double> x) const { return nn::lora_linear(x, w, a, b, lora_scale); }
+  Var<double> operator()(Var<double> x) const {
+    grad::NameScope<double> scope(*tape, name);
+    return nn::lora_linear(x, w, a, b, lora_scale);
+  }
 };
 
 }  // namespace
@@ -61,8 +69,9 @@ int main(int argc, char** argv) {
   Var<double> cos = tp.constant(rope.cos), sin = tp.constant(rope.sin),
               mask = tp.constant(nn::causal_mask<double>(seq));
   Var<double> norm_in = tp.constant(Tensor<double>::ones({dim})), norm_post = tp.constant(Tensor<double>::ones({dim}));
-  Projection q(tp, dim, n_heads * head_dim), k(tp, dim, n_kv_heads * head_dim), v(tp, dim, n_kv_heads * head_dim),
-      o(tp, n_heads * head_dim, dim), gate(tp, dim, ffn), up(tp, dim, ffn), down(tp, ffn, dim);
+  Projection q(tp, "q_proj", dim, n_heads * head_dim), k(tp, "k_proj", dim, n_kv_heads * head_dim),
+      v(tp, "v_proj", dim, n_kv_heads * head_dim), o(tp, "o_proj", n_heads * head_dim, dim),
+      gate(tp, "gate_proj", dim, ffn), up(tp, "up_proj", dim, ffn), down(tp, "down_proj", ffn, dim);
   Var<double> w_vocab = tp.constant(uniform({dim, vocab}, 0.3 / std::sqrt(double(dim))));
 
   grad::Adam opt(0.01);

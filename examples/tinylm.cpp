@@ -59,7 +59,8 @@ void add_options(CLI::App& c, TrainOptions& o) {
   c.add_flag("--detect-anomalies", o.detect_anomalies,
              "stop at the first op or backward step that makes a NaN or inf, naming it (docs/inspect.md)");
   c.add_option("--profile", o.profile,
-               "profile the second step: print per-op times and write a Chrome trace (Perfetto) to this file")
+               "profile the second step: print times per op and per part of the model, write a Chrome trace "
+               "(Perfetto) to this file")
       ->check(cli::output_file);
   c.add_option("--text", o.text, "text to train on (the last tenth held out for validation)")
       ->check(cli::input_file(max_text_bytes));
@@ -348,8 +349,10 @@ int train(const TrainOptions& o) {
     const double loss = static_cast<double>(tp.scalar(r.loss));
     if (profiled) {
       tp.profile(false);
-      std::printf("\nprofile of step %ld (forward and backward; the optimizer is not timed):\n%s", step,
+      std::printf("\nprofile of step %ld (forward and backward; the optimizer is not timed), by op:\n%s", step,
                   grad::profile_table(grad::profile_by_op(tp)).c_str());
+      std::printf("by part of the model (nn::Lm's name scopes):\n%s",
+                  grad::profile_table(grad::profile_by_scope(tp)).c_str());
       grad::write_chrome_trace(tp, o.profile);
       std::printf("Chrome trace: %s (open it in https://ui.perfetto.dev)\n", o.profile.c_str());
     }

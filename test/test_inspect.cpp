@@ -2,12 +2,14 @@
 // scopes, gradcheck, DOT pictures, the model summary and the profiler.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <grad/grad.hpp>
 #include <grad/inspect.hpp>
+#include <grad/lm.hpp>
 #include <grad/modules.hpp>
 #include <sstream>
 #include <string>
@@ -393,4 +395,157 @@ TEST_CASE("profiler: per-op and per-scope rows count every call; the Chrome trac
   tp.reset_to(m);
   scoped_lora(tp, adapter);
   CHECK(tp.inspection().events.size() == events);
+}
+
+namespace {
+nn::LmConfig tiny_lm() {
+  nn::LmConfig c;
+  c.vocab = 16;
+  c.d_model = 8;
+  c.layers = 3;
+  c.heads = 2;
+  c.kv_heads = 1;
+  c.ffn = 16;
+  c.max_seq = 8;
+  return c;
+}
+std::vector<int> tokens(std::size_t n, int shift) {
+  std::vector<int> t(n);
+  for (std::size_t i = 0; i < n; ++i) t[i] = static_cast<int>((i * 7 + static_cast<std::size_t>(shift)) % 16);
+  return t;
+}
+const SummaryRow* find_row(const Summary& s, const std::string& scope) {
+  for (const SummaryRow& r : s.rows)
+    if (r.scope == scope) return &r;
+  return nullptr;
+}
+}  // namespace
+
+TEST_CASE("Lm names its parts: every node and parameter under block / part scopes, the summary per part") {
+  Tape<double> tp;
+  nn::Lm<double> m(tp, tiny_lm(), 3);
+  auto r = m.forward(m.ids(tokens(2 * 6, 1), 2, 6), m.ids(tokens(2 * 6, 2), 12, 0));
+  REQUIRE(tp.backward(r.loss));
+  CHECK(tp.scope_name(m.layer(2).w[static_cast<std::size_t>(nn::Proj::q)].index()) == "layers.2.attention.q");
+  CHECK(tp.scope_name(m.layer(1).w[static_cast<std::size_t>(nn::Proj::down)].index()) == "layers.1.mlp.down");
+  CHECK(tp.scope_name(m.layer(0).attn_norm.index()) == "layers.0.attn_norm");
+  CHECK(tp.scope_name(m.embed().index()) == "embed");
+  CHECK(tp.scope_name(r.logits.index()) == "head");
+  CHECK(tp.scope_name(r.loss.index()) == "loss");
+  // Each block's softmax is its attention's; its rmsnorms are the norms'.
+  std::vector<std::string> softmax_scopes, sqrt_scopes;
+  for (std::size_t i = 0; i < tp.size(); ++i) {
+    if (tp.nodes()[i].op == op_code<Softmax>) softmax_scopes.push_back(tp.scope_name(i));
+    if (tp.nodes()[i].op == op_code<Sqrt>) sqrt_scopes.push_back(tp.scope_name(i));
+  }
+  CHECK(softmax_scopes == std::vector<std::string>{"layers.0.attention", "layers.1.attention", "layers.2.attention"});
+  REQUIRE(sqrt_scopes.size() == 7);
+  CHECK(sqrt_scopes[2] == "layers.1.attn_norm.rmsnorm");
+  CHECK(sqrt_scopes[3] == "layers.1.mlp_norm.rmsnorm");
+  CHECK(sqrt_scopes[6] == "final_norm.rmsnorm");
+
+  const Summary s = summarize(tp);
+  CHECK(s.trainable == m.parameter_count());  // every parameter counted, in its part
+  const nn::LmConfig c = tiny_lm();
+  const SummaryRow* q = find_row(s, "layers.1.attention.q");
+  REQUIRE(q != nullptr);
+  CHECK(q->trainable == c.d_model * c.d_model);
+  CHECK(q->nodes == 2);  // the weight and its matmul
+  CHECK(find_row(s, "layers.2.mlp.swiglu") != nullptr);
+  bool profiled_scope = false;
+  tp.profile(true);
+  m.forward(m.ids(tokens(2 * 6, 1), 2, 6), m.ids(tokens(2 * 6, 2), 12, 0));
+  tp.profile(false);
+  const std::vector<ProfileRow> by_scope = profile_by_scope(tp);
+  for (const ProfileRow& row : by_scope) profiled_scope = profiled_scope || row.key == "layers.2.attention";
+  CHECK(profiled_scope);
+  // Long scope paths widen the name column: every line of the table lines up.
+  std::istringstream table(profile_table(by_scope));
+  std::size_t lines = 0, width = 0;
+  for (std::string line; std::getline(table, line); ++lines) {
+    if (lines == 0) width = line.size();
+    CHECK(line.size() == width);
+  }
+  CHECK(lines == by_scope.size() + 1);
+  CHECK(width == 26 + 63);  // the longest name, "layers.0.attn_norm.rmsnorm", and 63 for the numbers
+
+  // LoRA: the base weights are frozen constants in their parts, the adapters under ".lora".
+  nn::LmConfig lc = tiny_lm();
+  lc.lora_rank = 2;
+  lc.lora_targets = nn::parse_projections("q,v");
+  Tape<double> lt;
+  nn::Lm<double> lm(lt, lc, 3, nn::Lm<double>::Train::lora);
+  lm.forward(lm.ids(tokens(6, 1), 1, 6), lm.ids(tokens(6, 2), 6, 0));
+  REQUIRE(lt.ok());
+  const Summary ls = summarize(lt);
+  std::size_t adapters = 0, base = 0;
+  for (const auto& p : lm.adapters()) adapters += lt.value(p.var).size();
+  for (const auto& p : lm.base()) base += lt.value(p.var).size();
+  CHECK(ls.trainable == adapters);
+  CHECK(ls.frozen == base);
+  CHECK(lt.scope_name(lm.layer(0).lora_a[0].index()) == "layers.0.attention.q.lora");
+  const SummaryRow* lora = find_row(ls, "layers.0.attention.v.lora");
+  REQUIRE(lora != nullptr);
+  CHECK(lora->trainable == c.d_model * 2 + 2 * c.kv_heads * c.head_dim());
+}
+
+TEST_CASE("anomaly deep in an Lm block: an overflowing projection is named by block, part and op") {
+  Tape<double> tp;
+  nn::Lm<double> m(tp, tiny_lm(), 3);
+  // The norm's output ~1e200 (finite), times k's weights 1e200: every product overflows.
+  for (double& w : tp.leaf_value(m.layer(1).attn_norm)) w = 1e200;
+  for (double& w : tp.leaf_value(m.layer(1).w[static_cast<std::size_t>(nn::Proj::k)])) w = 1e200;
+  tp.detect_anomalies(true);
+  auto r = m.forward(m.ids(tokens(6, 1), 1, 6), m.ids(tokens(6, 2), 6, 0));
+  CHECK_FALSE(r.loss.valid());
+  const Anomaly* a = tp.anomaly();
+  REQUIRE(a != nullptr);
+  CHECK(a->phase == Anomaly::Phase::forward);
+  CHECK(a->op == "matmul");
+  CHECK(a->scope == "layers.1.attention.k");
+  REQUIRE(a->operands.size() == 2);
+  CHECK(a->operands[0].value_finite);
+  CHECK(a->operands[0].scope == "layers.1.attn_norm.rmsnorm");
+  CHECK(a->operands[1].op == "param");
+  CHECK(a->operands[1].value_finite);
+  CHECK(contains(tp.error(), "(matmul in 'layers.1.attention.k'"));
+}
+
+TEST_CASE("profiler: the per-op totals account for the step's wall time") {
+  // A step of the LM at tinylm's default width: the events' durations
+  // against the wall time of the same forward and backward. The events
+  // leave out the tape's own bookkeeping between ops (shape checks,
+  // allocation, the reverse walk's loop), so they sum to a little less.
+  nn::LmConfig c = tiny_lm();
+  c.vocab = 256;
+  c.d_model = 64;
+  c.layers = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.ffn = 176;
+  c.max_seq = 32;
+  Tape<float> tp;
+  nn::Lm<float> m(tp, c, 5);
+  const auto mark = tp.mark();
+  double best = 0, best_wall = 0, best_events = 0;
+  for (int step = 0; step < 3; ++step) {  // the first warms the arenas; the best of the rest counts
+    tp.reset_to(mark);
+    tp.clear_profile();
+    tp.profile(true);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = m.forward(m.ids(tokens(4 * 32, 1), 4, 32), m.ids(tokens(4 * 32, 2), 128, 0));
+    REQUIRE(tp.backward(r.loss));
+    const double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    tp.profile(false);
+    double events = 0;
+    for (const ProfileRow& row : profile_by_op(tp)) events += row.forward_ms + row.backward_ms;
+    if (step > 0 && events / wall > best) {
+      best = events / wall;
+      best_wall = wall;
+      best_events = events;
+    }
+  }
+  MESSAGE("per-op totals " << best_events << " ms of a " << best_wall << " ms step (" << 100 * best << "%)");
+  CHECK(best <= 1.0);   // nested in the step: cannot exceed it
+  CHECK(best >= 0.75);  // 0.9 or more on an idle machine; loose for shared CI cores
 }

@@ -6,7 +6,11 @@
 // one node instead of two and faster at every size bench/bench_nn.cpp measures.
 //
 // Conventions: activations are [rows, cols]; a weight is [in, out]; a bias
-// or norm weight is [out], broadcast over rows. Bad input poisons the tape
+// or norm weight is [out], broadcast over rows. A layer of several ops
+// records them under a name scope of its own ("rmsnorm", "lora", ...,
+// inside whatever scope the caller opened), so the inspection tools
+// (grad/inspect.hpp) can say which layer a node belongs to; a scope costs a
+// short lookup per call and nothing per op. Bad input poisons the tape
 // with "grad: nn::<layer>: <shapes>, expected ...". The table builders
 // (rope_tables, causal_mask) record nothing and throw std::invalid_argument.
 #pragma once
@@ -77,6 +81,7 @@ Var<T> lora_linear(Var<T> x, Var<T> w0, Var<T> a, Var<T> b, std::type_identity_t
   if (ad[0] != wd[0] || bd[1] != wd[1])
     return tp.invalid(shapes() + ": expected A [" + detail::num(wd[0]) + ", r] and B [r, " + detail::num(wd[1]) +
                       "] to match w0");
+  NameScope<T> scope(tp, "lora");
   return matmul(x, w0) + matmul(matmul(x, a), b) * scale;
 }
 
@@ -90,6 +95,7 @@ Var<T> rmsnorm(Var<T> x, Var<T> w, std::type_identity_t<T> eps) {
     return tp.invalid("nn::rmsnorm: x " + shape_string(xd) + " and weight " + shape_string(wd) +
                       ": expected x [rows, cols] and weight [cols]");
   const T cols = static_cast<T>(xd[1]);
+  NameScope<T> scope(tp, "rmsnorm");
   Var<T> mean_square = row_sum(x * x) / cols;
   return x / grad::sqrt(mean_square + eps) * w;
 }
@@ -105,6 +111,7 @@ Var<T> layernorm(Var<T> x, Var<T> w, Var<T> b, std::type_identity_t<T> eps) {
     return tp.invalid("nn::layernorm: x " + shape_string(xd) + ", weight " + shape_string(wd) + " and bias " +
                       shape_string(bd) + ": expected x [rows, cols], weight [cols] and bias [cols]");
   const T cols = static_cast<T>(xd[1]);
+  NameScope<T> scope(tp, "layernorm");
   Var<T> centered = x - row_sum(x) / cols;
   Var<T> variance = row_sum(centered * centered) / cols;
   return centered / grad::sqrt(variance + eps) * w + b;
@@ -126,6 +133,7 @@ Var<T> swiglu(Var<T> gate, Var<T> up) {
   if (!(tp.dims(gate) == tp.dims(up)))
     return tp.invalid("nn::swiglu: gate " + shape_string(tp.dims(gate)) + " and up " + shape_string(tp.dims(up)) +
                       ": expected the same shape");
+  NameScope<T> scope(tp, "swiglu");
   return silu(gate) * up;
 }
 
@@ -171,6 +179,7 @@ Var<T> rope(Var<T> h, Var<T> cos, Var<T> sin) {
     return tp.invalid("nn::rope: head " + shape_string(hd) + ", cos " + shape_string(cd) + ", sin " + shape_string(sd) +
                       ": expected a head [t, head_dim] with an even head_dim and cos, sin of the same shape");
   const std::size_t t = hd[0], width = hd[1], half = width / 2;
+  NameScope<T> scope(tp, "rope");
   Var<T> rotated = concat(-slice(h, {0, half}, {t, width}), slice(h, {0, 0}, {t, half}), 1);
   return h * cos + rotated * sin;
 }
@@ -238,6 +247,7 @@ Var<T> gqa_attention(Var<T> q, Var<T> k, Var<T> v, Var<T> cos, Var<T> sin, Var<T
 
   const std::size_t group = n_heads / n_kv_heads;
   const T scale = T(1) / std::sqrt(static_cast<T>(head_dim));
+  NameScope<T> scope(tp, "attention");
   // Query heads of one group are consecutive, so each key/value head is
   // rotated and transposed once, when its group starts.
   // The loop stops as soon as the tape is poisoned: what it would record
@@ -281,6 +291,7 @@ Var<T> cross_entropy(Var<T> logits, Var<T> onehot) {
       return tp.invalid("nn::cross_entropy: row " + detail::num(r) + " of the targets " + shape_string(od) +
                         " is not one-hot: expected exactly one 1 and zeros elsewhere");
   }
+  NameScope<T> scope(tp, "cross_entropy");
   return -mean(grad::log(row_sum(softmax(logits, -1) * onehot)));
 }
 

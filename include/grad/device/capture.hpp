@@ -55,6 +55,15 @@ inline std::string_view mode_name(Mode m) {
   return m == Mode::per_node ? "per_node" : m == Mode::graph ? "graph" : "fused";
 }
 
+// What capture saw of a node, for reports and pictures: they must not read
+// the tape again (it may have been reset and re-recorded since).
+struct CapturedNode {
+  std::uint8_t op = 0;
+  std::uint32_t a = no_node, b = no_node;
+  Dims dims;
+  std::string scope;  // the NameScope path it was recorded under ("" for none)
+};
+
 template <class T>
 class Program;
 
@@ -71,9 +80,9 @@ class Program {
       throw std::invalid_argument("grad::device::set_input: node " + std::to_string(i) + " is a " +
                                   std::string(op_name(tape_->nodes()[i].op)) +
                                   " node; only constants (tape.constant) are inputs");
-    if (!(Dims::of(values.shape()) == dims_[i]))
+    if (!(Dims::of(values.shape()) == node(i).dims))
       throw std::invalid_argument("grad::device::set_input: node " + std::to_string(i) + " has shape " +
-                                  shape_string(dims_[i]) + " but the tensor has shape " + shape_string(values.shape()));
+                                  shape_string(node(i).dims) + " but the tensor has shape " + shape_string(values.shape()));
     with_engine([&](auto& e, auto zero) {
       using S = decltype(zero);
       if constexpr (std::is_same_v<S, T>) {
@@ -87,6 +96,33 @@ class Program {
     });
   }
 
+  // Anomaly detection (the tape's detect_anomalies, on the replay): while on,
+  // forward(), backward() and an optimizer's step() run launch by launch and
+  // check what each launch wrote; the first non-finite value, gradient or
+  // updated parameter stops the replay with device::AnomalyError, whose
+  // anomaly() (also kept in anomaly()) names the node, its op, name scope,
+  // shapes and which operand was already non-finite. Off by default; off, a
+  // launch costs one branch. Phases queued before it is turned on run unchecked.
+  void detect_anomalies(bool on) {
+    with_engine([&](auto& e, auto) {
+      if (on)
+        e.detect_anomalies([seen = captured_.get()](const NonFinite& f) { return seen->name(f); });
+      else
+        e.detect_anomalies(nullptr);
+    });
+    detects_anomalies_ = on;
+  }
+  bool detects_anomalies() const { return detects_anomalies_; }
+  // The latest anomaly found (null before any).
+  const Anomaly* anomaly() const { return captured_->has_anomaly ? &captured_->anomaly : nullptr; }
+  // Node i as captured; std::out_of_range for i >= nodes().
+  const CapturedNode& node(std::uint32_t i) const {
+    if (i >= captured_->nodes.size())
+      throw std::out_of_range("grad::device::Program::node: node " + std::to_string(i) + " of a program of " +
+                              std::to_string(captured_->nodes.size()) + " captured nodes");
+    return captured_->nodes[i];
+  }
+
   void forward() {
     with_engine([](auto& e, auto) { e.forward(); });
   }
@@ -97,8 +133,8 @@ class Program {
   T loss() { return read(loss_, false)[0]; }
 
   // A captured node's value / gradient (zeros for a node without gradient).
-  Tensor<T> value(Var<T> v) { return Tensor<T>(dims_[node_of(v, "value")].shape(), read(node_of(v, "value"), false)); }
-  Tensor<T> grad(Var<T> v) { return Tensor<T>(dims_[node_of(v, "grad")].shape(), read(node_of(v, "grad"), true)); }
+  Tensor<T> value(Var<T> v) { return Tensor<T>(node(node_of(v, "value")).dims.shape(), read(node_of(v, "value"), false)); }
+  Tensor<T> grad(Var<T> v) { return Tensor<T>(node(node_of(v, "grad")).dims.shape(), read(node_of(v, "grad"), true)); }
 
   // Writes every captured parameter's device value into the tape it came from.
   void sync_params_to(Tape<T>& tape) {
@@ -117,7 +153,7 @@ class Program {
   Mode mode() const { return options_.mode; }
   // Does the device hold float32 (an f32 capture, or a float tape)?
   bool f32() const { return narrow_ != nullptr || std::is_same_v<T, float>; }
-  std::size_t nodes() const { return dims_.size(); }
+  std::size_t nodes() const { return captured_->nodes.size(); }
   // Kernel launches of one forward() and one backward() (per-node mode).
   std::size_t forward_launches() const { return forward_launches_; }
   std::size_t backward_launches() const { return backward_launches_; }
@@ -154,7 +190,7 @@ class Program {
       throw std::invalid_argument("grad::device::" + std::string(who) + ": node " + std::to_string(i) + " is a " +
                                   std::string(op_name(tape_->nodes()[i].op)) +
                                   " node; expected a parameter (tape.param)");
-    return {value_offset_[i], grad_offset_[i], dims_[i].size(), 0.0};
+    return {value_offset_[i], grad_offset_[i], node(i).dims.size(), 0.0};
   }
   template <class F>
   decltype(auto) with_engine(F&& f) {
@@ -185,7 +221,7 @@ class Program {
                                   " of the tape was re-recorded after capture; capture again");
   }
   std::vector<T> read(std::uint32_t i, bool gradient) {
-    std::vector<T> out(dims_[i].size(), T(0));
+    std::vector<T> out(node(i).dims.size(), T(0));
     const std::size_t offset = gradient ? grad_offset_[i] : value_offset_[i];
     if (offset == no_offset) return out;
     with_engine([&](auto& e, auto zero) {
@@ -203,7 +239,16 @@ class Program {
   const Tape<T>* tape_ = nullptr;
   Options options_;
   std::uint32_t loss_ = 0;
-  std::vector<Dims> dims_;
+  // The captured nodes, and the anomaly namer's state; on the heap, so the
+  // engine's namer keeps pointing at it when the Program moves.
+  struct Captured {
+    std::vector<CapturedNode> nodes;
+    bool has_anomaly = false;
+    Anomaly anomaly;
+    Anomaly name(const NonFinite& f);
+  };
+  std::unique_ptr<Captured> captured_ = std::make_unique<Captured>();
+  bool detects_anomalies_ = false;
   std::vector<std::size_t> value_offset_, grad_offset_;
   std::vector<std::uint64_t> serials_;
   std::vector<std::uint32_t> params_;  // indices of the captured parameter nodes
@@ -303,6 +348,43 @@ std::string episode_refusal(const Tape<T>& tape, Var<T> loss, std::string_view d
 }  // namespace capture_detail
 
 template <class T>
+Anomaly Program<T>::Captured::name(const NonFinite& f) {
+  auto described = [&](std::uint32_t i) {
+    Anomaly::Operand o;
+    o.node = i;
+    o.op = std::string(op_name(nodes[i].op));
+    o.shape = shape_string(nodes[i].dims);
+    o.scope = nodes[i].scope;
+    return o;
+  };
+  const CapturedNode& n = nodes[f.node];
+  Anomaly a;
+  a.phase = f.phase;
+  a.node = f.node;
+  a.op = std::string(op_name(n.op));
+  a.scope = n.scope;
+  a.shape = shape_string(n.dims);
+  a.element = f.element;
+  a.bad = f.bad;
+  a.incoming_gradient_finite = f.incoming_finite;
+  if (f.phase != Anomaly::Phase::optimizer) {
+    const std::uint32_t in[2] = {n.a, n.b};
+    for (int k = 0; k < 2; ++k) {
+      if (in[k] == no_node) continue;
+      a.operands.push_back(described(in[k]));
+      a.operands.back().value_finite = f.operand_finite[k];
+    }
+  }
+  // x * x hands its one input two contributions: the first slot names it.
+  if (f.phase == Anomaly::Phase::backward) a.gradient_to = n.a == f.input ? 0 : 1;
+  a.message = inspect_detail::anomaly_message(
+      a, "a leaf's value: an input, or a parameter an unchecked step wrote, or a phase queued before detection");
+  anomaly = a;
+  has_anomaly = true;
+  return a;
+}
+
+template <class T>
 Program<T> capture(const Tape<T>& tape, Var<T> loss, Options options) {
   const std::string who = "grad::device::capture: ";
   if (std::string why = capture_detail::episode_refusal(tape, loss, "capturing"); !why.empty())
@@ -333,7 +415,8 @@ Program<T> capture(const Tape<T>& tape, Var<T> loss, Options options) {
   p.options_ = options;
   p.loss_ = loss.index();
   for (std::uint32_t i = 0; i <= p.loss_; ++i) {
-    p.dims_.push_back(tape.nodes()[i].dims);
+    const Node<T>& n = tape.nodes()[i];
+    p.captured_->nodes.push_back({n.op, n.a, n.b, n.dims, tape.scope_name(i)});
     p.serials_.push_back(tape.nodes()[i].serial);
     if (tape.nodes()[i].op == op_code<Param>) p.params_.push_back(i);
   }

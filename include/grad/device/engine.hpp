@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <span>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "grad/inspect/hooks.hpp"
 #include "grad/tensor.hpp"
 #include "grad/update_rules.hpp"  // AdamForm
 
@@ -94,6 +96,33 @@ class DeviceFault : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Anomaly mode's raw finding: the first launch of a replay that wrote a
+// non-finite element. The engine knows buffers, not names; Program turns it
+// into a grad::Anomaly (op, scope, shapes, message) and the replay stops
+// with an AnomalyError.
+struct NonFinite {
+  Anomaly::Phase phase = Anomaly::Phase::forward;
+  // forward: the node run; backward: the node differentiated; optimizer: the parameter.
+  std::uint32_t node = 0;
+  std::uint32_t input = 0;  // backward: the operand node whose gradient went non-finite
+  std::size_t element = 0;
+  double bad = 0;
+  bool operand_finite[2] = {true, true};  // forward, backward: the values of the node's operands a, b
+  // backward: the node's own gradient; optimizer: the parameter's gradient.
+  bool incoming_finite = true;
+};
+using NameNonFinite = std::function<Anomaly(const NonFinite&)>;
+
+// What a replay in anomaly mode throws; the report is kept in anomaly().
+class AnomalyError : public std::runtime_error {
+ public:
+  explicit AnomalyError(Anomaly a) : std::runtime_error("grad::device: " + a.message), anomaly_(std::move(a)) {}
+  const Anomaly& anomaly() const { return anomaly_; }
+
+ private:
+  Anomaly anomaly_;
+};
+
 template <class S>
 class Engine {
  public:
@@ -126,6 +155,12 @@ class Engine {
   // before set_optimizer and std::invalid_argument for spans of another size.
   virtual void read_optimizer_state(std::span<S> m, std::span<S> v, S& beta1_power, S& beta2_power) = 0;
   virtual void write_optimizer_state(std::span<const S> m, std::span<const S> v, S beta1_power, S beta2_power) = 0;
+
+  // Anomaly mode (Program::detect_anomalies), on while `name` is set: every
+  // phase then runs at once, launch by launch, and each launch's output is
+  // checked; the first non-finite element stops the replay with
+  // AnomalyError(name(finding)). Off (empty), a launch pays one branch.
+  virtual void detect_anomalies(NameNonFinite name) = 0;
 
   // Graph and fused modes queue forward/backward/optimizer_step and run the
   // queue as one graph at the next copy; flush() runs it now.

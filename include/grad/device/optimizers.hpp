@@ -102,10 +102,12 @@ class Optimizer {
     if (schedule_) settings_.lr = schedule_->rate(steps_ + 1, plateau_);
     program_->with_engine([&](auto& e, auto) {
       if (dirty_) e.set_optimizer(slots_, settings_.adam);
+      dirty_ = false;
+      // Counted before it runs: an anomaly (Program::detect_anomalies) stops
+      // it part way with the device's step count already advanced.
+      ++steps_;
       e.optimizer_step(settings_);
     });
-    dirty_ = false;
-    ++steps_;
   }
   std::uint64_t steps() const { return steps_; }
   // The parameters a step updates (those the captured loss reaches), in add

@@ -21,6 +21,12 @@
 // drops the graphs), and a sequence of phases not seen before.
 // graph_captures() counts the captures (the CPU backend emulates them).
 //
+// Anomaly mode (detect_anomalies) runs every phase at once, launch by launch
+// (no graph, no fused segment: every mode lands on the same bits, so the
+// values checked are the ones a fused step computes), and reads back each
+// launch's output: the first non-finite element stops the replay with an
+// AnomalyError naming that launch. Off, a launch costs one branch more.
+//
 // A capture (or fused launch) that fails falls back to per-node launches with
 // a message on stderr and in fallback_reason(), never silently; a device
 // fault (DeviceFault: an illegal address, a failed launch) is never a reason
@@ -51,6 +57,7 @@
 #include "grad/device/engine.hpp"
 #include "grad/device/launch.hpp"
 #include "grad/device/plan.hpp"
+#include "grad/inspect/finite.hpp"
 
 namespace grad::device {
 
@@ -77,6 +84,12 @@ class ReplayEngine final : public Engine<S> {
     }
     for (const LaunchSpec& s : plan.forward) forward_.push_back(resolve(L, s));
     for (const LaunchSpec& s : plan.backward) backward_.push_back(resolve(L, s));
+    forward_specs_ = plan.forward;
+    backward_specs_ = plan.backward;
+    for (std::uint32_t i = 0; i < L.nodes.size(); ++i) {
+      grad_offsets_.push_back(L.nodes[i].grad);
+      if (L.nodes[i].op == op_code<Param>) param_at_[L.nodes[i].value] = i;
+    }
     if (fuse) build_units(plan);
   }
 
@@ -99,6 +112,11 @@ class ReplayEngine final : public Engine<S> {
   S* grads_in_place() override {
     flush();
     return grads_;
+  }
+
+  void detect_anomalies(NameNonFinite name) override {
+    flush();  // what was queued before runs as it was queued, unchecked
+    name_ = std::move(name);
   }
 
   void forward() override { queue(Phase::forward); }
@@ -259,7 +277,7 @@ class ReplayEngine final : public Engine<S> {
   }
 
   void queue(Phase phase) {
-    if (mode_ == Mode::per_node)
+    if (mode_ == Mode::per_node || name_)
       enqueue(phase, false);
     else
       pending_.push_back(phase);
@@ -274,13 +292,22 @@ class ReplayEngine final : public Engine<S> {
         run_.optimizer_update_all(views_, params_.size(), params_.data(), hyper_device_, state_);
         ++launched_;
       } else {
-        for (const ParamView<S>& p : params_) run_.optimizer_update(p, hyper_device_, state_);
+        for (const ParamView<S>& p : params_) {
+          run_.optimizer_update(p, hyper_device_, state_);
+          if (name_) [[unlikely]]
+            check_update(p);
+        }
         launched_ += params_.size();
       }
       return;
     }
     if (!fused) {
-      for (const Launch<S>& l : phase == Phase::forward ? forward_ : backward_) launch(l);
+      const std::vector<Launch<S>>& launches = phase == Phase::forward ? forward_ : backward_;
+      for (std::size_t k = 0; k < launches.size(); ++k) {
+        launch(launches[k]);
+        if (name_) [[unlikely]]
+          check_launch(launches[k], (phase == Phase::forward ? forward_specs_ : backward_specs_)[k]);
+      }
       return;
     }
     for (const Unit& u : phase == Phase::forward ? forward_units_ : backward_units_) {
@@ -325,6 +352,47 @@ class ReplayEngine final : public Engine<S> {
           run_.template backward<Op, 1>(l.x, l.y, l.g, l.dx, l.items);
       }
     });
+  }
+
+  // Anomaly mode: the first non-finite element of n elements at p (backend
+  // memory), or n. Read through a host copy, as CUDA needs.
+  std::size_t first_bad(const S* p, std::size_t n) {
+    probe_.resize(n);
+    run_.download(probe_.data(), p, n * sizeof(S));
+    return inspect_detail::first_non_finite(probe_.data(), n);
+  }
+  bool finite(const S* p, std::size_t n) { return first_bad(p, n) == n; }
+
+  // After launch l (spec s): stops the replay if it wrote a non-finite element.
+  void check_launch(const Launch<S>& l, const LaunchSpec& s) {
+    const std::size_t n = s.out.size();
+    const S* out = s.kind == LaunchKind::forward      ? l.y
+                   : s.kind == LaunchKind::accumulate ? l.grad
+                                                      : l.dx;
+    const std::size_t bad = first_bad(out, n);
+    if (bad == n) return;
+    NonFinite f;
+    f.element = bad;
+    f.bad = static_cast<double>(probe_[bad]);
+    f.node = s.node;
+    f.phase = s.kind == LaunchKind::forward ? Anomaly::Phase::forward : Anomaly::Phase::backward;
+    f.input = s.input;
+    if (l.x.a.data) f.operand_finite[0] = finite(l.x.a.data, l.x.a.dims.size());
+    if (l.x.b.data) f.operand_finite[1] = finite(l.x.b.data, l.x.b.dims.size());
+    if (s.kind != LaunchKind::forward) f.incoming_finite = finite(grads_ + grad_offsets_[s.node], l.x.out.size());
+    throw AnomalyError(name_(f));
+  }
+  // After an optimizer update of p: stops the replay if the parameter went non-finite.
+  void check_update(const ParamView<S>& p) {
+    const std::size_t bad = first_bad(p.w, p.size);
+    if (bad == p.size) return;
+    NonFinite f;
+    f.phase = Anomaly::Phase::optimizer;
+    f.node = param_at_.at(static_cast<std::size_t>(p.w - values_));
+    f.element = bad;
+    f.bad = static_cast<double>(probe_[bad]);
+    f.incoming_finite = finite(p.g, p.size);
+    throw AnomalyError(name_(f));
   }
 
   Launch<S> resolve(const Layout<S>& L, const LaunchSpec& s) const {
@@ -385,6 +453,12 @@ class ReplayEngine final : public Engine<S> {
   S* scratch_ = nullptr;
   std::size_t* extras_ = nullptr;
   std::vector<Launch<S>> forward_, backward_;
+  // Anomaly mode: on while name_ is set; what a finding needs to say where it is.
+  NameNonFinite name_;
+  std::vector<LaunchSpec> forward_specs_, backward_specs_;
+  std::vector<std::size_t> grad_offsets_;          // per node
+  std::map<std::size_t, std::uint32_t> param_at_;  // value offset -> parameter node
+  std::vector<S> probe_;                           // host copy of the buffer checked
   // Fused mode: the plan's launches in segment order (host copy and device copy) and its kernels.
   std::vector<Launch<S>> host_launches_;
   Launch<S>* device_launches_ = nullptr;

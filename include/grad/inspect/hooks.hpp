@@ -20,9 +20,12 @@ namespace grad {
 
 // The first node that made a non-finite value (forward) or gradient
 // (backward) while anomaly detection was on; Tape::anomaly() returns it and
-// the tape is poisoned with `message`.
+// the tape is poisoned with `message`. A captured device program reports the
+// same (device::AnomalyError), and also a parameter its optimizer's step
+// made non-finite (phase optimizer: `node` is the parameter, `operands` is
+// empty, incoming_gradient_finite says whether its gradient was finite).
 struct Anomaly {
-  enum class Phase { forward, backward };
+  enum class Phase { forward, backward, optimizer };
   struct Operand {
     std::uint32_t node = no_node;
     std::string op;
@@ -67,6 +70,7 @@ inline constexpr std::uint8_t watch_anomalies = 1, watch_profile = 2;
 struct Scopes {
   std::vector<std::string> names{std::string()};  // full dotted paths
   std::vector<std::uint32_t> parents{0};
+  std::vector<std::vector<std::uint32_t>> children{{}};  // per scope: so a lookup reads only its siblings
   std::vector<std::uint32_t> stack;  // open scopes, innermost last
   struct Change {
     std::size_t first_node;
@@ -76,16 +80,20 @@ struct Scopes {
 
   std::uint32_t current() const { return stack.empty() ? 0 : stack.back(); }
 
-  // Looks the scope up without building its path, so reopening a known
-  // scope (every training step) allocates nothing.
+  // Looks the scope up among its parent's children without building its
+  // path, so reopening a known scope (every training step) allocates nothing
+  // and costs a few comparisons, however many scopes a model has.
   std::uint32_t intern(std::uint32_t parent, std::string_view name) {
     const std::size_t length = (parent == 0 ? 0 : names[parent].size() + 1) + name.size();
-    for (std::uint32_t i = 1; i < names.size(); ++i)
-      if (parents[i] == parent && names[i].size() == length && std::string_view(names[i]).ends_with(name)) return i;
+    for (std::uint32_t i : children[parent])
+      if (names[i].size() == length && std::string_view(names[i]).ends_with(name)) return i;
     std::string full = parent == 0 ? std::string(name) : names[parent] + "." + std::string(name);
+    const auto id = static_cast<std::uint32_t>(names.size());
     names.push_back(std::move(full));
     parents.push_back(parent);
-    return static_cast<std::uint32_t>(names.size() - 1);
+    children.emplace_back();
+    children[parent].push_back(id);
+    return id;
   }
   void enter(std::string_view name, std::size_t next_node) {
     stack.push_back(intern(current(), name));

@@ -71,16 +71,20 @@ std::vector<ProfileRow> profile_by_scope(const Tape<T>& tp) {
   });
 }
 
+// The name column is as wide as the longest name (scope paths such as
+// "layers.1.attn_norm.rmsnorm" run long), at least 24.
 inline std::string profile_table(const std::vector<ProfileRow>& rows) {
+  int width = 24;
+  for (const ProfileRow& r : rows) width = std::max(width, static_cast<int>(std::min<std::size_t>(r.key.size(), 200)));
   auto line = [](const char* fmt, auto... xs) {
-    char buf[256];
+    char buf[512];
     std::snprintf(buf, sizeof buf, fmt, xs...);
     return std::string(buf);
   };
-  std::string out = line("%-24s %8s %11s %8s %11s %12s %7s\n", "Name", "fwd n", "fwd ms", "bwd n", "bwd ms",
+  std::string out = line("%-*s %8s %11s %8s %11s %12s %7s\n", width, "Name", "fwd n", "fwd ms", "bwd n", "bwd ms",
                          "bytes", "share");
   for (const ProfileRow& r : rows)
-    out += line("%-24s %8zu %11.3f %8zu %11.3f %12llu %6.1f%%\n", r.key.c_str(), r.forward_calls, r.forward_ms,
+    out += line("%-*s %8zu %11.3f %8zu %11.3f %12llu %6.1f%%\n", width, r.key.c_str(), r.forward_calls, r.forward_ms,
                 r.backward_calls, r.backward_ms, static_cast<unsigned long long>(r.bytes), 100 * r.share);
   return out;
 }

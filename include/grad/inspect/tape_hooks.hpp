@@ -3,7 +3,6 @@
 // zero, so the unwatched paths in record() and backward() stay as they were.
 #pragma once
 
-#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -11,27 +10,12 @@
 #include <string_view>
 #include <type_traits>
 
+#include "grad/inspect/finite.hpp"
 #include "grad/tape.hpp"
 
 namespace grad {
 
 namespace inspect_detail {
-
-// Index of the first non-finite element of p[0..n), or n. The common case
-// (all finite) is one branch-free pass over the exponent bits, which the
-// compiler can vectorise (std::isfinite per element in a loop with an early
-// exit cannot be); only a buffer that has one is searched for it.
-template <class T>
-std::size_t first_non_finite(const T* p, std::size_t n) {
-  using Bits = std::conditional_t<sizeof(T) == 8, std::uint64_t, std::uint32_t>;
-  constexpr Bits exponent = static_cast<Bits>(sizeof(T) == 8 ? 0x7ff0000000000000ULL : 0x7f800000ULL);
-  Bits any = 0;
-  for (std::size_t k = 0; k < n; ++k) any |= static_cast<Bits>((std::bit_cast<Bits>(p[k]) & exponent) == exponent);
-  if (any == 0) return n;
-  for (std::size_t k = 0; k < n; ++k)
-    if (!std::isfinite(p[k])) return k;
-  return n;
-}
 
 inline std::string number(double x) {
   char buf[32];
@@ -59,6 +43,39 @@ inline std::string json_escape(std::string_view s) {
 
 inline std::uint64_t since(std::chrono::steady_clock::time_point epoch, std::chrono::steady_clock::time_point t) {
   return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(t - epoch).count());
+}
+
+// The report's words. `outside` says where a non-finite input can have come
+// from when every recorded op is checked (the tape and a device replay differ).
+inline std::string anomaly_message(const Anomaly& a, std::string_view outside) {
+  const bool backward = a.phase == Anomaly::Phase::backward, optimizer = a.phase == Anomaly::Phase::optimizer;
+  std::string m = std::string("anomaly: ") + (backward ? "backward" : optimizer ? "optimizer step" : "forward") +
+                  ": node " + std::to_string(a.node) + " (" + a.op + (a.scope.empty() ? "" : " in '" + a.scope + "'") +
+                  ", " + (optimizer ? "" : "output ") + a.shape + ") ";
+  const std::string where = " (" + number(a.bad) + " at element " + std::to_string(a.element) + ")";
+  if (optimizer)
+    return m + "became non-finite in the optimizer's step" + where + "; its gradient was " +
+           (a.incoming_gradient_finite ? "finite: the update itself overflowed (learning rate, moments or clipping)"
+                                       : "NOT finite: the backward pass that made it was not checked");
+  if (backward)
+    m += "handed a non-finite gradient" + where + " to operand " + std::to_string(a.gradient_to + 1) + " (node " +
+         std::to_string(a.operands[static_cast<std::size_t>(a.gradient_to)].node) + "); its incoming gradient was " +
+         (a.incoming_gradient_finite ? "finite" : "NOT finite");
+  else
+    m += "produced a non-finite value" + where;
+  bool operands_finite = true;
+  for (std::size_t k = 0; k < a.operands.size(); ++k) {
+    const Anomaly::Operand& o = a.operands[k];
+    operands_finite = operands_finite && o.value_finite;
+    m += std::string(k == 0 ? "; operands: " : ", ") + std::to_string(k + 1) + " = node " + std::to_string(o.node) +
+         " (" + o.op + " " + o.shape + (o.scope.empty() ? "" : " in '" + o.scope + "'") + ", " +
+         (o.value_finite ? "finite" : "already NOT finite") + ")";
+  }
+  if (operands_finite && a.incoming_gradient_finite)
+    m += backward ? "; this node made the first non-finite gradient" : "; this node made the first non-finite value";
+  else
+    m += "; the non-finite input came from outside the watched recording (" + std::string(outside) + ")";
+  return m;
 }
 
 }  // namespace inspect_detail
@@ -124,31 +141,8 @@ Anomaly Tape<T>::describe(Anomaly::Phase phase, std::size_t i) const {
 // Words the report, keeps it, poisons the tape (which throws in exception mode).
 template <class T>
 bool Tape<T>::report_anomaly(Anomaly a) {
-  const bool backward = a.phase == Anomaly::Phase::backward;
-  std::string m = std::string("anomaly: ") + (backward ? "backward" : "forward") + ": node " +
-                  std::to_string(a.node) + " (" + a.op + (a.scope.empty() ? "" : " in '" + a.scope + "'") +
-                  ", output " + a.shape + ") ";
-  if (backward)
-    m += "handed a non-finite gradient (" + inspect_detail::number(a.bad) + " at element " +
-         std::to_string(a.element) + ") to operand " + std::to_string(a.gradient_to + 1) + " (node " +
-         std::to_string(a.operands[static_cast<std::size_t>(a.gradient_to)].node) + "); its incoming gradient was " +
-         (a.incoming_gradient_finite ? "finite" : "NOT finite");
-  else
-    m += "produced a non-finite value (" + inspect_detail::number(a.bad) + " at element " + std::to_string(a.element) +
-         ")";
-  bool operands_finite = true;
-  for (std::size_t k = 0; k < a.operands.size(); ++k) {
-    const Anomaly::Operand& o = a.operands[k];
-    operands_finite = operands_finite && o.value_finite;
-    m += std::string(k == 0 ? "; operands: " : ", ") + std::to_string(k + 1) + " = node " + std::to_string(o.node) +
-         " (" + o.op + " " + o.shape + (o.scope.empty() ? "" : " in '" + o.scope + "'") + ", " +
-         (o.value_finite ? "finite" : "already NOT finite") + ")";
-  }
-  if (operands_finite && a.incoming_gradient_finite)
-    m += backward ? "; this node made the first non-finite gradient" : "; this node made the first non-finite value";
-  else
-    m += "; the non-finite input came from outside the watched recording (a leaf's value, or an op recorded "
-         "before anomaly detection was on)";
+  std::string m = inspect_detail::anomaly_message(
+      a, "a leaf's value, or an op recorded before anomaly detection was on");
   a.message = m;
   inspection_.anomaly = std::move(a);
   inspection_.has_anomaly = true;

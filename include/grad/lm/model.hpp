@@ -31,6 +31,8 @@ enum class Proj : std::uint8_t { q, k, v, o, gate, up, down };
 inline constexpr std::size_t proj_count = 7;
 inline constexpr std::array<std::string_view, proj_count> proj_names = {"q", "k", "v", "o", "gate", "up", "down"};
 inline constexpr std::uint32_t all_projections = (1u << proj_count) - 1;
+// The part of a block a projection belongs to: its name scope on the tape.
+inline std::string_view proj_part(Proj p) { return p <= Proj::o ? "attention" : "mlp"; }
 
 // "q,v" -> the bits of q and v; "all" -> every projection. Throws on an unknown name.
 inline std::uint32_t parse_projections(std::string_view list) {
@@ -293,34 +295,54 @@ class Lm {
       (adapter ? adapter_names_ : base_names_).push_back(named_.back());
       return v;
     };
+    // Every tensor is recorded under the name scope of the part that uses it
+    // (forward opens the same ones), so grad::summarize counts it there.
     const double s3 = std::sqrt(3.0);
-    embed_ = leaf("embed", uniform({c_.vocab, c_.d_model}, s3 * 0.5, base), ParamKind::weight, false);
+    {
+      NameScope<T> scope(tp, "embed");
+      embed_ = leaf("embed", uniform({c_.vocab, c_.d_model}, s3 * 0.5, base), ParamKind::weight, false);
+    }
     for (std::size_t l = 0; l < c_.layers; ++l) {
       LmLayer<T> L;
       const std::string pre = "layers." + std::to_string(l) + ".";
-      L.attn_norm = leaf(pre + "attn_norm", Tensor<T>::full({c_.d_model}, T(1)), ParamKind::norm, false);
-      L.mlp_norm = leaf(pre + "mlp_norm", Tensor<T>::full({c_.d_model}, T(1)), ParamKind::norm, false);
+      NameScope<T> layers(tp, "layers"), block(tp, std::to_string(l));
+      {
+        NameScope<T> scope(tp, "attn_norm");
+        L.attn_norm = leaf(pre + "attn_norm", Tensor<T>::full({c_.d_model}, T(1)), ParamKind::norm, false);
+      }
+      {
+        NameScope<T> scope(tp, "mlp_norm");
+        L.mlp_norm = leaf(pre + "mlp_norm", Tensor<T>::full({c_.d_model}, T(1)), ParamKind::norm, false);
+      }
       for (std::size_t p = 0; p < proj_count; ++p) {
         const auto [in, out] = c_.proj_shape(Proj(p));
         // std 1/sqrt(in); the projections back into the residual stream
         // smaller by sqrt(2 * layers).
         double bound = s3 / std::sqrt(double(in));
         if (Proj(p) == Proj::o || Proj(p) == Proj::down) bound /= std::sqrt(2.0 * double(c_.layers));
+        NameScope<T> part(tp, proj_part(Proj(p))), scope(tp, proj_names[p]);
         L.w[p] = leaf(pre + std::string(proj_names[p]), uniform({in, out}, bound, base), ParamKind::weight, false);
       }
       for (std::size_t p = 0; p < proj_count; ++p) {
         if (!c_.has_adapter(Proj(p))) continue;
         const auto [in, out] = c_.proj_shape(Proj(p));
         const std::string name = pre + std::string(proj_names[p]);
+        NameScope<T> part(tp, proj_part(Proj(p))), scope(tp, proj_names[p]), lora(tp, "lora");
         L.lora_a[p] = leaf(name + ".lora_a", uniform({in, c_.lora_rank}, 1.0 / std::sqrt(double(in)), adapters),
                            ParamKind::weight, true);
         L.lora_b[p] = leaf(name + ".lora_b", Tensor<T>({c_.lora_rank, out}), ParamKind::weight, true);
       }
       layers_.push_back(L);
     }
-    final_norm_ = leaf("final_norm", Tensor<T>::full({c_.d_model}, T(1)), ParamKind::norm, false);
-    head_ = leaf("head", uniform({c_.d_model, c_.vocab}, s3 / std::sqrt(double(c_.d_model)), base), ParamKind::weight,
-                 false);
+    {
+      NameScope<T> scope(tp, "final_norm");
+      final_norm_ = leaf("final_norm", Tensor<T>::full({c_.d_model}, T(1)), ParamKind::norm, false);
+    }
+    {
+      NameScope<T> scope(tp, "head");
+      head_ = leaf("head", uniform({c_.d_model, c_.vocab}, s3 / std::sqrt(double(c_.d_model)), base),
+                   ParamKind::weight, false);
+    }
     const auto stored = c_.stored();
     Tensor<T> cfg({LmConfig::stored_fields});
     for (std::size_t i = 0; i < stored.size(); ++i) cfg[i] = static_cast<T>(stored[i]);
@@ -368,7 +390,11 @@ class Lm {
 
   // Records the model over ids [batch, seq] (seq <= max_seq): logits
   // [batch * seq, vocab] and, when targets are given ([batch * seq] class
-  // ids, `ignore` for padding), the mean cross-entropy.
+  // ids, `ignore` for padding), the mean cross-entropy. The nodes are named
+  // by part for the inspection tools: "embed", "layers.<l>.attn_norm",
+  // "layers.<l>.attention" (".q" ... ".o" inside, ".lora" for an adapter),
+  // "layers.<l>.mlp_norm", "layers.<l>.mlp", "final_norm", "head", "loss";
+  // the residual additions are "layers.<l>" itself.
   LmOutput<T> forward(Var<T> ids, Var<T> targets = {}, T ignore = T(-100)) {
     Tape<T>& tp = *tp_;
     if (!tp.accept("nn::Lm::forward", {ids})) return {tp.rejected(), tp.rejected()};
@@ -382,25 +408,61 @@ class Lm {
               tp.rejected()};
     const Tables& tb = tables(t);
     const Var<T> cos = tp.constant(tb.rope.cos), sin = tp.constant(tb.rope.sin), mask = tp.constant(tb.mask);
-    Var<T> x = reshape(embedding(embed_, ids), {B * t, c_.d_model});
+    Var<T> x;
+    {
+      NameScope<T> scope(tp, "embed");
+      x = reshape(embedding(embed_, ids), {B * t, c_.d_model});
+    }
     const T eps = static_cast<T>(c_.eps);
+    // The expressions are the ones before the scopes were added, in the same
+    // order (their operands' evaluation order decides the nodes' order, and
+    // so the order gradients are summed in): the same bits.
     for (std::size_t l = 0; l < c_.layers && tp.ok(); ++l) {
       const LmLayer<T>& L = layers_[l];
-      Var<T> h = rmsnorm(x, L.attn_norm, eps);
-      Var<T> ctx = attention(proj(L, Proj::q, h), proj(L, Proj::k, h), proj(L, Proj::v, h), cos, sin, mask, B, t);
-      x = x + proj(L, Proj::o, ctx);
-      h = rmsnorm(x, L.mlp_norm, eps);
-      x = x + proj(L, Proj::down, swiglu(proj(L, Proj::gate, h), proj(L, Proj::up, h)));
+      NameScope<T> layers(tp, "layers"), block(tp, std::to_string(l));
+      Var<T> h, attended, mlp;
+      {
+        NameScope<T> scope(tp, "attn_norm");
+        h = rmsnorm(x, L.attn_norm, eps);
+      }
+      {
+        NameScope<T> scope(tp, "attention");
+        Var<T> ctx = attention(proj(L, Proj::q, h), proj(L, Proj::k, h), proj(L, Proj::v, h), cos, sin, mask, B, t);
+        attended = proj(L, Proj::o, ctx);
+      }
+      x = x + attended;
+      {
+        NameScope<T> scope(tp, "mlp_norm");
+        h = rmsnorm(x, L.mlp_norm, eps);
+      }
+      {
+        NameScope<T> scope(tp, "mlp");
+        mlp = proj(L, Proj::down, swiglu(proj(L, Proj::gate, h), proj(L, Proj::up, h)));
+      }
+      x = x + mlp;
     }
     LmOutput<T> out;
-    out.logits = matmul(rmsnorm(x, final_norm_, eps), head_);
-    if (targets.valid() || targets.tape()) out.loss = grad::cross_entropy(out.logits, targets, ignore);
+    Var<T> normed;
+    {
+      NameScope<T> scope(tp, "final_norm");
+      normed = rmsnorm(x, final_norm_, eps);
+    }
+    {
+      NameScope<T> scope(tp, "head");
+      out.logits = matmul(normed, head_);
+    }
+    if (targets.valid() || targets.tape()) {
+      NameScope<T> scope(tp, "loss");
+      out.loss = grad::cross_entropy(out.logits, targets, ignore);
+    }
     return out;
   }
 
-  // The projection p of h, with its adapter when it has one.
+  // The projection p of h, with its adapter when it has one (name scope
+  // proj_names[p], inside the caller's).
   Var<T> proj(const LmLayer<T>& L, Proj p, Var<T> h) const {
     const std::size_t i = static_cast<std::size_t>(p);
+    NameScope<T> scope(*tp_, proj_names[i]);
     if (L.lora_a[i].valid()) return lora_linear(h, L.w[i], L.lora_a[i], L.lora_b[i], static_cast<T>(c_.lora_scale));
     return matmul(h, L.w[i]);
   }
