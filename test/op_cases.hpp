@@ -16,6 +16,8 @@
 // Adding an op: its tag, its entry in OpList, and its cases here.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
@@ -31,6 +33,10 @@ struct OpCase {
   std::vector<Tensor<T>> constants;                                   // after the params in the Var list
   std::function<Var<T>(Tape<T>&, const std::vector<Var<T>>&)> build;  // the op's output
   bool large = false;  // sized for the threaded and vector paths: too big for finite differences
+  // On a kink or tie on purpose (abs at 0, a clamp bound, maximum's ties):
+  // the convention there is torch's, which the oracle checks; a central
+  // difference straddles the kink, so finite differences skip it.
+  bool at_kink = false;
 };
 
 template <class T>
@@ -154,6 +160,93 @@ std::vector<OpCase<T>> op_cases() {
   add("cross_entropy through embedding", {r({6, 4}), r({4, 6})},
       [](Tp, V v) { return grad::cross_entropy(matmul(embedding(v[0], v[2]), v[1]), v[3], T(-1)); },
       {Tensor<T>({5}, {3, 0, 5, 3, 1}), Tensor<T>({5, 1}, {0, 5, 3, 1, 2})});
+  // Ops of issue 28 (after every earlier case, so that their draws stay as
+  // they were). Domains keep finite differences (an f32 step of 1e-2) away
+  // from the kinks; the cases marked at_kink sit on them for the oracle.
+  auto add_at_kink = [&](std::string name, std::vector<Tensor<T>> p, std::function<Var<T>(Tp, V)> f,
+                         std::vector<Tensor<T>> c = {}) {
+    add(std::move(name), std::move(p), std::move(f), std::move(c));
+    t.back().at_kink = true;
+  };
+  // Uniform in [-1, 1], at least 0.1 from every kink.
+  auto apart_from = [&](Shape s, std::vector<double> kinks) {
+    Tensor<T> out(std::move(s));
+    for (T& x : out.data()) {
+      double v;
+      do v = rng.uniform(-1, 1);
+      while (std::any_of(kinks.begin(), kinks.end(), [&](double k) { return std::fabs(v - k) < 0.1; }));
+      x = static_cast<T>(v);
+    }
+    return out;
+  };
+  // Uniform in [-1, 1], element k at least 0.1 from other[k % other.size()]
+  // (other broadcast along the last axes): no ties for maximum / minimum.
+  auto apart_columns = [&](Shape s, const Tensor<T>& other) {
+    Tensor<T> out(std::move(s));
+    for (std::size_t k = 0; k < out.size(); ++k) {
+      double v;
+      do v = rng.uniform(-1, 1);
+      while (std::fabs(v - static_cast<double>(other.data()[k % other.size()])) < 0.1);
+      out.data()[k] = static_cast<T>(v);
+    }
+    return out;
+  };
+  // Distinct values in [-1, 1], spaced 2 / n apart (up to a small jitter), shuffled: no near-ties.
+  auto distinct = [&](Shape s) {
+    Tensor<T> out(std::move(s));
+    const std::size_t n = out.size();
+    for (std::size_t k = 0; k < n; ++k)
+      out.data()[k] = static_cast<T>(-1 + (2 * static_cast<double>(k) + 1 + rng.uniform(-0.4, 0.4)) / static_cast<double>(n));
+    for (std::size_t k = n; k-- > 1;) std::swap(out.data()[k], out.data()[rng.next() % (k + 1)]);
+    return out;
+  };
+  add("abs", {nz({3, 4})}, [](Tp, V v) { return grad::abs(v[0]); });
+  add("pow_scalar integer exponents", {nz({3, 3})},
+      [](Tp, V v) { return grad::pow(v[0], T(2)) + grad::pow(v[0], T(3)) - grad::pow(v[0], T(-2)) * T(0.1); });
+  add("pow_scalar fractional exponents", {pos({3, 3})}, [](Tp, V v) {
+    return grad::pow(v[0], T(0.5)) + grad::pow(v[0], T(1.7)) + grad::pow(v[0], T(-0.5)) - grad::pow(v[0], T(-2.5));
+  });
+  add("pow broadcast exponent", {pos({3, 4}), r({4})}, [](Tp, V v) { return grad::pow(v[0], v[1] * T(2)); });
+  // abs: a sum of signed powers cancels, and torch's std::pow and power_of's
+  // products differ by an ulp, too much for the oracle's 1e-14 on the loss;
+  // the sign still reaches the gradient through abs.
+  add("pow negative bases, integer exponents", {nz({2, 3})},
+      [](Tp, V v) { return grad::abs(grad::pow(v[0], v[1])); }, {Tensor<T>({3}, {2, 3, -1})});
+  add("clamp", {apart_from({4, 5}, {-0.5, 0.5})}, [](Tp, V v) { return grad::clamp(v[0], T(-0.5), T(0.5)); });
+  add("clamp_min and clamp_max", {apart_from({3, 4}, {-0.25, 0.3})},
+      [](Tp, V v) { return grad::clamp_min(v[0], T(-0.25)) * grad::clamp_max(v[0], T(0.3)); });
+  {
+    Tensor<T> b = r({4});
+    Tensor<T> a = apart_columns({3, 4}, b);
+    add("maximum row broadcast", {a, b}, [](Tp, V v) { return grad::maximum(v[0], v[1]); });
+    Tensor<T> c = r({3, 1});
+    Tensor<T> d = apart_columns({3, 1}, c);
+    add("minimum column broadcast", {apart_columns({3, 4}, Tensor<T>({1}, {T(0)})), c},
+        [](Tp, V v) { return grad::minimum(v[0], v[1] * T(0.05)); });
+    add("minimum same shape", {c, d}, [](Tp, V v) { return grad::minimum(v[1], v[0]); });
+  }
+  add("where broadcast", {r({3, 4}), r({4})}, [](Tp, V v) { return grad::where(v[2], v[0], v[1] * T(2)); },
+      {Tensor<T>({3, 1}, {1, 0, -2})});
+  add("where mask broadcast over both", {r({2, 1}), r({1, 3})}, [](Tp, V v) { return grad::where(v[2], v[0], v[1]); },
+      {Tensor<T>({2, 3}, {0, 1, 1, 1, 0, 0})});
+  add("max over the last axis", {distinct({3, 5})}, [](Tp, V v) { return grad::max(v[0], -1); });
+  add("min over axis 0, axis dropped", {distinct({4, 3})}, [](Tp, V v) { return grad::min(v[0], 0, false); });
+  add("max over a middle axis", {distinct({2, 3, 4})}, [](Tp, V v) { return grad::max(v[0] * v[0], 1, false); });
+  add("min of a vector", {distinct({6})}, [](Tp, V v) { return grad::min(v[0], 0, false); });
+  add("log_softmax last axis", {r({3, 5})}, [](Tp, V v) { return grad::log_softmax(v[0] * T(3)); });
+  add("log_softmax axis 0", {r({4, 3})}, [](Tp, V v) { return grad::log_softmax(v[0], 0); });
+  add("log_softmax middle axis", {r({2, 3, 4})}, [](Tp, V v) { return grad::log_softmax(v[0], 1); });
+  // On the kinks and ties, where the conventions are (torch's, the oracle checks them).
+  add_at_kink("abs, clamp and pow at their kinks", {Tensor<T>({7}, {0, -0.5, 0.5, 1, -1, 0.25, -0.0})}, [](Tp, V v) {
+    return grad::abs(v[0]) + grad::clamp(v[0], T(-0.5), T(0.5)) * T(3) + grad::pow(v[0], T(2)) +
+           grad::pow(v[0], T(0)) * T(5) + grad::pow(v[0], T(1)) * T(7) + grad::pow(v[0], T(3));
+  });
+  add_at_kink("maximum and minimum ties", {Tensor<T>({2, 3}, {1, 2, 3, 0.5, 0.5, -1}), Tensor<T>({3}, {1, 0.5, 3})},
+              [](Tp, V v) { return grad::maximum(v[0], v[1]) * T(2) + grad::minimum(v[1], v[0]); });
+  add_at_kink("max and min over an axis with ties", {Tensor<T>({3, 4}, {1, 3, 3, 0, 2, 2, 2, 2, -1, 4, -1, -1})},
+              [](Tp, V v) { return grad::max(v[0], 1) * T(2) + grad::min(v[0], -1) + grad::max(v[0], 0, false); });
+  add_at_kink("pow at a zero base", {Tensor<T>({4}, {0, 0, 2, 0}), Tensor<T>({4}, {2, 0, 1.5, 1})},
+              [](Tp, V v) { return grad::pow(v[0], v[1]); });
   return t;
 }
 

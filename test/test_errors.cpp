@@ -216,3 +216,65 @@ TEST_CASE("ops on a poisoned tape return at once without recording or touching m
   CHECK(std::isnan(tp.scalar(z)));
   CHECK_FALSE(tp.param(Tensor<T>::ones({2})).valid());
 }
+
+// ---- the ops of issue 28 ----
+
+TEST_CASE("max and min over an out-of-range axis") {
+  Tape<T> tp;
+  grad::max(filled(tp, {2, 3}), 2);
+  expect_poisoned(tp, {"max", "axis 2", "[2, 3]", "rank 2"});
+  Tape<T> tp2;
+  grad::min(filled(tp2, {2, 3}), -3, false);
+  expect_poisoned(tp2, {"min", "axis -3", "[2, 3]"});
+}
+
+TEST_CASE("log_softmax over an out-of-range axis") {
+  Tape<T> tp;
+  log_softmax(filled(tp, {4}), 1);
+  expect_poisoned(tp, {"log_softmax", "axis 1", "[4]", "rank 1"});
+}
+
+TEST_CASE("maximum, minimum and pow on shapes that do not broadcast") {
+  Tape<T> tp;
+  maximum(filled(tp, {2, 3}), filled(tp, {2}));
+  expect_poisoned(tp, {"maximum", "[2, 3]", "[2]", "broadcast"});
+  Tape<T> tp2;
+  minimum(filled(tp2, {3, 1}), filled(tp2, {2, 4}));
+  expect_poisoned(tp2, {"minimum", "[3, 1]", "[2, 4]", "broadcast"});
+  Tape<T> tp3;
+  grad::pow(filled(tp3, {5}), filled(tp3, {4}));
+  expect_poisoned(tp3, {"pow", "[5]", "[4]", "broadcast"});
+}
+
+TEST_CASE("clamp with lo > hi or a NaN bound") {
+  Tape<T> tp;
+  auto x = filled(tp, {2});
+  CHECK_FALSE(clamp(x, 1.0, 0.5).valid());
+  expect_poisoned(tp, {"clamp", "lo <= hi", "lo = 1", "hi = 0.5"});
+  Tape<T> tp2;
+  clamp(filled(tp2, {2}), std::nan(""), 1.0);
+  expect_poisoned(tp2, {"clamp", "lower bound is NaN"});
+  Tape<T> tp3;
+  clamp_max(filled(tp3, {2}), std::nan(""));
+  expect_poisoned(tp3, {"clamp_max", "upper bound is NaN"});
+  Tape<T> tp4;
+  clamp_min(filled(tp4, {2}), std::nan(""));
+  expect_poisoned(tp4, {"clamp_min", "lower bound is NaN"});
+  Tape<T> tp5;  // infinite bounds are a clamp on one side only
+  auto y = clamp(filled(tp5, {2}), -INFINITY, 0.25);
+  REQUIRE(tp5.ok());
+  CHECK(tp5.value(y)[0] == 0.25);
+}
+
+TEST_CASE("where with shapes that do not broadcast, or a mask that needs a gradient") {
+  Tape<T> tp;
+  where(tp.constant(Tensor<T>::ones({3})), filled(tp, {2, 3}), filled(tp, {2, 2}));
+  expect_poisoned(tp, {"where", "cond [3]", "a [2, 3]", "b [2, 2]", "broadcast"});
+  Tape<T> tp2;
+  where(filled(tp2, {3}), filled(tp2, {3}), filled(tp2, {3}));
+  expect_poisoned(tp2, {"where", "mask requires a gradient", "constant"});
+  Tape<T> tp3;
+  Tape<T> other;
+  where(tp3.constant(Tensor<T>::ones({3})), filled(tp3, {3}), filled(other, {3}));
+  expect_poisoned(tp3, {"where", "operand 3", "different tape"});
+}

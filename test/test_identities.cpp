@@ -138,3 +138,94 @@ TEST_CASE_TEMPLATE("an episode after reset_to is bitwise equal to the one before
   CHECK(tp.size() == nodes);
   CHECK(bitwise_equal<T>(first, second));
 }
+
+// ---- the ops of issue 28: what their values are, exactly ----
+
+TEST_CASE_TEMPLATE("where picks its values bit for bit: signed zeros, inf and NaN pass through", T, double, float) {
+  Tape<T> tp;
+  const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
+  auto cond = tp.constant(Tensor<T>({6}, {1, 0, 1, 0, nan, 0}));  // a NaN mask element counts as true
+  auto a = tp.param(Tensor<T>({6}, {T(-0.0), 1, inf, 2, T(-0.0), 3}));
+  auto b = tp.param(Tensor<T>({6}, {5, T(-0.0), 6, nan, 7, -inf}));
+  auto y = where(cond, a, b);
+  REQUIRE(tp.backward(sum(y)));
+  const std::vector<T> want = {T(-0.0), T(-0.0), inf, nan, T(-0.0), -inf};
+  CHECK(bitwise_equal<T>(tp.value(y).data, want));
+  CHECK(bitwise_equal<T>(tp.grad(a).data, std::vector<T>{1, 0, 1, 0, 1, 0}));
+  CHECK(bitwise_equal<T>(tp.grad(b).data, std::vector<T>{0, 1, 0, 1, 0, 1}));
+}
+
+TEST_CASE_TEMPLATE("pow with torch's special exponents is the plain arithmetic", T, double, float) {
+  Rng rng(28);
+  Tape<T> tp;
+  auto x = tp.constant(random_tensor<T>({40}, rng, 0.1, 3));
+  const View<T> v = tp.value(x);
+  auto each = [&](T s, auto f) {
+    CAPTURE(s);
+    auto y = grad::pow(x, s);
+    REQUIRE(tp.ok());
+    std::vector<T> want(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) want[i] = f(v[i]);
+    CHECK(bitwise_equal<T>(tp.value(y).data, want));
+  };
+  each(T(2), [](T a) { return a * a; });
+  each(T(3), [](T a) { return a * a * a; });
+  each(T(-1), [](T a) { return T(1) / a; });
+  each(T(-2), [](T a) { return T(1) / (a * a); });
+  each(T(0.5), [](T a) { return std::sqrt(a); });
+  each(T(-0.5), [](T a) { return T(1) / std::sqrt(a); });
+  each(T(0), [](T) { return T(1); });
+  each(T(1.5), [](T a) { return exact_exp(T(1.5) * exact_log(a)); });
+}
+
+TEST_CASE_TEMPLATE("pow's edge values are std::pow's", T, double, float) {
+  const T inf = std::numeric_limits<T>::infinity();
+  CHECK(power_of(T(-2), T(3)) == T(-8));
+  CHECK(power_of(T(-2), T(-3)) == T(-0.125));
+  CHECK(std::isnan(power_of(T(-2), T(1.5))));
+  CHECK(power_of(T(0), T(1.5)) == T(0));
+  CHECK(power_of(T(0), T(-1.5)) == inf);
+  CHECK(power_of(std::numeric_limits<T>::quiet_NaN(), T(0)) == T(1));
+  CHECK(power_of(inf, T(0.25)) == inf);
+  CHECK(power_of(T(10), T(400)) == inf);
+}
+
+TEST_CASE_TEMPLATE("log_softmax is (x - max) - log(sum exp(x - max)), finite where log(softmax) is not", T, double,
+                   float) {
+  Tape<T> tp;
+  auto x = tp.param(Tensor<T>({2, 3}, {1000, 0, -1000, 1, 2, 3}));
+  auto y = log_softmax(x);
+  auto naive = grad::log(softmax(x, -1));
+  REQUIRE(tp.backward(sum(y)));
+  const View<T> v = tp.value(y);
+  for (std::size_t r = 0; r < 2; ++r) {
+    const T* row = tp.value(x).data.data() + 3 * r;
+    const T hi = std::max({row[0], row[1], row[2]});
+    const T lse = exact_log(exact_exp(row[0] - hi) + exact_exp(row[1] - hi) + exact_exp(row[2] - hi));
+    for (std::size_t i = 0; i < 3; ++i) {
+      const T want = (row[i] - hi) - lse;
+      CHECK(std::memcmp(&v[3 * r + i], &want, sizeof(T)) == 0);
+    }
+  }
+  CHECK(v[0] == T(0));
+  CHECK(v[2] == T(-2000));
+  CHECK(std::isinf(tp.value(naive)[2]));  // what one node avoids
+  for (T g : tp.grad(x).data) CHECK(std::isfinite(g));
+}
+
+TEST_CASE("max and min over an axis: shapes with and without the axis") {
+  Tape<double> tp;
+  auto x = tp.param(Tensor<double>({2, 3, 4}, std::vector<double>(24, 1.0)));
+  auto shape = [&](Var<double> y) {
+    const View<double> v = tp.value(y);
+    return Shape(v.shape.begin(), v.shape.end());
+  };
+  CHECK(shape(grad::max(x, 1)) == Shape{2, 1, 4});
+  CHECK(shape(grad::max(x, 1, false)) == Shape{2, 4});
+  CHECK(shape(grad::min(x, -1, false)) == Shape{2, 3});
+  auto v = tp.param(Tensor<double>({5}, {3, -1, 4, -1, 5}));
+  auto lo = grad::min(v, 0, false);
+  CHECK(shape(lo) == Shape{1});
+  REQUIRE(tp.backward(sum(lo)));
+  CHECK(bitwise_equal<double>(tp.grad(v).data, std::vector<double>{0, 0.5, 0, 0.5, 0}));  // the tie shares
+}

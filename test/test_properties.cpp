@@ -20,6 +20,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support.hpp"
@@ -311,6 +312,100 @@ class Generator {
           g.push([a, ids](Tape<T>& tp, const auto&,
                           const auto& v) { return grad::cross_entropy(v[a], tp.constant(ids), T(-1)); },
                  "cross_entropy(" + g.name(a) + ", ids)");
+        },
+        // ---- the ops of issue 28; those with kinks or ties are shifted (or
+        // skipped) so that every element keeps 0.05 from them ----
+        [](Generator& g) {  // abs, shifted like relu
+          const std::size_t a = g.pick();
+          const View<T> v = g.tp_.value(g.values_[a]);
+          for (T shift : {T(0), T(0.1), T(-0.1), T(0.25), T(-0.25), T(0.4)})
+            if (std::all_of(v.begin(), v.end(), [&](T x) { return std::abs(x + shift) >= 0.05; }))
+              return g.unary_at(a, "abs(+" + std::to_string(shift) + ")",
+                                [shift](Var<T> x) { return grad::abs(x + shift); });
+        },
+        [](Generator& g) {  // clamp, clamp_min or clamp_max at bounds clear of every element
+          const std::size_t a = g.pick();
+          const View<T> v = g.tp_.value(g.values_[a]);
+          const int which = static_cast<int>(g.rng_.next() % 3);
+          static constexpr std::pair<T, T> bounds[] = {{-0.5, 0.5}, {-0.3, 0.2}, {-1, 0}, {0.1, 0.8}, {-0.8, -0.1}};
+          for (const auto& [lo, hi] : bounds) {
+            auto clear = [&](T bound) {
+              return std::all_of(v.begin(), v.end(), [&](T x) { return std::abs(x - bound) >= 0.05; });
+            };
+            if (which == 0 && clear(lo) && clear(hi))
+              return g.unary_at(a, "clamp " + std::to_string(lo) + " " + std::to_string(hi),
+                                [lo, hi](Var<T> x) { return clamp(x, lo, hi); });
+            if (which == 1 && clear(lo))
+              return g.unary_at(a, "clamp_min " + std::to_string(lo), [lo](Var<T> x) { return clamp_min(x, lo); });
+            if (which == 2 && clear(hi))
+              return g.unary_at(a, "clamp_max " + std::to_string(hi), [hi](Var<T> x) { return clamp_max(x, hi); });
+          }
+        },
+        [](Generator& g) {  // pow: an integer exponent on any value, a fractional one or a tensor on a positive one
+          const std::size_t a = g.pick();
+          switch (g.rng_.next() % 3) {
+            case 0: {
+              const T s = g.rng_.next() % 2 ? T(2) : T(3);
+              return g.unary_at(a, "pow " + std::to_string(s), [s](Var<T> x) { return grad::pow(x, s); });
+            }
+            case 1: {
+              const T s = static_cast<T>(g.rng_.uniform(-1.5, 2.5));
+              return g.unary_at(g.positive(a), "pow " + std::to_string(s), [s](Var<T> x) { return grad::pow(x, s); });
+            }
+            default: {
+              const std::size_t base = g.positive(a);
+              const std::size_t e = g.param(g.broadcastable(g.dims(g.values_[base])));
+              return g.binary_at(base, e, "pow", [](Var<T> x, Var<T> y) { return grad::pow(x, y); });
+            }
+          }
+        },
+        [](Generator& g) {  // maximum / minimum against a broadcastable parameter, shifted clear of ties
+          const std::size_t a = g.pick();
+          const std::size_t b = g.param(g.broadcastable(g.dims(g.values_[a])));
+          const View<T> gap = g.tp_.value(g.values_[a] - g.values_[b]);  // a probe on the scratch tape only
+          const bool larger = g.rng_.next() % 2;
+          for (T shift : {T(0), T(0.1), T(-0.1), T(0.25), T(-0.25), T(0.4)})
+            if (std::all_of(gap.begin(), gap.end(), [&](T x) { return std::abs(x - shift) >= 0.05; })) {
+              if (larger)
+                return g.binary_at(a, b, "maximum(+" + std::to_string(shift) + ")",
+                                   [shift](Var<T> x, Var<T> y) { return maximum(x, y + shift); });
+              return g.binary_at(b, a, "minimum(+" + std::to_string(shift) + ")",
+                                 [shift](Var<T> y, Var<T> x) { return minimum(y + shift, x); });
+            }
+        },
+        [](Generator& g) {  // where with a constant 0/1 mask of a broadcastable shape
+          const std::size_t a = g.pick();
+          const std::size_t b = g.param(g.broadcastable(g.dims(g.values_[a])));
+          Tensor<T> mask(g.broadcastable(g.dims(g.values_[a])));
+          for (T& x : mask.data()) x = static_cast<T>(g.rng_.next() % 2);
+          g.push([a, b, mask](Tape<T>& tp, const auto&,
+                              const auto& v) { return where(tp.constant(mask), v[a], v[b]); },
+                 "where(mask " + shape_string(mask.shape()) + ", " + g.name(a) + ", " + g.name(b) + ")");
+        },
+        [](Generator& g) {  // max / min over a random axis, when every lane's extreme is clear of the runner-up
+          const std::size_t a = g.pick();
+          const Dims d = g.dims(g.values_[a]);
+          const View<T> v = g.tp_.value(g.values_[a]);
+          const std::size_t axis = g.rng_.next() % d.rank;
+          const bool largest = g.rng_.next() % 2, keep = g.rng_.next() % 2;
+          std::size_t inner = 1;
+          for (std::size_t i = axis + 1; i < d.rank; ++i) inner *= d[i];
+          const std::size_t n = d[axis];
+          for (std::size_t lane = 0; lane < d.size() / n; ++lane) {
+            const std::size_t base = lane / inner * n * inner + lane % inner;
+            std::vector<T> x(n);
+            for (std::size_t i = 0; i < n; ++i) x[i] = (largest ? 1 : -1) * v[base + i * inner];
+            std::sort(x.begin(), x.end());
+            if (n > 1 && x[n - 1] - x[n - 2] < 0.05) return;
+          }
+          const auto ax = static_cast<std::ptrdiff_t>(axis);
+          g.unary_at(a, std::string(largest ? "max" : "min") + " axis " + std::to_string(axis) + (keep ? "" : " dropped"),
+                     [ax, largest, keep](Var<T> x) { return largest ? grad::max(x, ax, keep) : grad::min(x, ax, keep); });
+        },
+        [](Generator& g) {  // log_softmax over a random axis
+          const std::size_t a = g.pick();
+          const auto axis = static_cast<std::ptrdiff_t>(g.rng_.next() % g.dims(g.values_[a]).rank);
+          g.unary_at(a, "log_softmax axis " + std::to_string(axis), [axis](Var<T> x) { return log_softmax(x, axis); });
         },
     };
     return all;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdio>
 #include <initializer_list>
 #include <optional>
 #include <span>
@@ -128,6 +129,96 @@ Var<T> sqrt(Var<T> a) {
   return record_op<Sqrt>(a);
 }
 
+// |x| (the gradient at 0 is 0, as torch).
+template <class T>
+Var<T> abs(Var<T> a) {
+  return record_op<Abs>(a);
+}
+
+// x^s elementwise for a scalar exponent (power.hpp: power_of; torch's
+// gradient rules, 0 everywhere for s = 0).
+template <class T>
+Var<T> pow(Var<T> a, std::type_identity_t<T> s) {
+  return record_op<PowScalar>(a, {}, {}, s);
+}
+// a^b elementwise with numpy broadcasting (NaN where a < 0 and b is not an integer).
+template <class T>
+Var<T> pow(Var<T> a, Var<T> b) {
+  return record_op<Pow>(a, b);
+}
+
+namespace detail {
+// A clamp bound: NaN is refused (torch would turn every element into NaN,
+// which is never what a bound is for).
+template <class T>
+bool clamp_bound_ok(Tape<T>& tp, std::string_view op, std::string_view which, T bound) {
+  if (bound == bound) return true;
+  tp.invalid(std::string(op) + ": the " + std::string(which) + " bound is NaN; expected a number (or +-inf for none)");
+  return false;
+}
+}  // namespace detail
+
+// max(x, lo) and min(x, hi) elementwise; the gradient passes where
+// lo <= x (x <= hi), inclusive, as torch.
+template <class T>
+Var<T> clamp_min(Var<T> a, std::type_identity_t<T> lo) {
+  Tape<T>& tp = detail::tape_of(ClampMin::name, a);
+  if (!detail::clamp_bound_ok(tp, ClampMin::name, "lower", lo)) return tp.rejected();
+  return record_op<ClampMin>(a, {}, {}, lo);
+}
+template <class T>
+Var<T> clamp_max(Var<T> a, std::type_identity_t<T> hi) {
+  Tape<T>& tp = detail::tape_of(ClampMax::name, a);
+  if (!detail::clamp_bound_ok(tp, ClampMax::name, "upper", hi)) return tp.rejected();
+  return record_op<ClampMax>(a, {}, {}, hi);
+}
+// x limited to [lo, hi], recorded as clamp_max(clamp_min(x, lo), hi): torch.clamp's
+// value and gradient (it passes where lo <= x <= hi). lo > hi or a NaN bound is refused.
+template <class T>
+Var<T> clamp(Var<T> a, std::type_identity_t<T> lo, std::type_identity_t<T> hi) {
+  Tape<T>& tp = detail::tape_of("clamp", a);
+  if (!detail::clamp_bound_ok(tp, "clamp", "lower", lo) || !detail::clamp_bound_ok(tp, "clamp", "upper", hi))
+    return tp.rejected();
+  if (lo > hi) {
+    char text[96];
+    std::snprintf(text, sizeof text, "clamp: expected lo <= hi, got lo = %.17g and hi = %.17g", static_cast<double>(lo),
+                  static_cast<double>(hi));
+    return tp.invalid(text);
+  }
+  return clamp_max(clamp_min(a, lo), hi);
+}
+
+// The larger (smaller) of a and b elementwise, with numpy broadcasting; on a
+// tie each operand gets half the gradient (torch.maximum's rule).
+template <class T>
+Var<T> maximum(Var<T> a, Var<T> b) {
+  return record_op<Maximum>(a, b);
+}
+template <class T>
+Var<T> minimum(Var<T> a, Var<T> b) {
+  return record_op<Minimum>(a, b);
+}
+
+// a where cond != 0, else b (torch.where(cond.bool(), a, b)); the three
+// broadcast together. cond is a mask held as T (0 or not), a constant: one
+// that needs a gradient (a parameter, or computed from one) is refused.
+// Recorded as where_true(cond, a) + where_false(cond, b) (piecewise.hpp: the
+// sum is torch.where's value bit for bit); the gradient is g where chosen, else 0.
+template <class T>
+Var<T> where(Var<T> cond, Var<T> a, Var<T> b) {
+  Tape<T>& tp = detail::tape_of("where", cond);
+  if (!tp.accept("where", {cond, a, b})) return tp.rejected();
+  Dims ca, all;
+  if (!broadcast_dims(tp.dims(cond), tp.dims(a), ca) || !broadcast_dims(ca, tp.dims(b), all))
+    return tp.invalid("where: cond " + shape_string(tp.dims(cond)) + ", a " + shape_string(tp.dims(a)) + " and b " +
+                      shape_string(tp.dims(b)) +
+                      " do not broadcast (aligned from the last axis, each set of sizes must be equal or 1)");
+  if (tp.requires_grad(cond))
+    return tp.invalid("where: the mask requires a gradient (a parameter, or computed from one); expected a constant "
+                      "(tape.constant) of 0 / non-0 values");
+  return record_op<WhereTrue>(cond, a) + record_op<WhereFalse>(cond, b);
+}
+
 // ---- reductions (over all axes, result shape {1}) ----
 template <class T>
 Var<T> sum(Var<T> a) {
@@ -142,6 +233,19 @@ Var<T> mean(Var<T> a) {
 template <class T>
 Var<T> row_sum(Var<T> a) {
   return record_op<RowSum>(a);
+}
+
+// The largest (smallest) element along `axis` (negative: from the end), as
+// torch.amax / torch.amin: keep_axis (the default, as row_sum) leaves the
+// axis as size 1, else it is dropped (a vector's becomes shape [1]). Tied
+// extremes share the gradient evenly (torch.amax's rule, not max(dim)'s).
+template <class T>
+Var<T> max(Var<T> a, std::ptrdiff_t axis, bool keep_axis = true) {
+  return record_op<AxisMax>(a, {}, OpAttrs{axis, {}, {}, keep_axis});
+}
+template <class T>
+Var<T> min(Var<T> a, std::ptrdiff_t axis, bool keep_axis = true) {
+  return record_op<AxisMin>(a, {}, OpAttrs{axis, {}, {}, keep_axis});
 }
 
 // mean((y - target)^2); y and target must have the same shape.
@@ -202,6 +306,13 @@ Var<T> concat(Var<T> a, Var<T> b, std::ptrdiff_t axis) {
 template <class T>
 Var<T> softmax(Var<T> a, std::ptrdiff_t axis) {
   return record_op<Softmax>(a, {}, OpAttrs{axis, {}, {}});
+}
+
+// log(softmax(a)) along `axis` (default the last), computed stably in one
+// node: (x - max) - log(sum(exp(x - max))).
+template <class T>
+Var<T> log_softmax(Var<T> a, std::ptrdiff_t axis = -1) {
+  return record_op<LogSoftmax>(a, {}, OpAttrs{axis, {}, {}});
 }
 
 // ---- token ids (embedding.hpp, cross_entropy.hpp) ----

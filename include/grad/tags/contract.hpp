@@ -57,6 +57,7 @@ struct OpAttrs {
   std::ptrdiff_t axis = 0;             // softmax, concat (negative: from the end)
   std::span<const std::size_t> sizes;  // reshape: the new shape; slice: the starts
   std::span<const std::size_t> stops;  // slice
+  bool keep_axis = true;               // max, min: the reduced axis stays, as size 1 (else it is dropped)
 };
 
 // Resolves a numpy-style axis of `d` in place; the reason when it is out of

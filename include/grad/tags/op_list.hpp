@@ -12,7 +12,11 @@
 #include "grad/tags/embedding.hpp"
 #include "grad/tags/layout.hpp"
 #include "grad/tags/linalg.hpp"
+#include "grad/tags/log_softmax.hpp"
+#include "grad/tags/piecewise.hpp"
+#include "grad/tags/power.hpp"
 #include "grad/tags/reduce.hpp"
+#include "grad/tags/reduce_axis.hpp"
 #include "grad/tags/row_sum.hpp"
 #include "grad/tags/softmax.hpp"
 #include "grad/tags/unary.hpp"
@@ -36,7 +40,9 @@ using OpList = boost::mp11::mp_list<Param, Const,                               
                                     Sum, Mean, Matmul, Bmm, Transpose,                      //
                                     Reshape, Slice, Concat, Softmax,                        //
                                     RowSum,                                                 //
-                                    Embedding, CrossEntropy>;
+                                    Embedding, CrossEntropy,                                //
+                                    Abs, ClampMin, ClampMax, PowScalar, Pow, Maximum, Minimum, WhereTrue, WhereFalse,
+                                    AxisMax, AxisMin, LogSoftmax>;
 
 inline constexpr std::size_t op_count = boost::mp11::mp_size<OpList>::value;
 static_assert(op_count <= 256, "op codes are one byte");
