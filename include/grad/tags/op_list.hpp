@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "grad/tags/cross_entropy.hpp"
+#include "grad/tags/dropout.hpp"
 #include "grad/tags/elementwise.hpp"
 #include "grad/tags/embedding.hpp"
 #include "grad/tags/layout.hpp"
@@ -36,7 +37,8 @@ using OpList = boost::mp11::mp_list<Param, Const,                               
                                     Sum, Mean, Matmul, Bmm, Transpose,                      //
                                     Reshape, Slice, Concat, Softmax,                        //
                                     RowSum,                                                 //
-                                    Embedding, CrossEntropy>;
+                                    Embedding, CrossEntropy,                                //
+                                    Dropout>;
 
 inline constexpr std::size_t op_count = boost::mp11::mp_size<OpList>::value;
 static_assert(op_count <= 256, "op codes are one byte");
