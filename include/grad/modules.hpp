@@ -391,7 +391,8 @@ Sequential<T> mlp(Tape<T>& tp, std::initializer_list<std::size_t> widths, SplitM
                   Var<T> (*activation)(Var<T>) = relu_layer<T>, double dropout = 0) {
   if (widths.size() < 2) throw std::invalid_argument("nn::mlp: expected at least two widths (in and out)");
   if (!(dropout >= 0 && dropout < 1))
-    throw std::invalid_argument("nn::mlp: dropout " + std::to_string(dropout) + " is out of range: expected 0 <= p < 1");
+    throw std::invalid_argument("nn::mlp: dropout " + std::to_string(dropout) +
+                                " is out of range: expected 0 <= p < 1");
   Sequential<T> s(tp);
   const std::size_t* w = widths.begin();
   for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
