@@ -644,7 +644,9 @@ class EmitPlan {
     if (n.extra != device::no_offset) {
       s += ", {{";
       const std::size_t rank = layout_.nodes[n.a].dims.rank;
-      for (std::size_t k = 0; k < rank; ++k) s += (k ? ", " : "") + std::to_string(layout_.extras[n.extra + k]);
+      // Unsigned literals: a dropout key may exceed the largest signed one.
+      for (std::size_t k = 0; k < rank; ++k)
+        s += (k ? ", " : "") + std::to_string(layout_.extras[n.extra + k]) + "u";
       s += "}}";
     }
     return s + "}";
