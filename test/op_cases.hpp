@@ -247,6 +247,10 @@ std::vector<OpCase<T>> op_cases() {
               [](Tp, V v) { return grad::max(v[0], 1) * T(2) + grad::min(v[0], -1) + grad::max(v[0], 0, false); });
   add_at_kink("pow at a zero base", {Tensor<T>({4}, {0, 0, 2, 0}), Tensor<T>({4}, {2, 0, 1.5, 1})},
               [](Tp, V v) { return grad::pow(v[0], v[1]); });
+  // dropout: a fixed key, so the mask is fixed; one above 2^63, which
+  // emitted code must spell as an unsigned literal (last: a new case draws
+  // its inputs after every earlier case's, which keep theirs)
+  add("dropout", {r({4, 5})}, [](Tp, V v) { return dropout(v[0], 0.3, 0xfedcba9876543210u); });
   return t;
 }
 

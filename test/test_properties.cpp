@@ -219,6 +219,11 @@ class Generator {
               return g.unary_at(g.positive(a), "sqrt", [](Var<T> x) { return grad::sqrt(x); });
           }
         },
+        [](Generator& g) {  // dropout with a key from the graph's seed: a fixed mask, linear in x
+          const std::size_t a = g.pick();
+          const std::uint64_t key = g.rng_.next();
+          return g.unary_at(a, "dropout", [key](Var<T> x) { return dropout(x, 0.25, key); });
+        },
         [](Generator& g) {  // reductions
           const std::size_t a = g.pick();
           switch (g.rng_.next() % 3) {

@@ -67,7 +67,9 @@ void Tape<T>::backward_node(Node<T>& n) {
     auto hand_down = [&](auto input) {
       constexpr int In = decltype(input)::value;
       Node<T>& in = nodes_[In == 0 ? n.a : n.b];
-      if (!in.grad) return;  // no parameter upstream of this input: no work
+      // No parameter upstream of this input (or a parameter frozen since
+      // this node was recorded, Tape::set_requires_grad): no work.
+      if (!in.grad || !in.requires_grad) return;
       const std::size_t size = in.dims.size();
       T* target = in.grad;
       if (in.touched) {

@@ -566,8 +566,12 @@ template <class T, template <class> class OptT>
 // `expect`: notes the file must agree with: a key the file holds with another
 // value refuses the load (before anything is written); a key it lacks is
 // accepted (a version 1 file, or a run that did not record it).
+// `notes`: when given, receives every note the file holds (none for a
+// version 1 file), on success only (grad::LoopState reads a loop's state
+// from them).
 CheckpointResult load_checkpoint(const std::string& path, Tape<T>& tp, OptT<T>& opt,
-                                 std::span<const CheckpointNote> expect = {}) {
+                                 std::span<const CheckpointNote> expect = {},
+                                 std::vector<CheckpointNote>* notes = nullptr) {
   using Access = CheckpointAccess<T, OptT<T>>;
   auto failed = [&](const std::string& what) { return CheckpointResult{"grad: checkpoint '" + path + "': " + what}; };
   if (!tp.ok()) return failed("the tape is poisoned (" + tp.error() + "); refusing to load");
@@ -624,9 +628,10 @@ CheckpointResult load_checkpoint(const std::string& path, Tape<T>& tp, OptT<T>& 
     m = r.template take<T>(n);
     v = r.template take<T>(n);
   }
+  std::vector<CheckpointNote> held;
   if (f.version >= 2) {
-    const auto notes = r.get<std::uint32_t>();
-    for (std::uint32_t k = 0; k < notes && !r.short_read; ++k) {
+    const auto note_count = r.get<std::uint32_t>();
+    for (std::uint32_t k = 0; k < note_count && !r.short_read; ++k) {
       const auto length = r.get<std::uint32_t>();
       const auto key = r.template take<char>(length);
       const auto value = r.get<std::uint64_t>();
@@ -636,6 +641,7 @@ CheckpointResult load_checkpoint(const std::string& path, Tape<T>& tp, OptT<T>& 
         if (e.key == name && e.value != value)
           return failed("the file was written with " + e.key + " = " + std::to_string(value) + "; this run has " +
                         std::to_string(e.value));
+      if (notes) held.push_back({std::string(name), value});
     }
   }
   std::vector<T> decays(entries.size(), T(0));
@@ -684,6 +690,7 @@ CheckpointResult load_checkpoint(const std::string& path, Tape<T>& tp, OptT<T>& 
     if (!buffers.empty()) std::memcpy(Access::momentum_buffers(opt)->data(), buffers.data(), buffers.size());
     *Access::started(opt) = s.momentum != T(0) ? started : std::vector<std::uint8_t>{};
   }
+  if (notes) *notes = std::move(held);
   return {};
 }
 

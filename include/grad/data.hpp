@@ -52,6 +52,15 @@ struct BatchOptions {
   bool shuffle = true;
 };
 
+// Where a loop over Batches stands: the next batch to be read is batch
+// `batch` (0-based) of epoch `epoch` (0-based: the count of epochs started
+// before it). Batches::position() after a step, Batches::resume() in a fresh
+// run: the resumed run reads the same batches, in the same shuffled order.
+struct BatchPosition {
+  std::uint64_t epoch = 0, batch = 0;
+  friend bool operator==(const BatchPosition&, const BatchPosition&) = default;
+};
+
 template <class T>
 struct Batch {
   Tensor<T> inputs;                  // [rows, ...]
@@ -122,20 +131,41 @@ class Batches {
   };
   struct Epoch {
     Batches* owner;
-    Iterator begin() const { return Iterator(owner, 0); }
+    std::size_t first = 0;  // a resumed epoch starts at its next unread batch
+    Iterator begin() const { return Iterator(owner, first); }
     Iterator end() const { return Iterator(owner, owner->size()); }
   };
 
   // Starts the next epoch (a new permutation when shuffling) and returns its
   // batches for a range-for. A batch stays valid until the next one is read.
+  // After resume(), the epoch it names, from the batch it names.
   Epoch epoch() {
     std::iota(order_.begin(), order_.end(), std::size_t{0});
     if (options_.shuffle) {
       SplitMix64 gen(options_.seed + epoch_);
       for (std::size_t i = rows_; i > 1; --i) std::swap(order_[i - 1], order_[gen.next() % i]);
     }
+    const std::size_t first = first_batch_;
+    position_ = {epoch_, first};
     ++epoch_;
-    return Epoch{this};
+    first_batch_ = 0;
+    return Epoch{this, first};
+  }
+
+  // The batch after the last one read (the start of the next epoch after an
+  // epoch's last batch): what a checkpoint keeps to resume from.
+  BatchPosition position() const { return position_; }
+  // Makes the next epoch() call continue at `p`: epoch p.epoch's permutation
+  // (the same seed + p.epoch), from batch p.batch. Throws for a batch past
+  // the epoch's end.
+  void resume(BatchPosition p) {
+    if (p.batch >= size())
+      throw std::invalid_argument("Batches::resume: batch " + std::to_string(p.batch) + " of epoch " +
+                                  std::to_string(p.epoch) + " does not exist: an epoch has " + std::to_string(size()) +
+                                  " batches (0 to " + std::to_string(size() - 1) + ")");
+    epoch_ = static_cast<std::size_t>(p.epoch);
+    first_batch_ = static_cast<std::size_t>(p.batch);
+    position_ = p;
   }
 
  private:
@@ -181,6 +211,7 @@ class Batches {
   const Batch<T>& fill(std::size_t k) {
     Batch<T>& b = k < full_ ? full_batch_ : short_batch_;
     b.index = k;
+    position_ = k + 1 < size() ? BatchPosition{epoch_ - 1, k + 1} : BatchPosition{epoch_, 0};
     const std::size_t first = k * options_.batch;
     const std::size_t in_row = inputs_->size() / rows_;
     const std::size_t t_row = targets_ ? targets_->size() / rows_ : 0;
@@ -200,7 +231,8 @@ class Batches {
   std::span<const std::int32_t> labels_;
   const Tensor<T>* targets_ = nullptr;
   BatchOptions options_;
-  std::size_t rows_ = 0, full_ = 0, short_rows_ = 0, epoch_ = 0;
+  std::size_t rows_ = 0, full_ = 0, short_rows_ = 0, epoch_ = 0, first_batch_ = 0;
+  BatchPosition position_;
   std::vector<std::size_t> order_;
   Batch<T> full_batch_, short_batch_;
 };

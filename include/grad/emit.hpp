@@ -255,6 +255,14 @@ class EmitPlan {
         throw EmitError(who + "node " + std::to_string(i) + " is a '" + std::string(op_name(n.op)) +
                         "' op, whose tag has no per-item bodies (forward_item and backward_item, "
                         "grad/tags/contract.hpp): there is nothing to emit for it");
+      // The emitted code computes the captured episode, whose dropout keys
+      // are the captured step's: a step() run again and again would train on
+      // one mask. forward() and value_and_grad() compute that episode, masks
+      // included, as documented (docs/emit.md).
+      if (n.op == op_code<Dropout> && o.optimizer)
+        throw EmitError(who + "node " + std::to_string(i) +
+                        " is a dropout, whose mask belongs to the captured step: an emitted step() would reuse it "
+                        "every step. Emit the model in eval mode (model.eval()) to train without dropout");
     }
     std::vector<std::size_t> vo, go;
     layout_ = device::capture_detail::build_layout<T>(tape, loss_, vo, go);
@@ -639,7 +647,9 @@ class EmitPlan {
     if (n.extra != device::no_offset) {
       s += ", {{";
       const std::size_t rank = layout_.nodes[n.a].dims.rank;
-      for (std::size_t k = 0; k < rank; ++k) s += (k ? ", " : "") + std::to_string(layout_.extras[n.extra + k]);
+      // Unsigned literals: a dropout key may exceed the largest signed one.
+      for (std::size_t k = 0; k < rank; ++k)
+        s += (k ? ", " : "") + std::to_string(layout_.extras[n.extra + k]) + "u";
       s += "}}";
     }
     return s + "}";

@@ -66,6 +66,7 @@
 #include "grad/tags/contract.hpp"
 // Every op tag (the tags of grad/tags/op_list.hpp, without its Boost.Mp11 list).
 #include "grad/tags/cross_entropy.hpp"
+#include "grad/tags/dropout.hpp"
 #include "grad/tags/elementwise.hpp"
 #include "grad/tags/embedding.hpp"
 #include "grad/tags/layout.hpp"

@@ -39,8 +39,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -113,13 +115,22 @@ struct NamedParameter {
   ParamKind kind = ParamKind::weight;
 };
 
-// The base of every module: a tape and a list of named parameters (a
-// child's are copied in, prefixed, when it is registered: Vars are handles,
-// so a module may be moved freely).
+// A module's mode and its random-draw counter, shared by the module, its
+// copies and every module it is registered in (so that a parent's train()
+// and eval() reach it wherever it was moved).
+struct ModuleState {
+  bool training = true;
+  std::uint64_t steps = 0;  // training calls so far of a layer that draws (Dropout's mask step)
+};
+
+// The base of every module: a tape, a list of named parameters and the
+// states of the module and its children (a child's are copied in, prefixed,
+// when it is registered: Vars and states are handles, so a module may be
+// moved freely; a copy shares its original's state).
 template <class T>
 class Module {
  public:
-  explicit Module(Tape<T>& tp) : tape_(&tp) {}
+  explicit Module(Tape<T>& tp) : tape_(&tp), states_{std::make_shared<ModuleState>()} {}
   virtual ~Module() = default;
   Module(const Module&) = default;
   Module(Module&&) noexcept = default;
@@ -134,6 +145,43 @@ class Module {
       if (p.name == name) return p.var;
     return {};
   }
+  // Training mode, as PyTorch's model.train() / model.eval(): every
+  // registered descendant follows. Modules start in training mode; only
+  // layers that behave differently (Dropout) read it.
+  void train(bool on = true) {
+    for (const auto& s : states_) s->training = on;
+  }
+  void eval() { train(false); }
+  bool training() const { return states_.front()->training; }
+
+  // Freezing, as torch's requires_grad_(False): every parameter of this
+  // module (and its children) stops receiving gradients and optimizers skip
+  // it (Tape::set_requires_grad). Between episodes: after reset_to, before
+  // the next forward. False (the tape poisoned) when the tape is.
+  bool requires_grad(bool on) {
+    for (const auto& p : params_)
+      if (!tape_->set_requires_grad(p.var, on)) return false;
+    return true;
+  }
+  bool freeze() { return requires_grad(false); }
+  bool unfreeze() { return requires_grad(true); }
+
+  // The draw counters of this module and its children, in registration
+  // order, and their restoration: what a resumed run needs for Dropout to
+  // draw the masks an uninterrupted one would (grad::LoopState keeps them).
+  std::vector<std::uint64_t> random_steps() const {
+    std::vector<std::uint64_t> steps;
+    for (const auto& s : states_) steps.push_back(s->steps);
+    return steps;
+  }
+  void set_random_steps(std::span<const std::uint64_t> steps) {
+    if (steps.size() != states_.size())
+      throw std::invalid_argument("nn::Module::set_random_steps: " + std::to_string(steps.size()) +
+                                  " counters given, but the module has " + std::to_string(states_.size()) +
+                                  " (one per module, children included)");
+    for (std::size_t i = 0; i < steps.size(); ++i) states_[i]->steps = steps[i];
+  }
+
   // Elements over all parameters.
   std::size_t parameter_count() const {
     std::size_t n = 0;
@@ -159,7 +207,10 @@ class Module {
       check_name(full);
       params_.push_back({std::move(full), p.var, p.kind});
     }
+    states_.insert(states_.end(), child.states_.begin(), child.states_.end());
   }
+  // This module's own state (the first of states_).
+  ModuleState& state() const { return *states_.front(); }
 
  private:
   void check_name(const std::string& name) const {
@@ -171,6 +222,7 @@ class Module {
 
   Tape<T>* tape_;
   std::vector<NamedParameter<T>> params_;
+  std::vector<std::shared_ptr<ModuleState>> states_;  // its own first, then each child's
 };
 
 // y = x . weight + bias, weight [in, out], bias [out]; PyTorch's default
@@ -257,6 +309,29 @@ class LoRALinear : public Module<T> {
   T scale;
 };
 
+// torch.nn.Dropout(p): in training mode, inverted dropout (each element kept
+// with probability 1 - p and scaled by 1 / (1 - p)); in eval mode, and for
+// p = 0, the input itself (nothing is recorded). The mask of the k-th
+// training call is a pure function of (seed, k, the node's index on the
+// tape) (grad::dropout_key), the seed drawn from `gen` when the layer is
+// built: the same seed gives the same masks on every engine, and a run
+// resumed with its counters (random_steps) draws what a straight run draws.
+template <class T>
+class Dropout : public Module<T> {
+ public:
+  Dropout(Tape<T>& tp, double p, SplitMix64& gen) : Module<T>(tp), p(p), seed(gen.next()) {
+    if (!(p >= 0 && p < 1))
+      throw std::invalid_argument("nn::Dropout: p = " + std::to_string(p) + " is out of range: expected 0 <= p < 1");
+  }
+  Var<T> operator()(Var<T> x) const {
+    if (!this->training() || p == 0 || !x.valid()) return x;
+    const std::uint64_t node = this->tape().size();  // the index the dropout node gets
+    return dropout(x, p, dropout_key(seed, this->state().steps++, node));
+  }
+  double p;
+  std::uint64_t seed;
+};
+
 // Activations usable as Sequential layers (they own nothing).
 template <class T>
 Var<T> relu_layer(Var<T> x) {
@@ -307,15 +382,24 @@ class Sequential : public Module<T> {
 };
 
 // A multilayer perceptron widths[0] -> ... -> widths.back(): Linear layers
-// with `activation` between them (none after the last), as a Sequential.
+// with `activation` between them (none after the last), as a Sequential;
+// with dropout > 0, a Dropout(dropout) after each activation (which shifts
+// the later layers' positions: "0.weight", "3.weight", ...). Every Linear
+// draws its weights from `gen` before the Dropout after it draws its seed.
 template <class T>
 Sequential<T> mlp(Tape<T>& tp, std::initializer_list<std::size_t> widths, SplitMix64& gen,
-                  Var<T> (*activation)(Var<T>) = relu_layer<T>) {
+                  Var<T> (*activation)(Var<T>) = relu_layer<T>, double dropout = 0) {
   if (widths.size() < 2) throw std::invalid_argument("nn::mlp: expected at least two widths (in and out)");
+  if (!(dropout >= 0 && dropout < 1))
+    throw std::invalid_argument("nn::mlp: dropout " + std::to_string(dropout) +
+                                " is out of range: expected 0 <= p < 1");
   Sequential<T> s(tp);
   const std::size_t* w = widths.begin();
   for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
-    if (i > 0) s.add(activation);
+    if (i > 0) {
+      s.add(activation);
+      if (dropout > 0) s.add(Dropout<T>(tp, dropout, gen));
+    }
     s.add(Linear<T>(tp, w[i], w[i + 1], gen));
   }
   return s;

@@ -4,8 +4,10 @@
 // and what was expected), then records one node, computed at once.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdio>
+#include <cstdint>
 #include <initializer_list>
 #include <optional>
 #include <span>
@@ -217,6 +219,20 @@ Var<T> where(Var<T> cond, Var<T> a, Var<T> b) {
     return tp.invalid("where: the mask requires a gradient (a parameter, or computed from one); expected a constant "
                       "(tape.constant) of 0 / non-0 values");
   return record_op<WhereTrue>(cond, a) + record_op<WhereFalse>(cond, b);
+// Inverted dropout (tags/dropout.hpp): each element kept with probability
+// 1 - p and scaled by 1 / (1 - p), by the mask of `key` (dropout_key(seed,
+// step, node)). p must be in [0, 1) (after rounding to T); nn::Dropout is the
+// layer that picks the key and follows train()/eval().
+template <class T>
+Var<T> dropout(Var<T> a, double p, std::uint64_t key) {
+  Tape<T>& tp = detail::tape_of("dropout", a);
+  if (!tp.accept("dropout", {a})) return tp.rejected();
+  const T rate = static_cast<T>(p);
+  if (!(rate >= T(0) && rate < T(1)))
+    return tp.invalid("dropout: p = " + std::to_string(p) + " is out of range: expected 0 <= p < 1");
+  std::array<std::size_t, max_rank> padded{};
+  padded[0] = static_cast<std::size_t>(key);
+  return record_op<Dropout>(a, {}, OpAttrs{0, std::span<const std::size_t>(padded).first(tp.dims(a).rank), {}}, rate);
 }
 
 // ---- reductions (over all axes, result shape {1}) ----

@@ -132,6 +132,23 @@ class Tape {
     const Node<T>* n = find(v);
     return n && n->requires_grad;
   }
+  // Freezes (false) or unfreezes (true) a parameter, like torch's
+  // requires_grad_: a frozen parameter gets no gradient, so ops recorded on
+  // it afterwards hold no gradient buffer and do no backward work unless
+  // another parameter is upstream, and optimizers skip it (has_grad stays
+  // false). Freeze between episodes (after reset_to): nodes recorded before
+  // keep the gradient buffers they were given. Poisons the tape for a node
+  // that is not a live parameter.
+  bool set_requires_grad(Var<T> v, bool on) {
+    if (!accept("set_requires_grad", {v})) return false;
+    Node<T>& n = nodes_[v.index_];
+    if (n.op != op_code<Param>)
+      return fail("set_requires_grad: node " + std::to_string(v.index_) + " is a '" + std::string(op_name(n.op)) +
+                  "' node; only parameters (tp.param) can be frozen or unfrozen");
+    n.requires_grad = on;  // a parameter's gradient buffer exists from its creation either way
+    if (!on) n.touched = false;
+    return true;
+  }
   // Did the latest backward reach this node? Optimizers skip parameters it did not.
   bool has_grad(Var<T> v) const {
     const Node<T>* n = find(v);

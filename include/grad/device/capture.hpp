@@ -123,7 +123,16 @@ class Program {
     return captured_->nodes[i];
   }
 
+  // A program replays its captured episode, dropout masks included (their
+  // key is the captured step's): a second forward() of an episode with a
+  // dropout node would silently train on the first step's masks, so it is
+  // refused; capture each step again, or capture in eval mode.
   void forward() {
+    if (dropout_node_ != no_node && forwards_ > 0)
+      throw std::logic_error("grad::device::Program::forward: node " + std::to_string(dropout_node_) +
+                             " is a dropout whose mask belongs to the captured step; replaying it again would reuse "
+                             "that mask. Capture each step again, or capture the model in eval mode (model.eval())");
+    ++forwards_;
     with_engine([](auto& e, auto) { e.forward(); });
   }
   void backward() {
@@ -237,6 +246,8 @@ class Program {
   }
 
   const Tape<T>* tape_ = nullptr;
+  std::uint32_t dropout_node_ = no_node;  // the first dropout node, if any
+  std::uint64_t forwards_ = 0;
   Options options_;
   std::uint32_t loss_ = 0;
   // The captured nodes, and the anomaly namer's state; on the heap, so the
@@ -419,6 +430,7 @@ Program<T> capture(const Tape<T>& tape, Var<T> loss, Options options) {
     p.captured_->nodes.push_back({n.op, n.a, n.b, n.dims, tape.scope_name(i)});
     p.serials_.push_back(tape.nodes()[i].serial);
     if (tape.nodes()[i].op == op_code<Param>) p.params_.push_back(i);
+    if (tape.nodes()[i].op == op_code<Dropout> && p.dropout_node_ == no_node) p.dropout_node_ = i;
   }
   auto finish = [&](const auto& layout) {
     p.grad_elements_ = layout.grad_size;

@@ -27,7 +27,7 @@ struct NodeArgs {
   Dims out;
   T scalar = T(0);
   std::uint32_t axis = 0;              // softmax, concat
-  const std::size_t* extra = nullptr;  // slice starts, one per axis
+  const std::size_t* extra = nullptr;  // one per axis: slice's starts, dropout's key (then zeros)
 };
 
 // ---- what an op tag is ----
@@ -50,7 +50,8 @@ struct NodeArgs {
 // one-operand ops) and returns "", or returns why there is none; the one
 // recorder (record.hpp) prefixes the op's name and poisons the tape with it.
 // It may resolve the attributes (a negative axis). A tag that keeps
-// at.sizes on the tape (slice's starts) says `keeps_sizes = true`.
+// at.sizes on the tape (slice's starts, dropout's key) says `keeps_sizes =
+// true`; engines copy one entry per axis of operand a.
 
 // What a recording function passes its tag besides the operands.
 struct OpAttrs {

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "grad/tags/cross_entropy.hpp"
+#include "grad/tags/dropout.hpp"
 #include "grad/tags/elementwise.hpp"
 #include "grad/tags/embedding.hpp"
 #include "grad/tags/layout.hpp"
@@ -42,7 +43,8 @@ using OpList = boost::mp11::mp_list<Param, Const,                               
                                     RowSum,                                                 //
                                     Embedding, CrossEntropy,                                //
                                     Abs, ClampMin, ClampMax, PowScalar, Pow, Maximum, Minimum, WhereTrue, WhereFalse,
-                                    AxisMax, AxisMin, LogSoftmax>;
+                                    AxisMax, AxisMin, LogSoftmax,                           //
+                                    Dropout>;
 
 inline constexpr std::size_t op_count = boost::mp11::mp_size<OpList>::value;
 static_assert(op_count <= 256, "op codes are one byte");
