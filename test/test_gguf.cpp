@@ -74,11 +74,21 @@ Gguf read_gguf(const std::string& path) {
     const auto type = get(std::uint32_t{});
     Value v;
     switch (type) {
-      case 4: v = get(std::uint32_t{}); break;
-      case 5: v = get(std::int32_t{}); break;
-      case 6: v = get(float{}); break;
-      case 7: v = get(std::uint8_t{}) != 0; break;
-      case 8: v = str(); break;
+      case 4:
+        v = get(std::uint32_t{});
+        break;
+      case 5:
+        v = get(std::int32_t{});
+        break;
+      case 6:
+        v = get(float{});
+        break;
+      case 7:
+        v = get(std::uint8_t{}) != 0;
+        break;
+      case 8:
+        v = str();
+        break;
       case 9: {
         const auto elem = get(std::uint32_t{});
         const auto n = get(std::uint64_t{});
@@ -94,7 +104,8 @@ Gguf read_gguf(const std::string& path) {
         }
         break;
       }
-      default: FAIL("metadata '" << key << "' has type " << type);
+      default:
+        FAIL("metadata '" << key << "' has type " << type);
     }
     CHECK_MESSAGE(g.kv.emplace(key, v).second, key << " twice");
   }
@@ -173,11 +184,11 @@ TEST_CASE("f16_bits rounds to nearest, ties to even, as the compiler's _Float16 
 TEST_CASE("byte_token is GPT-2's byte-to-unicode map: printable bytes as themselves, the rest from U+0100") {
   CHECK(hf::byte_token('A') == "A");
   CHECK(hf::byte_token('!') == "!");
-  CHECK(hf::byte_token(' ') == "\xc4\xa0");    // Ġ
-  CHECK(hf::byte_token('\n') == "\xc4\x8a");   // Ċ
-  CHECK(hf::byte_token(0) == "\xc4\x80");      // Ā
-  CHECK(hf::byte_token(0xad) == "\xc5\x83");   // Ń, the last one that does not print
-  CHECK(hf::byte_token(0xff) == "\xc3\xbf");   // ÿ
+  CHECK(hf::byte_token(' ') == "\xc4\xa0");   // Ġ
+  CHECK(hf::byte_token('\n') == "\xc4\x8a");  // Ċ
+  CHECK(hf::byte_token(0) == "\xc4\x80");     // Ā
+  CHECK(hf::byte_token(0xad) == "\xc5\x83");  // Ń, the last one that does not print
+  CHECK(hf::byte_token(0xff) == "\xc3\xbf");  // ÿ
   const hf::BpeVocab v = hf::byte_level_vocab({"<|endoftext|>"});
   CHECK(v.tokens.size() == 257);
   CHECK(v.eos == 256u);
@@ -237,11 +248,11 @@ TEST_CASE("write_gguf writes a qwen2 GGUF v3: metadata, llama.cpp's names and di
   CHECK(g.order.front() == "token_embd.weight");
   CHECK(g.order.back() == "output.weight");
   const std::map<std::string, std::vector<std::uint64_t>> dims = {
-      {"token_embd.weight", {8, 259}},   {"blk.0.attn_norm.weight", {8}}, {"blk.1.attn_q.weight", {8, 8}},
-      {"blk.1.attn_q.bias", {8}},        {"blk.1.attn_k.weight", {8, 4}}, {"blk.1.attn_k.bias", {4}},
-      {"blk.1.attn_v.weight", {8, 4}},   {"blk.1.attn_v.bias", {4}},      {"blk.1.attn_output.weight", {8, 8}},
-      {"blk.1.ffn_norm.weight", {8}},    {"blk.1.ffn_gate.weight", {8, 12}}, {"blk.1.ffn_up.weight", {8, 12}},
-      {"blk.1.ffn_down.weight", {12, 8}}, {"output_norm.weight", {8}},     {"output.weight", {8, 259}}};
+      {"token_embd.weight", {8, 259}},    {"blk.0.attn_norm.weight", {8}},    {"blk.1.attn_q.weight", {8, 8}},
+      {"blk.1.attn_q.bias", {8}},         {"blk.1.attn_k.weight", {8, 4}},    {"blk.1.attn_k.bias", {4}},
+      {"blk.1.attn_v.weight", {8, 4}},    {"blk.1.attn_v.bias", {4}},         {"blk.1.attn_output.weight", {8, 8}},
+      {"blk.1.ffn_norm.weight", {8}},     {"blk.1.ffn_gate.weight", {8, 12}}, {"blk.1.ffn_up.weight", {8, 12}},
+      {"blk.1.ffn_down.weight", {12, 8}}, {"output_norm.weight", {8}},        {"output.weight", {8, 259}}};
   for (const auto& [name, ne] : dims) {
     CAPTURE(name);
     REQUIRE(g.tensors.contains(name));
@@ -311,7 +322,8 @@ TEST_CASE("write_gguf F16: matrices as round-to-nearest-even halves, vectors F32
   CHECK(read_bytes(p64) == read_bytes(p32));
 }
 
-TEST_CASE("write_gguf refuses a bad vocabulary, adapters, missing or extra tensors, NaN and F16 overflow; nothing written") {
+TEST_CASE(
+    "write_gguf refuses a bad vocabulary, adapters, missing or extra tensors, NaN and F16 overflow; nothing written") {
   ScratchDir dir("gguf");
   const std::string path = dir.file("bad.gguf");
   const nn::LmConfig c = small(257);

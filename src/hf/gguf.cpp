@@ -28,7 +28,7 @@ std::uint16_t f16_bits(float x) {
     kept = ((exponent - 112) << 10) | ((a & 0x7fffffu) >> 13);
     dropped = a & 0x1fffu;
     half = 0x1000u;
-  } else {  // a subnormal half (or zero): the value in units of 2^-24
+  } else {                            // a subnormal half (or zero): the value in units of 2^-24
     if (exponent < 102) return sign;  // below 2^-25: nearer zero than the least subnormal
     const std::uint32_t m = (a & 0x7fffffu) | 0x800000u;
     const std::uint32_t shift = 126 - exponent;  // 14 .. 24
@@ -44,7 +44,10 @@ float f16_value(std::uint16_t bits) {
   const float sign = (bits & 0x8000u) != 0 ? -1.0f : 1.0f;
   const int exponent = (bits >> 10) & 0x1f;
   const int mantissa = bits & 0x3ff;
-  if (exponent == 31) return mantissa == 0 ? sign * INFINITY : std::bit_cast<float>(0x7fc00000u | (bits & 0x8000u) << 16 | static_cast<std::uint32_t>(mantissa) << 13);
+  if (exponent == 31)
+    return mantissa == 0 ? sign * INFINITY
+                         : std::bit_cast<float>(0x7fc00000u | (bits & 0x8000u) << 16 |
+                                                static_cast<std::uint32_t>(mantissa) << 13);
   if (exponent == 0) return sign * std::ldexp(static_cast<float>(mantissa), -24);
   return sign * std::ldexp(static_cast<float>(mantissa | 0x400), exponent - 25);
 }
@@ -117,9 +120,11 @@ std::string check_vocab(const BpeVocab& v, std::size_t vocab) {
       if (!seen.contains(t)) return "merge " + n(i) + " '" + m + "': '" + t + "' is not a token";
   }
   if (v.pre.empty()) return "no pre-tokenizer name (tokenizer.ggml.pre; Qwen2's is \"qwen2\")";
-  const std::pair<const char*, const std::optional<std::uint32_t>*> ids[] = {{"bos", &v.bos}, {"eos", &v.eos}, {"pad", &v.pad}};
+  const std::pair<const char*, const std::optional<std::uint32_t>*> ids[] = {
+      {"bos", &v.bos}, {"eos", &v.eos}, {"pad", &v.pad}};
   for (const auto& [name, id] : ids)
-    if (*id && **id >= vocab) return std::string(name) + " id " + n(**id) + " is not a token (expected < " + n(vocab) + ")";
+    if (*id && **id >= vocab)
+      return std::string(name) + " id " + n(**id) + " is not a token (expected < " + n(vocab) + ")";
   if (v.add_bos && !v.bos) return "add_bos without a bos id";
   return "";
 }
@@ -180,9 +185,9 @@ struct Metadata {
 // One tensor to write: where its values are in grad's layout and how they go out.
 struct Planned {
   std::string gguf_name;
-  std::vector<std::uint64_t> ne;     // GGUF order: ne[0] fastest
-  const LmTensor* from = nullptr;    // null: zeros (a bias grad's block does not have)
-  bool transpose = false;            // grad [in, out] -> rows of outputs
+  std::vector<std::uint64_t> ne;   // GGUF order: ne[0] fastest
+  const LmTensor* from = nullptr;  // null: zeros (a bias grad's block does not have)
+  bool transpose = false;          // grad [in, out] -> rows of outputs
   GgufType type = GgufType::f32;
   std::size_t elements() const {
     std::size_t n = 1;
@@ -201,7 +206,9 @@ std::string shape_text(std::span<const std::size_t> s) {
 
 ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::span<const LmTensor> tensors,
                            const BpeVocab& vocab, const GgufOptions& options) {
-  auto failed = [&](const std::string& why) { return ModelFileResult{"grad: GGUF '" + path + "': " + why + "; nothing written"}; };
+  auto failed = [&](const std::string& why) {
+    return ModelFileResult{"grad: GGUF '" + path + "': " + why + "; nothing written"};
+  };
   if (std::string why = c.check(); !why.empty()) return failed("bad model config: " + why);
   if (c.lora_rank > 0)
     return failed("the config has LoRA adapters (" + c.describe() + "): fold them in first (nn::merge_lora)");
@@ -241,7 +248,8 @@ ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::
     // keeps its bytes is {cols, rows}; a transposed one {rows, cols}.
     p.transpose = shape.size() == 2 && p.gguf_name != "token_embd.weight";
     if (shape.size() == 2)
-      p.ne = p.transpose ? std::vector<std::uint64_t>{shape[0], shape[1]} : std::vector<std::uint64_t>{shape[1], shape[0]};
+      p.ne =
+          p.transpose ? std::vector<std::uint64_t>{shape[0], shape[1]} : std::vector<std::uint64_t>{shape[1], shape[0]};
     else
       p.ne = {shape[0]};
     p.type = shape.size() == 2 ? options.type : GgufType::f32;
@@ -250,8 +258,8 @@ ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::
   };
   const std::size_t d = c.d_model;
   std::string why = add("embed", {c.vocab, d}, "token_embd.weight", Missing::error);
-  static constexpr const char* gguf_proj[nn::proj_count] = {"attn_q", "attn_k", "attn_v", "attn_output",
-                                                           "ffn_gate", "ffn_up", "ffn_down"};
+  static constexpr const char* gguf_proj[nn::proj_count] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
+                                                            "ffn_gate", "ffn_up", "ffn_down"};
   for (std::size_t l = 0; l < c.layers && why.empty(); ++l) {
     const std::string g = "layers." + std::to_string(l) + ".", blk = "blk." + std::to_string(l) + ".";
     why = add(g + "attn_norm", {d}, blk + "attn_norm.weight", Missing::error);

@@ -78,6 +78,18 @@ std::pair<std::vector<int>, std::vector<double>> grad_decode(const nn::Lm<T>& mo
   return {nn::generate(fresh, prompt, count), logprobs};
 }
 
+std::string ids_text(const std::vector<int>& ids) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) s += ' ';
+    s += std::to_string(ids[i]);
+  }
+  s += ']';
+  return s;
+}
+#define CHECK_SAME_IDS(theirs, ours) \
+  CHECK_MESSAGE((theirs) == (ours), "llama.cpp " << ids_text(theirs) << "\n     grad " << ids_text(ours))
+
 // The largest difference of log-probabilities, over the ids llama.cpp's
 // float probabilities can still tell apart from zero.
 double max_logprob_diff(const std::vector<double>& ours, const std::vector<double>& theirs) {
@@ -128,15 +140,15 @@ TEST_CASE("F32: llama.cpp greedy-decodes grad's random model token for token; it
   REQUIRE(hf::write_gguf(path, m, tiny_bpe()).ok());
   const auto [ours, our_logprobs] = grad_decode(m, prompt, steps);
   const LlamaRun llama = llama_decode(path, prompt, steps, "f32", "hello world\n");
-  CHECK(llama.tokens == ours);
+  CHECK_SAME_IDS(llama.tokens, ours);
   const double diff = max_logprob_diff(our_logprobs, llama.logprobs);
-  MESSAGE("F32: " << steps << " greedy tokens equal; first-step log-probabilities differ by at most " << diff);
+  MESSAGE("F32, " << steps << " greedy tokens: first-step log-probabilities differ by at most " << diff);
   CHECK(diff < 1e-4);
   // "hello" -> "hell" "o" (h e -> he, l l -> ll, he ll -> hell), " world" -> "Ġw" o r l d, "\n" -> byte 10.
-  CHECK(llama.tokenized == std::vector<int>{258, 'o', 259, 'o', 'r', 'l', 'd', '\n'});
+  CHECK_SAME_IDS(llama.tokenized, (std::vector<int>{258, 'o', 259, 'o', 'r', 'l', 'd', '\n'}));
   // llama.cpp's default KV cache is F16 (rounded keys and values): the same tokens here.
   const LlamaRun f16_cache = llama_decode(path, prompt, steps, "f16");
-  CHECK(f16_cache.tokens == ours);
+  CHECK_SAME_IDS(f16_cache.tokens, ours);
   MESSAGE("F32 weights, F16 KV cache: log-probabilities differ by at most "
           << max_logprob_diff(our_logprobs, f16_cache.logprobs));
 }
@@ -150,10 +162,10 @@ TEST_CASE("F16: llama.cpp on the F16 file decodes as grad does on the F16-rounde
   hf::round_like_gguf(m, hf::GgufType::f16);
   const auto [ours, our_logprobs] = grad_decode(m, prompt, steps);
   const LlamaRun llama = llama_decode(path, prompt, steps);
-  CHECK(llama.tokens == ours);
+  CHECK_SAME_IDS(llama.tokens, ours);
   // llama.cpp also rounds the activations to F16 before an F16 matrix product.
   const double diff = max_logprob_diff(our_logprobs, llama.logprobs);
-  MESSAGE("F16: " << steps << " greedy tokens equal; first-step log-probabilities differ by at most " << diff);
+  MESSAGE("F16, " << steps << " greedy tokens: first-step log-probabilities differ by at most " << diff);
   CHECK(diff < 1e-2);
 }
 
@@ -177,7 +189,9 @@ TEST_CASE("a LoRA-finetuned, merged model recalls its text under llama.cpp as un
   const std::size_t n = tokens.size() - 1, prompt_bytes = 16;
   const std::span<const int> all(tokens);
   const std::vector<int> rest(tokens.begin() + prompt_bytes, tokens.end());
-  auto recalled = [&](const nn::Lm<float>& model) { return grad_decode(model, all.first(prompt_bytes), rest.size()).first; };
+  auto recalled = [&](const nn::Lm<float>& model) {
+    return grad_decode(model, all.first(prompt_bytes), rest.size()).first;
+  };
   const auto mark = tp.mark();
   int step = 0;
   for (; step < 600; ++step) {
@@ -200,8 +214,8 @@ TEST_CASE("a LoRA-finetuned, merged model recalls its text under llama.cpp as un
   REQUIRE(hf::write_gguf(f16, merged, hf::byte_level_vocab({"<|endoftext|>"}), {.type = hf::GgufType::f16}).ok());
   const LlamaRun a = llama_decode(f32, all.first(prompt_bytes), rest.size());
   const LlamaRun h = llama_decode(f16, all.first(prompt_bytes), rest.size(), "f16");
-  CHECK(a.tokens == rest);
-  CHECK(h.tokens == rest);
-  MESSAGE("recalled after " << step + 1 << " LoRA steps; llama.cpp continues '" << text.substr(0, prompt_bytes)
-                            << "' with the rest, from the F32 file and from the F16 file with an F16 KV cache");
+  CHECK_SAME_IDS(a.tokens, rest);
+  CHECK_SAME_IDS(h.tokens, rest);
+  MESSAGE("recalled after " << step + 1 << " LoRA steps; llama.cpp's continuation of '" << text.substr(0, prompt_bytes)
+                            << "' checked from the F32 file and from the F16 file (F16 KV cache)");
 }

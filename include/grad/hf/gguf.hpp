@@ -68,10 +68,10 @@ enum class TokenType : std::int32_t { normal = 1, unknown = 2, control = 3, user
 
 // A byte-level BPE tokenizer as GGUF's "gpt2" model stores it.
 struct BpeVocab {
-  std::vector<std::string> tokens;    // id -> token text, in GPT-2's byte-to-unicode alphabet (byte_token)
-  std::vector<TokenType> token_types; // one per token; empty: every token normal
-  std::vector<std::string> merges;    // "left right", highest priority first; left, right and left+right are tokens
-  std::string pre = "qwen2";          // tokenizer.ggml.pre: llama.cpp's pre-tokenizer (its split regex)
+  std::vector<std::string> tokens;     // id -> token text, in GPT-2's byte-to-unicode alphabet (byte_token)
+  std::vector<TokenType> token_types;  // one per token; empty: every token normal
+  std::vector<std::string> merges;     // "left right", highest priority first; left, right and left+right are tokens
+  std::string pre = "qwen2";           // tokenizer.ggml.pre: llama.cpp's pre-tokenizer (its split regex)
   std::optional<std::uint32_t> bos, eos, pad;
   bool add_bos = false;  // whether llama.cpp prepends bos when it tokenizes a prompt (Qwen2: no)
 };
