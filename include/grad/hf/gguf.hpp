@@ -72,6 +72,9 @@ struct BpeVocab {
   std::vector<TokenType> token_types;  // one per token; empty: every token normal
   std::vector<std::string> merges;     // "left right", highest priority first; left, right and left+right are tokens
   std::string pre = "qwen2";           // tokenizer.ggml.pre: llama.cpp's pre-tokenizer (its split regex)
+  // Unset ids are not written; llama.cpp then assumes its gpt2 default, 11,
+  // for bos and eos (an end of generation): give a byte-level vocabulary an
+  // end-of-text token of its own (byte_level_vocab's specials).
   std::optional<std::uint32_t> bos, eos, pad;
   bool add_bos = false;  // whether llama.cpp prepends bos when it tokenizes a prompt (Qwen2: no)
 };
