@@ -2,8 +2,8 @@
 // hf::write_gguf, greedy-decoded by llama.cpp (decode.mjs, node-llama-cpp's
 // prebuilt CPU binary), must continue a prompt token for token as grad's own
 // KV-cache decoder does, with first-step log-probabilities close; in F32,
-// in F16 (grad decoding the F16-rounded weights), and for a LoRA-finetuned,
-// merged model that recalls a text. run.sh installs llama.cpp and runs this
+// in F16 (grad decoding the F16-rounded weights), tied to the embedding,
+// and for a LoRA-finetuned, merged model that recalls a text. run.sh installs llama.cpp and runs this
 // with GRAD_LLAMA_DECODE set to the script.
 #include <doctest/doctest.h>
 
@@ -167,6 +167,32 @@ TEST_CASE("F16: llama.cpp on the F16 file decodes as grad does on the F16-rounde
   const double diff = max_logprob_diff(our_logprobs, llama.logprobs);
   MESSAGE("F16, " << steps << " greedy tokens: first-step log-probabilities differ by at most " << diff);
   CHECK(diff < 1e-2);
+}
+
+TEST_CASE("tied: without a head tensor llama.cpp computes the logits with the embedding, as grad with head = embed^T") {
+  ScratchDir dir("llama_cpp");
+  Tape<float> tp;
+  const nn::LmConfig c = random_config();
+  nn::Lm<float> m(tp, c, 13);
+  // grad's Lm has its own head; tie it by hand: head [d, vocab] = embed [vocab, d] transposed.
+  const auto embed = tp.value(m.embed()).data;
+  const std::span<float> head = tp.leaf_value(m.head());
+  for (std::size_t v = 0; v < c.vocab; ++v)
+    for (std::size_t k = 0; k < c.d_model; ++k) head[k * c.vocab + v] = embed[v * c.d_model + k];
+  std::vector<hf::LmTensor> tensors;
+  for (const auto& p : m.base()) {
+    if (p.name == "head") continue;
+    const View<float> v = tp.value(p.var);
+    tensors.push_back({p.name, std::vector<std::size_t>(v.shape.begin(), v.shape.end()), v.data});
+  }
+  const std::string path = dir.file("tied.gguf");
+  REQUIRE(hf::write_gguf(path, c, tensors, tiny_bpe()).ok());
+  const auto [ours, our_logprobs] = grad_decode(m, prompt, steps);
+  const LlamaRun llama = llama_decode(path, prompt, steps);
+  CHECK_SAME_IDS(llama.tokens, ours);
+  const double diff = max_logprob_diff(our_logprobs, llama.logprobs);
+  MESSAGE("tied, " << steps << " greedy tokens: first-step log-probabilities differ by at most " << diff);
+  CHECK(diff < 1e-4);
 }
 
 TEST_CASE("a LoRA-finetuned, merged model recalls its text under llama.cpp as under grad") {
