@@ -284,15 +284,15 @@ ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::
   for (const Planned& p : plan) {
     if (!p.from) continue;
     const std::span<const float> v = p.from->values;
-    for (std::size_t i = 0; i < v.size(); ++i) {
+    auto element = [&](std::size_t i) {  // formatted only for the message
       char number[32];
       std::snprintf(number, sizeof number, "%.9g", static_cast<double>(v[i]));
-      if (!std::isfinite(v[i]))
-        return failed("tensor '" + p.from->name + "' element " + std::to_string(i) + " is " + number +
-                      " (expected finite values)");
+      return "tensor '" + p.from->name + "' element " + std::to_string(i) + " is " + number;
+    };
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (!std::isfinite(v[i])) return failed(element(i) + " (expected finite values)");
       if (p.type == GgufType::f16 && std::isinf(round_to_f16(v[i])))
-        return failed("tensor '" + p.from->name + "' element " + std::to_string(i) + " is " + number +
-                      ", beyond F16's range (it would become infinite; write F32)");
+        return failed(element(i) + ", beyond F16's range (it would become infinite; write F32)");
     }
   }
 
