@@ -3,8 +3,8 @@
 # pinned, into WORK (the build directory, never the source tree), checks that
 # its prebuilt CPU binary runs here, then runs the suite with
 # GRAD_LLAMA_DECODE pointing at decode.mjs. Exit 77 (skipped), saying why,
-# when node or npm is missing, npm cannot install the package, or the binary
-# cannot run on this machine.
+# when node (20 or later) or npm is missing, npm cannot install the package,
+# or the binary cannot run on this machine.
 #
 #   run.sh TEST_EXE WORK SOURCE_DIR
 set -u
@@ -14,6 +14,8 @@ version=3.21.1  # node-llama-cpp: llama.cpp release v0.4.0's CPU build (ggml-org
 skip() { echo "SKIP: $*"; exit 77; }
 command -v node >/dev/null 2>&1 || skip "node is not installed (Debian: apt-get install nodejs npm)"
 command -v npm >/dev/null 2>&1 || skip "npm is not installed (Debian: apt-get install npm)"
+node_major=$(node -p "process.versions.node.split('.')[0]")
+[ "$node_major" -ge 20 ] 2>/dev/null || skip "node $(node --version) is older than node-llama-cpp $version needs (20 or later)"
 case $(uname -s)-$(uname -m) in
   Linux-x86_64) binary=@node-llama-cpp/linux-x64 ;;
   Linux-aarch64) binary=@node-llama-cpp/linux-arm64 ;;
@@ -21,7 +23,9 @@ case $(uname -s)-$(uname -m) in
 esac
 
 mkdir -p "$work" || exit 1
-installed=$(cd "$work" && node -p "require('node-llama-cpp/package.json').version" 2>/dev/null)
+# (Read as a file: the package's exports do not include its package.json.)
+installed=$(cd "$work" &&
+  node -p "JSON.parse(require('fs').readFileSync('node_modules/node-llama-cpp/package.json', 'utf8')).version" 2>/dev/null)
 if [ "$installed" != "$version" ]; then
   echo "installing node-llama-cpp $version and $binary into $work"
   # Only the CPU binary of this machine (the package's optional dependencies
