@@ -1,0 +1,169 @@
+// GGUF export: a grad::nn::Lm as a file llama.cpp loads and serves.
+//
+//   nn::Lm<float> merged(tp, base_config, 1);  nn::merge_lora(tuned, merged);
+//   const hf::BpeVocab vocab = hf::byte_level_vocab({"<|endoftext|>"});  // 256 bytes + 1 (config.vocab 257)
+//   if (auto r = hf::write_gguf("model.gguf", merged, vocab, {.type = hf::GgufType::f16}); !r) ... r.error
+//
+// The file is GGUF version 3 (llama.cpp's ggml/docs/gguf.md): a header, the
+// metadata as typed key/value pairs, one info record per tensor (name,
+// dimensions, type, offset), then the tensors' data, each at a multiple of
+// 32 bytes. The model is described as llama.cpp's `qwen2` architecture,
+// which is what grad's Lm is (pre-norm RMSNorm, RoPE in the rotate-half
+// (NEOX) convention, grouped-query attention, SwiGLU):
+//
+//   grad                      GGUF name                 GGUF dims (ne[0] first: the fastest-varying)
+//   embed      [vocab, d]     token_embd.weight         {d, vocab}       (the same bytes)
+//   layers.N.attn_norm [d]    blk.N.attn_norm.weight    {d}
+//   layers.N.q [d, H*hd]      blk.N.attn_q.weight       {d, H*hd}        (transposed: llama.cpp's rows are outputs)
+//   (none)                    blk.N.attn_q.bias         {H*hd}           zeros: grad's block has no q/k/v bias
+//   layers.N.k, .v, .o        attn_k, attn_v (+ bias), attn_output
+//   layers.N.mlp_norm [d]     blk.N.ffn_norm.weight     {d}
+//   layers.N.gate, .up, .down ffn_gate, ffn_up, ffn_down (transposed)
+//   final_norm [d]            output_norm.weight        {d}
+//   head [d, vocab]           output.weight             {d, vocab}       (transposed; left out when tied)
+//
+// grad stores a projection as [in, out] (x . w); llama.cpp, like Hugging
+// Face, as [out, in] rows, which GGUF writes with ne = {in, out}: so every
+// matrix but the embedding is written transposed. Norm weights and biases
+// stay F32 in an F16 file (as llama.cpp's converter writes them).
+//
+// The tokenizer goes in as GGUF's `gpt2` model (byte-level BPE): the token
+// texts in GPT-2's byte-to-unicode alphabet, their types, the merges, the
+// pre-tokenizer name and the special ids. llama.cpp needs the merges key
+// even when it is empty, unique token texts, and a token for "\n".
+//
+// Everything is checked before a byte is written (names, shapes, finite
+// values, F16 range, the vocabulary), and the file is written atomically
+// (temporary file, fsync, rename), so a failed export leaves nothing behind.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "grad/lm/model.hpp"
+#include "grad/model_file.hpp"
+
+namespace grad::hf {
+
+// ---- F16 ----
+
+// The IEEE binary16 bits nearest to x, ties to even: values beyond the
+// largest half (65504) round to infinity as IEEE says (write_gguf refuses
+// them before that can happen), subnormals are rounded like any other
+// value, NaN stays a (quiet) NaN.
+std::uint16_t f16_bits(float x);
+// The value of binary16 bits (exact: every half is a float).
+float f16_value(std::uint16_t bits);
+inline float round_to_f16(float x) { return f16_value(f16_bits(x)); }
+
+// ---- the tokenizer ----
+
+// GGUF's tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
+enum class TokenType : std::int32_t { normal = 1, unknown = 2, control = 3, user_defined = 4, unused = 5, byte = 6 };
+
+// A byte-level BPE tokenizer as GGUF's "gpt2" model stores it.
+struct BpeVocab {
+  std::vector<std::string> tokens;     // id -> token text, in GPT-2's byte-to-unicode alphabet (byte_token)
+  std::vector<TokenType> token_types;  // one per token; empty: every token normal
+  std::vector<std::string> merges;     // "left right", highest priority first; left, right and left+right are tokens
+  std::string pre = "qwen2";           // tokenizer.ggml.pre: llama.cpp's pre-tokenizer (its split regex)
+  // Unset ids are not written; llama.cpp then assumes its gpt2 default, 11,
+  // for bos and eos (an end of generation): give a byte-level vocabulary an
+  // end-of-text token of its own (byte_level_vocab's specials).
+  std::optional<std::uint32_t> bos, eos, pad;
+  bool add_bos = false;  // whether llama.cpp prepends bos when it tokenizes a prompt (Qwen2: no)
+};
+
+// GPT-2's byte-to-unicode map: the UTF-8 text of byte b as a token. The
+// printable bytes stand for themselves; the others (control bytes, space,
+// 0x7f-0xa0, 0xad) are U+0100 onward in byte order, so "\n" is "Ċ" and " " is "Ġ".
+std::string byte_token(unsigned char b);
+
+// The 256 bytes (id = the byte, as nn::ByteTokenizer) followed by
+// `specials` as control tokens, no merges; eos is the first special, when
+// there is one. A model over it has vocab 256 + specials.size().
+BpeVocab byte_level_vocab(std::span<const std::string> specials = {});
+inline BpeVocab byte_level_vocab(std::initializer_list<std::string> specials) {
+  return byte_level_vocab(std::span<const std::string>(specials.begin(), specials.size()));
+}
+
+// "" or what is wrong with v as a vocabulary of `vocab` ids.
+std::string check_vocab(const BpeVocab& v, std::size_t vocab);
+
+// ---- the model ----
+
+enum class GgufType : std::uint32_t { f32 = 0, f16 = 1 };  // the ggml_type codes
+
+struct GgufOptions {
+  GgufType type = GgufType::f32;  // of the matrices; vectors are always F32
+  std::string name = "grad";      // general.name
+};
+
+// One of a model's tensors as grad holds it: its grad name (nn::Lm::named()),
+// its grad shape, its values in row-major order.
+struct LmTensor {
+  std::string name;
+  std::vector<std::size_t> shape;
+  std::span<const float> values;
+};
+
+// Writes `tensors` (a model of `config`, without adapters: merge them first,
+// nn::merge_lora) with `vocab` to `path` as a qwen2 GGUF. Optional
+// tensors: "head" (left out: the output is tied to the embedding) and
+// "layers.N.q.bias", "layers.N.k.bias", "layers.N.v.bias" (left out: zeros).
+// Every other tensor of the table above must be there with its shape;
+// nothing else may be. On any failure nothing is written and the message
+// ("grad: GGUF '<path>': ...") names the tensor or key and what was expected.
+ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& config, std::span<const LmTensor> tensors,
+                           const BpeVocab& vocab, const GgufOptions& options = {});
+
+// The same from a model: its base tensors (float64 values are rounded to
+// float32 first, as GGUF holds no float64 weights).
+template <class T>
+ModelFileResult write_gguf(const std::string& path, const nn::Lm<T>& model, const BpeVocab& vocab,
+                           const GgufOptions& options = {}) {
+  if (model.config().lora_rank > 0)
+    return {"grad: GGUF '" + path + "': the model has LoRA adapters (" + model.config().describe() +
+            "): fold them in first (nn::merge_lora into a model without adapters); nothing written"};
+  const Tape<T>& tp = model.tape();
+  if (!tp.ok()) return {"grad: GGUF '" + path + "': the tape is poisoned (" + tp.error() + "); nothing written"};
+  std::vector<std::vector<float>> converted;  // float64 models only; reserved: the spans must not move
+  converted.reserve(model.base().size());
+  std::vector<LmTensor> tensors;
+  for (const auto& p : model.base()) {
+    const View<T> v = tp.value(p.var);
+    LmTensor t{p.name, std::vector<std::size_t>(v.shape.begin(), v.shape.end()), {}};
+    if constexpr (std::is_same_v<T, float>) {
+      t.values = v.data;
+    } else {
+      converted.emplace_back(v.data.begin(), v.data.end());
+      t.values = converted.back();
+    }
+    tensors.push_back(std::move(t));
+  }
+  return write_gguf(path, model.config(), tensors, vocab, options);
+}
+
+// Rounds a model's matrices to F16 in place, as write_gguf with
+// GgufType::f16 stores them (vectors stay as they are): afterwards the
+// model computes what llama.cpp is given. A float64 model's values are
+// rounded to float32 first.
+template <class T>
+void round_like_gguf(nn::Lm<T>& model, GgufType type) {
+  Tape<T>& tp = model.tape();
+  for (const auto& p : model.base()) {
+    const std::span<T> w = tp.leaf_value(p.var);
+    const bool matrix = tp.value(p.var).rank() == 2;
+    for (T& x : w) {
+      const float f = static_cast<float>(x);
+      x = static_cast<T>(type == GgufType::f16 && matrix ? round_to_f16(f) : f);
+    }
+  }
+}
+
+}  // namespace grad::hf

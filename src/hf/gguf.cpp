@@ -1,0 +1,368 @@
+// GGUF v3 export of a grad::nn::Lm as llama.cpp's qwen2 architecture
+// (include/grad/hf/gguf.hpp has the tensor table and the rules).
+#include "grad/hf/gguf.hpp"
+
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <unordered_set>
+
+namespace grad::hf {
+
+// ---- F16 ----
+
+std::uint16_t f16_bits(float x) {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
+  const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  const std::uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7e00u | static_cast<std::uint16_t>((a >> 13) & 0x3ffu);  // NaN, kept quiet
+  if (a >= 0x47800000u) return sign | 0x7c00u;  // >= 2^16 (and inf): beyond every half
+  // The half as an integer count of its last place, before rounding: the
+  // bits below it are dropped with round to nearest, ties to even. A carry
+  // out of the mantissa lands in the exponent, which is right (up to inf).
+  std::uint32_t kept, dropped, half;
+  const std::uint32_t exponent = a >> 23;
+  if (exponent >= 113) {  // a normal half (>= 2^-14): 13 of the 23 mantissa bits go
+    kept = ((exponent - 112) << 10) | ((a & 0x7fffffu) >> 13);
+    dropped = a & 0x1fffu;
+    half = 0x1000u;
+  } else {                            // a subnormal half (or zero): the value in units of 2^-24
+    if (exponent < 102) return sign;  // below 2^-25: nearer zero than the least subnormal
+    const std::uint32_t m = (a & 0x7fffffu) | 0x800000u;
+    const std::uint32_t shift = 126 - exponent;  // 14 .. 24
+    kept = m >> shift;
+    dropped = m & ((1u << shift) - 1);
+    half = 1u << (shift - 1);
+  }
+  if (dropped > half || (dropped == half && (kept & 1u) != 0)) ++kept;
+  return sign | static_cast<std::uint16_t>(kept);
+}
+
+float f16_value(std::uint16_t bits) {
+  const float sign = (bits & 0x8000u) != 0 ? -1.0f : 1.0f;
+  const int exponent = (bits >> 10) & 0x1f;
+  const int mantissa = bits & 0x3ff;
+  if (exponent == 31)
+    return mantissa == 0 ? sign * INFINITY
+                         : std::bit_cast<float>(0x7fc00000u | (bits & 0x8000u) << 16 |
+                                                static_cast<std::uint32_t>(mantissa) << 13);
+  if (exponent == 0) return sign * std::ldexp(static_cast<float>(mantissa), -24);
+  return sign * std::ldexp(static_cast<float>(mantissa | 0x400), exponent - 25);
+}
+
+// ---- the tokenizer ----
+
+namespace {
+// GPT-2's bytes_to_unicode: the bytes that print as themselves.
+bool prints_as_itself(unsigned b) { return (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || b >= 0xae; }
+void append_utf8(std::string& s, std::uint32_t cp) {
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else {  // the map stays below U+0800: two bytes
+    s += static_cast<char>(0xc0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3f));
+  }
+}
+}  // namespace
+
+std::string byte_token(unsigned char b) {
+  std::uint32_t cp = b;
+  if (!prints_as_itself(b)) {  // the n-th byte that does not print: U+0100 + n
+    cp = 256;
+    for (unsigned c = 0; c < b; ++c) cp += prints_as_itself(c) ? 0 : 1;
+  }
+  std::string s;
+  append_utf8(s, cp);
+  return s;
+}
+
+BpeVocab byte_level_vocab(std::span<const std::string> specials) {
+  BpeVocab v;
+  for (unsigned b = 0; b < 256; ++b) {
+    v.tokens.push_back(byte_token(static_cast<unsigned char>(b)));
+    v.token_types.push_back(TokenType::normal);
+  }
+  for (const std::string& s : specials) {
+    v.tokens.push_back(s);
+    v.token_types.push_back(TokenType::control);
+  }
+  if (!specials.empty()) v.eos = 256;
+  return v;
+}
+
+std::string check_vocab(const BpeVocab& v, std::size_t vocab) {
+  auto n = [](std::size_t x) { return std::to_string(x); };
+  if (v.tokens.size() != vocab)
+    return "the tokenizer has " + n(v.tokens.size()) + " tokens, the model's vocabulary " + n(vocab) +
+           " (expected one token per id)";
+  std::map<std::string_view, std::size_t> seen;  // llama.cpp maps texts to ids: each text once
+  for (std::size_t i = 0; i < v.tokens.size(); ++i) {
+    if (v.tokens[i].empty()) return "token " + n(i) + " is empty (expected its text)";
+    if (const auto [it, fresh] = seen.emplace(v.tokens[i], i); !fresh)
+      return "token " + n(i) + " has the text of token " + n(it->second) + " (expected unique texts)";
+  }
+  if (!v.token_types.empty() && v.token_types.size() != v.tokens.size())
+    return n(v.token_types.size()) + " token types for " + n(v.tokens.size()) + " tokens (expected one each, or none)";
+  for (std::size_t i = 0; i < v.token_types.size(); ++i) {
+    const auto t = static_cast<std::int32_t>(v.token_types[i]);
+    if (t < 1 || t > 6) return "token " + n(i) + " has type " + std::to_string(t) + " (expected 1 .. 6)";
+  }
+  for (std::size_t i = 0; i < v.merges.size(); ++i) {
+    const std::string& m = v.merges[i];
+    // llama.cpp splits at the first space after the first byte.
+    const std::size_t space = m.find(' ', 1);
+    if (space == std::string::npos || space + 1 == m.size() || m.find(' ', space + 1) != std::string::npos)
+      return "merge " + n(i) + " '" + m + "' is not two tokens joined by one space";
+    const std::string left = m.substr(0, space), right = m.substr(space + 1);
+    for (const std::string& t : {left, right, left + right})
+      if (!seen.contains(t)) return "merge " + n(i) + " '" + m + "': '" + t + "' is not a token";
+  }
+  if (v.pre.empty()) return "no pre-tokenizer name (tokenizer.ggml.pre; Qwen2's is \"qwen2\")";
+  const std::pair<const char*, const std::optional<std::uint32_t>*> ids[] = {
+      {"bos", &v.bos}, {"eos", &v.eos}, {"pad", &v.pad}};
+  for (const auto& [name, id] : ids)
+    if (*id && **id >= vocab)
+      return std::string(name) + " id " + n(**id) + " is not a token (expected < " + n(vocab) + ")";
+  if (v.add_bos && !v.bos) return "add_bos without a bos id";
+  return "";
+}
+
+// ---- the file ----
+
+namespace {
+
+constexpr std::uint32_t gguf_version = 3;
+constexpr std::size_t alignment = 32;  // general.alignment's default, which llama.cpp assumes when it is absent
+
+// The metadata value types of the format.
+enum class Kind : std::uint32_t { u32 = 4, i32 = 5, f32 = 6, boolean = 7, string = 8, array = 9 };
+
+// Little-endian bytes (x86-64 and aarch64 are; GGUF is, unless it says otherwise).
+struct Bytes {
+  std::vector<unsigned char> out;
+  template <class U>
+  void put(U v) {
+    static_assert(std::is_trivially_copyable_v<U>);
+    const auto* p = reinterpret_cast<const unsigned char*>(&v);
+    out.insert(out.end(), p, p + sizeof v);
+  }
+  void put_string(std::string_view s) {
+    put(static_cast<std::uint64_t>(s.size()));
+    out.insert(out.end(), s.begin(), s.end());
+  }
+  void pad_to(std::size_t a) { out.resize((out.size() + a - 1) / a * a, 0); }
+};
+
+// The metadata, written as it is added.
+struct Metadata {
+  Bytes b;
+  std::uint64_t count = 0;
+  void key(std::string_view k, Kind kind) {
+    b.put_string(k);
+    b.put(static_cast<std::uint32_t>(kind));
+    ++count;
+  }
+  void u32(std::string_view k, std::uint32_t v) { key(k, Kind::u32), b.put(v); }
+  void f32(std::string_view k, float v) { key(k, Kind::f32), b.put(v); }
+  void boolean(std::string_view k, bool v) { key(k, Kind::boolean), b.put(static_cast<std::uint8_t>(v)); }
+  void string(std::string_view k, std::string_view v) { key(k, Kind::string), b.put_string(v); }
+  void strings(std::string_view k, std::span<const std::string> v) {
+    key(k, Kind::array);
+    b.put(static_cast<std::uint32_t>(Kind::string));
+    b.put(static_cast<std::uint64_t>(v.size()));
+    for (const std::string& s : v) b.put_string(s);
+  }
+  void i32s(std::string_view k, std::span<const std::int32_t> v) {
+    key(k, Kind::array);
+    b.put(static_cast<std::uint32_t>(Kind::i32));
+    b.put(static_cast<std::uint64_t>(v.size()));
+    for (std::int32_t x : v) b.put(x);
+  }
+};
+
+// One tensor to write: where its values are in grad's layout and how they go out.
+struct Planned {
+  std::string gguf_name;
+  std::vector<std::uint64_t> ne;   // GGUF order: ne[0] fastest
+  const LmTensor* from = nullptr;  // null: zeros (a bias grad's block does not have)
+  bool transpose = false;          // grad [in, out] -> rows of outputs
+  GgufType type = GgufType::f32;
+  std::size_t elements() const {
+    std::size_t n = 1;
+    for (std::uint64_t d : ne) n *= static_cast<std::size_t>(d);
+    return n;
+  }
+};
+
+std::string shape_text(std::span<const std::size_t> s) {
+  std::string t = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+}  // namespace
+
+ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::span<const LmTensor> tensors,
+                           const BpeVocab& vocab, const GgufOptions& options) {
+  auto failed = [&](const std::string& why) {
+    return ModelFileResult{"grad: GGUF '" + path + "': " + why + "; nothing written"};
+  };
+  if (std::string why = c.check(); !why.empty()) return failed("bad model config: " + why);
+  if (c.lora_rank > 0)
+    return failed("the config has LoRA adapters (" + c.describe() + "): fold them in first (nn::merge_lora)");
+  if (options.type != GgufType::f32 && options.type != GgufType::f16)
+    return failed("tensor type " + std::to_string(static_cast<std::uint32_t>(options.type)) + " (expected f32 or f16)");
+  if (std::string why = check_vocab(vocab, c.vocab); !why.empty()) return failed("tokenizer: " + why);
+
+  // ---- the tensors, by name, each with the shape grad gives it ----
+  std::map<std::string_view, const LmTensor*> by_name;
+  for (const LmTensor& t : tensors)
+    if (!by_name.emplace(t.name, &t).second) return failed("tensor '" + t.name + "' is given twice");
+  std::vector<Planned> plan;
+  std::unordered_set<std::string_view> used;
+  // Adds the tensor `grad_name` of grad shape `shape` as `gguf_name`; a
+  // missing optional one is written as zeros (bias) or left out (head).
+  enum class Missing { error, zeros, omit };
+  auto add = [&](const std::string& grad_name, std::vector<std::size_t> shape, std::string gguf_name,
+                 Missing missing) -> std::string {
+    const auto it = by_name.find(grad_name);
+    Planned p;
+    p.gguf_name = std::move(gguf_name);
+    if (it == by_name.end()) {
+      if (missing == Missing::error) return "tensor '" + grad_name + "' " + shape_text(shape) + " is missing";
+      if (missing == Missing::omit) return "";
+    } else {
+      const LmTensor& t = *it->second;
+      used.insert(t.name);
+      if (t.shape != shape)
+        return "tensor '" + grad_name + "' is " + shape_text(t.shape) + " (expected " + shape_text(shape) + ")";
+      std::size_t count = 1;
+      for (std::size_t x : shape) count *= x;  // bounded: LmConfig::check
+      if (t.values.size() != count)
+        return "tensor '" + grad_name + "' has " + std::to_string(t.values.size()) + " values for " + shape_text(shape);
+      p.from = &t;
+    }
+    // GGUF lists dimensions fastest first: a grad [rows, cols] matrix that
+    // keeps its bytes is {cols, rows}; a transposed one {rows, cols}.
+    p.transpose = shape.size() == 2 && p.gguf_name != "token_embd.weight";
+    if (shape.size() == 2)
+      p.ne =
+          p.transpose ? std::vector<std::uint64_t>{shape[0], shape[1]} : std::vector<std::uint64_t>{shape[1], shape[0]};
+    else
+      p.ne = {shape[0]};
+    p.type = shape.size() == 2 ? options.type : GgufType::f32;
+    plan.push_back(std::move(p));
+    return "";
+  };
+  const std::size_t d = c.d_model;
+  std::string why = add("embed", {c.vocab, d}, "token_embd.weight", Missing::error);
+  static constexpr const char* gguf_proj[nn::proj_count] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
+                                                            "ffn_gate", "ffn_up", "ffn_down"};
+  for (std::size_t l = 0; l < c.layers && why.empty(); ++l) {
+    const std::string g = "layers." + std::to_string(l) + ".", blk = "blk." + std::to_string(l) + ".";
+    why = add(g + "attn_norm", {d}, blk + "attn_norm.weight", Missing::error);
+    for (std::size_t p = 0; p < nn::proj_count && why.empty(); ++p) {
+      const auto [in, out] = c.proj_shape(nn::Proj(p));
+      const std::string name = g + std::string(nn::proj_names[p]);
+      why = add(name, {in, out}, blk + gguf_proj[p] + ".weight", Missing::error);
+      // llama.cpp's qwen2 reads q/k/v biases (zeros where grad has none).
+      if (why.empty() && p <= static_cast<std::size_t>(nn::Proj::v))
+        why = add(name + ".bias", {out}, blk + gguf_proj[p] + ".bias", Missing::zeros);
+    }
+    if (why.empty()) why = add(g + "mlp_norm", {d}, blk + "ffn_norm.weight", Missing::error);
+  }
+  if (why.empty()) why = add("final_norm", {d}, "output_norm.weight", Missing::error);
+  if (why.empty()) why = add("head", {d, c.vocab}, "output.weight", Missing::omit);
+  if (!why.empty()) return failed(why);
+  for (const LmTensor& t : tensors)
+    if (!used.contains(t.name))
+      return failed("tensor '" + t.name + "' is not part of a qwen2 model (an adapter? merge it first)");
+
+  // ---- values: finite, and within F16's range where they become F16 ----
+  for (const Planned& p : plan) {
+    if (!p.from) continue;
+    const std::span<const float> v = p.from->values;
+    auto element = [&](std::size_t i) {  // formatted only for the message
+      char number[32];
+      std::snprintf(number, sizeof number, "%.9g", static_cast<double>(v[i]));
+      return "tensor '" + p.from->name + "' element " + std::to_string(i) + " is " + number;
+    };
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (!std::isfinite(v[i])) return failed(element(i) + " (expected finite values)");
+      if (p.type == GgufType::f16 && std::isinf(round_to_f16(v[i])))
+        return failed(element(i) + ", beyond F16's range (it would become infinite; write F32)");
+    }
+  }
+
+  // ---- metadata ----
+  Metadata m;
+  const std::string arch = "qwen2";
+  m.string("general.architecture", arch);
+  m.string("general.name", options.name);
+  m.u32("general.file_type", options.type == GgufType::f16 ? 1 : 0);  // llama_ftype: ALL_F32, MOSTLY_F16
+  m.u32("general.alignment", alignment);
+  auto u32 = [](std::size_t v) { return static_cast<std::uint32_t>(v); };  // check() bounds every size by 2^24
+  m.u32(arch + ".context_length", u32(c.max_seq));
+  m.u32(arch + ".embedding_length", u32(d));
+  m.u32(arch + ".block_count", u32(c.layers));
+  m.u32(arch + ".feed_forward_length", u32(c.ffn));
+  m.u32(arch + ".attention.head_count", u32(c.heads));
+  m.u32(arch + ".attention.head_count_kv", u32(c.kv_heads));
+  m.u32(arch + ".rope.dimension_count", u32(c.head_dim()));
+  m.f32(arch + ".rope.freq_base", static_cast<float>(c.rope_base));
+  m.f32(arch + ".attention.layer_norm_rms_epsilon", static_cast<float>(c.eps));
+  m.string("tokenizer.ggml.model", "gpt2");
+  m.string("tokenizer.ggml.pre", vocab.pre);
+  m.strings("tokenizer.ggml.tokens", vocab.tokens);
+  std::vector<std::int32_t> types(vocab.tokens.size(), static_cast<std::int32_t>(TokenType::normal));
+  for (std::size_t i = 0; i < vocab.token_types.size(); ++i) types[i] = static_cast<std::int32_t>(vocab.token_types[i]);
+  m.i32s("tokenizer.ggml.token_type", types);
+  m.strings("tokenizer.ggml.merges", vocab.merges);
+  if (vocab.bos) m.u32("tokenizer.ggml.bos_token_id", *vocab.bos);
+  if (vocab.eos) m.u32("tokenizer.ggml.eos_token_id", *vocab.eos);
+  if (vocab.pad) m.u32("tokenizer.ggml.padding_token_id", *vocab.pad);
+  m.boolean("tokenizer.ggml.add_bos_token", vocab.add_bos);
+
+  // ---- header, metadata, tensor infos, data ----
+  Bytes f;
+  f.out.insert(f.out.end(), {'G', 'G', 'U', 'F'});
+  f.put(gguf_version);
+  f.put(static_cast<std::uint64_t>(plan.size()));
+  f.put(m.count);
+  f.out.insert(f.out.end(), m.b.out.begin(), m.b.out.end());
+  std::uint64_t offset = 0;  // from the start of the data section
+  for (const Planned& p : plan) {
+    f.put_string(p.gguf_name);
+    f.put(static_cast<std::uint32_t>(p.ne.size()));
+    for (std::uint64_t x : p.ne) f.put(x);
+    f.put(static_cast<std::uint32_t>(p.type));
+    f.put(offset);
+    const std::size_t bytes = p.elements() * (p.type == GgufType::f16 ? 2 : 4);
+    offset += (bytes + alignment - 1) / alignment * alignment;
+  }
+  f.pad_to(alignment);
+  f.out.reserve(f.out.size() + offset);
+  for (const Planned& p : plan) {
+    const std::size_t n = p.elements();
+    const std::size_t rows = p.transpose ? p.ne[1] : 1, cols = n / rows;  // output order: rows of ne[0] values
+    for (std::size_t i = 0; i < n; ++i) {
+      // Output element i is (row r, column k) of the GGUF tensor; grad's
+      // [in, out] holds it at (k, r).
+      const std::size_t r = i / cols, k = i % cols;
+      const float x = !p.from ? 0.0f : p.transpose ? p.from->values[k * rows + r] : p.from->values[i];
+      if (p.type == GgufType::f16)
+        f.put(f16_bits(x));
+      else
+        f.put(x);
+    }
+    f.pad_to(alignment);
+  }
+  // (Not failed(): when only the directory's flush fails, the file is there.)
+  if (std::string err = grad::detail::write_atomically(path, f.out, "GGUF file"); !err.empty())
+    return {"grad: GGUF '" + path + "': " + err};
+  return {};
+}
+
+}  // namespace grad::hf

@@ -1,0 +1,247 @@
+// grad's GGUF export served by llama.cpp: a grad nn::Lm written with
+// hf::write_gguf, greedy-decoded by llama.cpp (decode.mjs, node-llama-cpp's
+// prebuilt CPU binary), must continue a prompt token for token as grad's own
+// KV-cache decoder does, with first-step log-probabilities close; in F32,
+// in F16 (grad decoding the F16-rounded weights), tied to the embedding,
+// and for a LoRA-finetuned, merged model that recalls a text. run.sh installs llama.cpp and runs this
+// with GRAD_LLAMA_DECODE set to the script.
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <grad/grad.hpp>
+#include <grad/hf/gguf.hpp>
+#include <grad/lm.hpp>
+#include <sstream>
+
+#include "../support.hpp"
+
+using namespace grad;
+using namespace grad::testing;
+
+namespace {
+
+struct LlamaRun {
+  std::vector<int> tokens, tokenized;
+  std::vector<double> logprobs;  // the first step's, by id
+};
+
+// Runs decode.mjs on `gguf`; REQUIREs that it succeeds.
+LlamaRun llama_decode(const std::string& gguf, std::span<const int> prompt, std::size_t count,
+                      const std::string& kv = "f32", const std::string& tokenize = "") {
+  const char* script = std::getenv("GRAD_LLAMA_DECODE");
+  REQUIRE_MESSAGE(script != nullptr, "GRAD_LLAMA_DECODE is not set: run this through test/llama_cpp/run.sh");
+  std::string ids;
+  for (int t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  std::string command = "node '" + std::string(script) + "' --model '" + gguf + "' --prompt " + ids + " --count " +
+                        std::to_string(count) + " --kv " + kv + " --logits";
+  if (!tokenize.empty()) command += " --tokenize '" + tokenize + "'";  // the test's texts have no quote
+  FILE* pipe = ::popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::string out;
+  char buffer[4096];
+  while (const std::size_t n = std::fread(buffer, 1, sizeof buffer, pipe)) out.append(buffer, n);
+  const int status = ::pclose(pipe);
+  CAPTURE(command);
+  REQUIRE_MESSAGE(status == 0, "decode.mjs failed (its message is above)");
+  LlamaRun r;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream words(line);
+    std::string name, word;
+    words >> name;
+    while (words >> word) {
+      if (name == "logprobs")
+        r.logprobs.push_back(std::strtod(word.c_str(), nullptr));  // "-Infinity" included
+      else if (name == "tokens")
+        r.tokens.push_back(std::stoi(word));
+      else if (name == "tokenized")
+        r.tokenized.push_back(std::stoi(word));
+    }
+  }
+  return r;
+}
+
+// grad's greedy continuation and the log-softmax of its logits after the prompt.
+template <class T>
+std::pair<std::vector<int>, std::vector<double>> grad_decode(const nn::Lm<T>& model, std::span<const int> prompt,
+                                                             std::size_t count) {
+  nn::KvDecoder<T> dec(model);
+  std::span<const T> logits;
+  for (int t : prompt) logits = dec.step(t);
+  double top = -INFINITY, sum = 0;
+  for (T x : logits) top = std::max(top, static_cast<double>(x));
+  for (T x : logits) sum += std::exp(static_cast<double>(x) - top);
+  std::vector<double> logprobs;
+  for (T x : logits) logprobs.push_back(static_cast<double>(x) - top - std::log(sum));
+  nn::KvDecoder<T> fresh(model);
+  return {nn::generate(fresh, prompt, count), logprobs};
+}
+
+std::string ids_text(const std::vector<int>& ids) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (i > 0) s += ' ';
+    s += std::to_string(ids[i]);
+  }
+  s += ']';
+  return s;
+}
+#define CHECK_SAME_IDS(theirs, ours) \
+  CHECK_MESSAGE((theirs) == (ours), "llama.cpp " << ids_text(theirs) << "\n     grad " << ids_text(ours))
+
+// The largest difference of log-probabilities, over the ids llama.cpp's
+// float probabilities can still tell apart from zero.
+double max_logprob_diff(const std::vector<double>& ours, const std::vector<double>& theirs) {
+  REQUIRE(ours.size() == theirs.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < ours.size(); ++i)
+    if (ours[i] > -30) worst = std::max(worst, std::abs(ours[i] - theirs[i]));
+  return worst;
+}
+
+// A tiny byte-level BPE: the 256 bytes, four merged tokens, an end-of-text.
+hf::BpeVocab tiny_bpe() {
+  hf::BpeVocab v = hf::byte_level_vocab();
+  const std::string G = hf::byte_token(' ');  // "Ġ"
+  v.merges = {"h e", "l l", "he ll", G + " w"};
+  for (const std::string& t : std::vector<std::string>{"he", "ll", "hell", G + "w"}) {
+    v.tokens.push_back(t);
+    v.token_types.push_back(hf::TokenType::normal);
+  }
+  v.tokens.push_back("<|endoftext|>");
+  v.token_types.push_back(hf::TokenType::control);
+  v.eos = 260;
+  return v;
+}
+
+nn::LmConfig random_config() {
+  nn::LmConfig c;
+  c.vocab = 261;
+  c.d_model = 64;
+  c.layers = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.ffn = 128;
+  c.max_seq = 64;
+  return c;
+}
+
+const std::vector<int> prompt = nn::ByteTokenizer::encode("grad -> GGUF");
+constexpr std::size_t steps = 24;
+
+}  // namespace
+
+TEST_CASE("F32: llama.cpp greedy-decodes grad's random model token for token; its tokenizer reads the merges") {
+  ScratchDir dir("llama_cpp");
+  Tape<float> tp;
+  nn::Lm<float> m(tp, random_config(), 11);
+  const std::string path = dir.file("random_f32.gguf");
+  REQUIRE(hf::write_gguf(path, m, tiny_bpe()).ok());
+  const auto [ours, our_logprobs] = grad_decode(m, prompt, steps);
+  const LlamaRun llama = llama_decode(path, prompt, steps, "f32", "hello world\n");
+  CHECK_SAME_IDS(llama.tokens, ours);
+  const double diff = max_logprob_diff(our_logprobs, llama.logprobs);
+  MESSAGE("F32, " << steps << " greedy tokens: first-step log-probabilities differ by at most " << diff);
+  CHECK(diff < 1e-4);
+  // "hello" -> "hell" "o" (h e -> he, l l -> ll, he ll -> hell), " world" -> "Ġw" o r l d, "\n" -> byte 10.
+  CHECK_SAME_IDS(llama.tokenized, (std::vector<int>{258, 'o', 259, 'o', 'r', 'l', 'd', '\n'}));
+  // llama.cpp's default KV cache is F16 (rounded keys and values): the same tokens here.
+  const LlamaRun f16_cache = llama_decode(path, prompt, steps, "f16");
+  CHECK_SAME_IDS(f16_cache.tokens, ours);
+  MESSAGE("F32 weights, F16 KV cache: log-probabilities differ by at most "
+          << max_logprob_diff(our_logprobs, f16_cache.logprobs));
+}
+
+TEST_CASE("F16: llama.cpp on the F16 file decodes as grad does on the F16-rounded weights") {
+  ScratchDir dir("llama_cpp");
+  Tape<float> tp;
+  nn::Lm<float> m(tp, random_config(), 12);
+  const std::string path = dir.file("random_f16.gguf");
+  REQUIRE(hf::write_gguf(path, m, tiny_bpe(), {.type = hf::GgufType::f16}).ok());
+  hf::round_like_gguf(m, hf::GgufType::f16);
+  const auto [ours, our_logprobs] = grad_decode(m, prompt, steps);
+  const LlamaRun llama = llama_decode(path, prompt, steps);
+  CHECK_SAME_IDS(llama.tokens, ours);
+  // llama.cpp also rounds the activations to F16 before an F16 matrix product.
+  const double diff = max_logprob_diff(our_logprobs, llama.logprobs);
+  MESSAGE("F16, " << steps << " greedy tokens: first-step log-probabilities differ by at most " << diff);
+  CHECK(diff < 1e-2);
+}
+
+TEST_CASE("tied: without a head tensor llama.cpp computes the logits with the embedding, as grad with head = embed^T") {
+  ScratchDir dir("llama_cpp");
+  Tape<float> tp;
+  const nn::LmConfig c = random_config();
+  nn::Lm<float> m(tp, c, 13);
+  // grad's Lm has its own head; tie it by hand: head [d, vocab] = embed [vocab, d] transposed.
+  const auto embed = tp.value(m.embed()).data;
+  const std::span<float> head = tp.leaf_value(m.head());
+  for (std::size_t v = 0; v < c.vocab; ++v)
+    for (std::size_t k = 0; k < c.d_model; ++k) head[k * c.vocab + v] = embed[v * c.d_model + k];
+  std::vector<hf::LmTensor> tensors;
+  for (const auto& p : m.base()) {
+    if (p.name == "head") continue;
+    const View<float> v = tp.value(p.var);
+    tensors.push_back({p.name, std::vector<std::size_t>(v.shape.begin(), v.shape.end()), v.data});
+  }
+  const std::string path = dir.file("tied.gguf");
+  REQUIRE(hf::write_gguf(path, c, tensors, tiny_bpe()).ok());
+  const auto [ours, our_logprobs] = grad_decode(m, prompt, steps);
+  const LlamaRun llama = llama_decode(path, prompt, steps);
+  CHECK_SAME_IDS(llama.tokens, ours);
+  const double diff = max_logprob_diff(our_logprobs, llama.logprobs);
+  MESSAGE("tied, " << steps << " greedy tokens: first-step log-probabilities differ by at most " << diff);
+  CHECK(diff < 1e-4);
+}
+
+TEST_CASE("a LoRA-finetuned, merged model recalls its text under llama.cpp as under grad") {
+  const std::string text = "llama.cpp serves what grad trained: LoRA, merged, in GGUF.";
+  const std::vector<int> tokens = nn::ByteTokenizer::encode(text);
+  nn::LmConfig c;
+  c.vocab = 257;
+  c.d_model = 16;
+  c.layers = 2;
+  c.heads = 2;
+  c.kv_heads = 1;
+  c.ffn = 32;
+  c.max_seq = 64;
+  c.lora_rank = 8;
+  c.lora_scale = 2.0;
+  Tape<float> tp;
+  nn::Lm<float> m(tp, c, 31, nn::Lm<float>::Train::lora);
+  Adam<float> opt(0.02f);
+  for (const auto& p : m.trainable()) opt.add(p.var);
+  const std::size_t n = tokens.size() - 1, prompt_bytes = 16;
+  const std::span<const int> all(tokens);
+  const std::vector<int> rest(tokens.begin() + prompt_bytes, tokens.end());
+  auto recalled = [&](const nn::Lm<float>& model) {
+    return grad_decode(model, all.first(prompt_bytes), rest.size()).first;
+  };
+  const auto mark = tp.mark();
+  int step = 0;
+  for (; step < 600; ++step) {
+    auto r = m.forward(m.ids(all.first(n), 1, n), m.ids(all.subspan(1, n), n, 0));
+    REQUIRE(tp.backward(r.loss));
+    REQUIRE(opt.step());
+    tp.reset_to(mark);
+    if (step % 20 == 19 && recalled(m) == rest) break;
+  }
+  REQUIRE(recalled(m) == rest);
+  nn::LmConfig b = c;
+  b.lora_rank = 0;
+  Tape<float> tp2;
+  nn::Lm<float> merged(tp2, b, 1);
+  nn::merge_lora(m, merged);
+  REQUIRE(recalled(merged) == rest);
+  ScratchDir dir("llama_cpp");
+  const std::string f32 = dir.file("recall_f32.gguf"), f16 = dir.file("recall_f16.gguf");
+  REQUIRE(hf::write_gguf(f32, merged, hf::byte_level_vocab({"<|endoftext|>"})).ok());
+  REQUIRE(hf::write_gguf(f16, merged, hf::byte_level_vocab({"<|endoftext|>"}), {.type = hf::GgufType::f16}).ok());
+  const LlamaRun a = llama_decode(f32, all.first(prompt_bytes), rest.size());
+  const LlamaRun h = llama_decode(f16, all.first(prompt_bytes), rest.size(), "f16");
+  CHECK_SAME_IDS(a.tokens, rest);
+  CHECK_SAME_IDS(h.tokens, rest);
+  MESSAGE("recalled after " << step + 1 << " LoRA steps; llama.cpp's continuation of '" << text.substr(0, prompt_bytes)
+                            << "' checked from the F32 file and from the F16 file (F16 KV cache)");
+}

@@ -1,0 +1,406 @@
+// grad::hf's GGUF export without llama.cpp: F16 rounding against the
+// compiler's _Float16, GPT-2's byte alphabet, the file read back by a
+// reader written here from the format's description (header, every
+// metadata value, tensor infos, 32-byte alignment, transposed data), and
+// every refusal leaving nothing behind. test/llama_cpp/ runs the files
+// through llama.cpp itself.
+#include <doctest/doctest.h>
+
+#include <grad/hf/gguf.hpp>
+#include <grad/lm.hpp>
+#include <map>
+#include <variant>
+
+#include "support.hpp"
+
+using namespace grad;
+using namespace grad::testing;
+
+namespace {
+
+// ---- a GGUF reader, independent of the writer ----
+using Value = std::variant<std::uint32_t, std::int32_t, float, bool, std::string, std::vector<std::string>,
+                           std::vector<std::int32_t>>;
+struct TensorInfo {
+  std::vector<std::uint64_t> ne;
+  std::uint32_t type = 0;
+  std::uint64_t offset = 0;
+};
+struct Gguf {
+  std::uint32_t version = 0;
+  std::map<std::string, Value> kv;
+  std::vector<std::string> order;  // tensor names in file order
+  std::map<std::string, TensorInfo> tensors;
+  std::size_t data_start = 0;
+  std::vector<unsigned char> bytes;
+
+  template <class U>
+  std::vector<U> data(const std::string& name) const {
+    const TensorInfo& t = tensors.at(name);
+    std::size_t n = 1;
+    for (auto d : t.ne) n *= d;
+    std::vector<U> v(n);
+    REQUIRE(data_start + t.offset + n * sizeof(U) <= bytes.size());
+    std::memcpy(v.data(), bytes.data() + data_start + t.offset, n * sizeof(U));
+    return v;
+  }
+};
+
+Gguf read_gguf(const std::string& path) {
+  Gguf g;
+  g.bytes = read_bytes(path);
+  std::size_t at = 0;
+  auto get = [&]<class U>(U) {
+    U v;
+    REQUIRE(at + sizeof(U) <= g.bytes.size());
+    std::memcpy(&v, g.bytes.data() + at, sizeof(U));
+    at += sizeof(U);
+    return v;
+  };
+  auto str = [&] {
+    const auto n = get(std::uint64_t{});
+    REQUIRE(at + n <= g.bytes.size());
+    std::string s(reinterpret_cast<const char*>(g.bytes.data() + at), n);
+    at += n;
+    return s;
+  };
+  REQUIRE(g.bytes.size() >= 24);
+  CHECK(std::string(g.bytes.begin(), g.bytes.begin() + 4) == "GGUF");
+  at = 4;
+  g.version = get(std::uint32_t{});
+  const auto tensors = get(std::uint64_t{}), kvs = get(std::uint64_t{});
+  for (std::uint64_t i = 0; i < kvs; ++i) {
+    const std::string key = str();
+    const auto type = get(std::uint32_t{});
+    Value v;
+    switch (type) {
+      case 4:
+        v = get(std::uint32_t{});
+        break;
+      case 5:
+        v = get(std::int32_t{});
+        break;
+      case 6:
+        v = get(float{});
+        break;
+      case 7:
+        v = get(std::uint8_t{}) != 0;
+        break;
+      case 8:
+        v = str();
+        break;
+      case 9: {
+        const auto elem = get(std::uint32_t{});
+        const auto n = get(std::uint64_t{});
+        if (elem == 8) {
+          std::vector<std::string> s;
+          for (std::uint64_t j = 0; j < n; ++j) s.push_back(str());
+          v = s;
+        } else {
+          REQUIRE(elem == 5);
+          std::vector<std::int32_t> s;
+          for (std::uint64_t j = 0; j < n; ++j) s.push_back(get(std::int32_t{}));
+          v = s;
+        }
+        break;
+      }
+      default:
+        FAIL("metadata '" << key << "' has type " << type);
+    }
+    CHECK_MESSAGE(g.kv.emplace(key, v).second, key << " twice");
+  }
+  for (std::uint64_t i = 0; i < tensors; ++i) {
+    const std::string name = str();
+    TensorInfo t;
+    const auto dims = get(std::uint32_t{});
+    for (std::uint32_t j = 0; j < dims; ++j) t.ne.push_back(get(std::uint64_t{}));
+    t.type = get(std::uint32_t{});
+    t.offset = get(std::uint64_t{});
+    CHECK(t.offset % 32 == 0);
+    g.order.push_back(name);
+    g.tensors[name] = t;
+  }
+  g.data_start = (at + 31) / 32 * 32;
+  return g;
+}
+
+nn::LmConfig small(std::size_t vocab) {
+  nn::LmConfig c;
+  c.vocab = vocab;
+  c.d_model = 8;
+  c.layers = 2;
+  c.heads = 2;
+  c.kv_heads = 1;
+  c.ffn = 12;
+  c.max_seq = 16;
+  return c;
+}
+
+bool nothing_left(const ScratchDir& dir) { return std::filesystem::is_empty(dir.dir); }
+
+}  // namespace
+
+TEST_CASE("f16_bits rounds to nearest, ties to even, as the compiler's _Float16 does") {
+  // Every half, its neighbours' midpoints (the ties) and the floats beside them.
+  std::size_t checked = 0;
+  for (std::uint32_t h = 0; h < 0x10000; ++h) {
+    const float v = hf::f16_value(static_cast<std::uint16_t>(h));
+    const _Float16 ref = std::bit_cast<_Float16>(static_cast<std::uint16_t>(h));
+    if (std::isnan(v)) {
+      CHECK(std::isnan(static_cast<float>(ref)));
+      CHECK(std::isnan(hf::f16_value(hf::f16_bits(v))));
+      continue;
+    }
+    REQUIRE(v == static_cast<float>(ref));
+    REQUIRE(hf::f16_bits(v) == h);
+    if ((h & 0x7fff) >= 0x7c00) continue;
+    const float next = hf::f16_value(static_cast<std::uint16_t>(h + 1));
+    const float mid = std::isinf(next) ? std::copysign(65520.0f, v) : (v + next) / 2;  // exact in float
+    for (const float x : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 2 * mid)}) {
+      CAPTURE(x);
+      REQUIRE(hf::f16_bits(x) == std::bit_cast<std::uint16_t>(static_cast<_Float16>(x)));
+      ++checked;
+    }
+  }
+  // Random floats over the whole range of exponents.
+  Rng g(5);
+  for (int i = 0; i < 2'000'000; ++i) {
+    const float x = std::bit_cast<float>(static_cast<std::uint32_t>(g.next()));
+    if (std::isnan(x)) continue;
+    CAPTURE(x);
+    REQUIRE(hf::f16_bits(x) == std::bit_cast<std::uint16_t>(static_cast<_Float16>(x)));
+    ++checked;
+  }
+  MESSAGE(checked << " floats rounded as _Float16 rounds them");
+  CHECK(hf::f16_bits(65504.0f) == 0x7bff);
+  CHECK(hf::f16_bits(65519.99f) == 0x7bff);
+  CHECK(hf::f16_bits(65520.0f) == 0x7c00);  // the tie above the largest half goes to even: infinity
+  CHECK(hf::f16_bits(-0.0f) == 0x8000);
+  CHECK(hf::f16_bits(std::ldexp(1.0f, -25)) == 0);       // half the least subnormal: the tie goes to even (zero)
+  CHECK(hf::f16_bits(std::ldexp(1.5f, -25)) == 1);       // above it: the least subnormal
+  CHECK(hf::f16_bits(std::ldexp(1.0f, -14)) == 0x0400);  // the least normal
+}
+
+TEST_CASE("byte_token is GPT-2's byte-to-unicode map: printable bytes as themselves, the rest from U+0100") {
+  CHECK(hf::byte_token('A') == "A");
+  CHECK(hf::byte_token('!') == "!");
+  CHECK(hf::byte_token(' ') == "\xc4\xa0");   // Ġ
+  CHECK(hf::byte_token('\n') == "\xc4\x8a");  // Ċ
+  CHECK(hf::byte_token(0) == "\xc4\x80");     // Ā
+  CHECK(hf::byte_token(0xad) == "\xc5\x83");  // Ń, the last one that does not print
+  CHECK(hf::byte_token(0xff) == "\xc3\xbf");  // ÿ
+  const hf::BpeVocab v = hf::byte_level_vocab({"<|endoftext|>"});
+  CHECK(v.tokens.size() == 257);
+  CHECK(v.eos == 256u);
+  CHECK(hf::check_vocab(v, 257).empty());  // 257 distinct texts
+}
+
+TEST_CASE("write_gguf writes a qwen2 GGUF v3: metadata, llama.cpp's names and dims, transposed matrices") {
+  ScratchDir dir("gguf");
+  nn::LmConfig c = small(259);
+  Tape<float> tp;
+  nn::Lm<float> m(tp, c, 3);
+  hf::BpeVocab vocab = hf::byte_level_vocab({"<|endoftext|>"});
+  // One merge: "Ġ" + "t" -> "Ġt", which must be a token too.
+  vocab.tokens.insert(vocab.tokens.begin() + 256, "\xc4\xa0t");
+  vocab.token_types.insert(vocab.token_types.begin() + 256, hf::TokenType::normal);
+  vocab.tokens.push_back("<|im_end|>");
+  vocab.token_types.push_back(hf::TokenType::control);
+  vocab.merges = {"\xc4\xa0 t"};
+  vocab.eos = 257;
+  vocab.pad = 258;
+  const std::string path = dir.file("m.gguf");
+  const ModelFileResult written = hf::write_gguf(path, m, vocab);
+  REQUIRE_MESSAGE(written.ok(), written.error);
+  const Gguf g = read_gguf(path);
+  CHECK(g.version == 3);
+  auto u32 = [&](const std::string& k) { return std::get<std::uint32_t>(g.kv.at(k)); };
+  auto f32 = [&](const std::string& k) { return std::get<float>(g.kv.at(k)); };
+  auto text = [&](const std::string& k) { return std::get<std::string>(g.kv.at(k)); };
+  CHECK(text("general.architecture") == "qwen2");
+  CHECK(u32("general.file_type") == 0);
+  CHECK(u32("general.alignment") == 32);
+  CHECK(u32("qwen2.context_length") == 16);
+  CHECK(u32("qwen2.embedding_length") == 8);
+  CHECK(u32("qwen2.block_count") == 2);
+  CHECK(u32("qwen2.feed_forward_length") == 12);
+  CHECK(u32("qwen2.attention.head_count") == 2);
+  CHECK(u32("qwen2.attention.head_count_kv") == 1);
+  CHECK(u32("qwen2.rope.dimension_count") == 4);
+  CHECK(f32("qwen2.rope.freq_base") == 10000.0f);
+  CHECK(f32("qwen2.attention.layer_norm_rms_epsilon") == 1e-6f);
+  CHECK(text("tokenizer.ggml.model") == "gpt2");
+  CHECK(text("tokenizer.ggml.pre") == "qwen2");
+  CHECK(std::get<std::vector<std::string>>(g.kv.at("tokenizer.ggml.tokens")) == vocab.tokens);
+  CHECK(std::get<std::vector<std::string>>(g.kv.at("tokenizer.ggml.merges")) == vocab.merges);
+  const auto types = std::get<std::vector<std::int32_t>>(g.kv.at("tokenizer.ggml.token_type"));
+  REQUIRE(types.size() == 259);
+  CHECK(types[0] == 1);
+  CHECK(types[256] == 1);
+  CHECK(types[257] == 3);
+  CHECK(u32("tokenizer.ggml.eos_token_id") == 257);
+  CHECK(u32("tokenizer.ggml.padding_token_id") == 258);
+  CHECK_FALSE(g.kv.contains("tokenizer.ggml.bos_token_id"));
+  CHECK(std::get<bool>(g.kv.at("tokenizer.ggml.add_bos_token")) == false);
+
+  // 1 + 2 * (2 norms + 7 projections + 3 biases) + 2 tensors, in llama.cpp's names.
+  CHECK(g.tensors.size() == 1 + 2 * 12 + 2);
+  CHECK(g.order.front() == "token_embd.weight");
+  CHECK(g.order.back() == "output.weight");
+  const std::map<std::string, std::vector<std::uint64_t>> dims = {
+      {"token_embd.weight", {8, 259}},    {"blk.0.attn_norm.weight", {8}},    {"blk.1.attn_q.weight", {8, 8}},
+      {"blk.1.attn_q.bias", {8}},         {"blk.1.attn_k.weight", {8, 4}},    {"blk.1.attn_k.bias", {4}},
+      {"blk.1.attn_v.weight", {8, 4}},    {"blk.1.attn_v.bias", {4}},         {"blk.1.attn_output.weight", {8, 8}},
+      {"blk.1.ffn_norm.weight", {8}},     {"blk.1.ffn_gate.weight", {8, 12}}, {"blk.1.ffn_up.weight", {8, 12}},
+      {"blk.1.ffn_down.weight", {12, 8}}, {"output_norm.weight", {8}},        {"output.weight", {8, 259}}};
+  for (const auto& [name, ne] : dims) {
+    CAPTURE(name);
+    REQUIRE(g.tensors.contains(name));
+    CHECK(g.tensors.at(name).ne == ne);
+    CHECK(g.tensors.at(name).type == 0);
+  }
+  // The embedding keeps its bytes; a projection and the head are transposed:
+  // GGUF's element (row r, column k) of an ne = {in, out} tensor is grad's [k, r].
+  auto values = [&](const char* name) { return tp.value(m.tensor(name)).data; };
+  const auto embd = g.data<float>("token_embd.weight");
+  CHECK(std::equal(embd.begin(), embd.end(), values("embed").begin()));
+  auto transposed = [&](const char* gguf, const char* grad_name, std::size_t in, std::size_t out) {
+    CAPTURE(gguf);
+    const auto t = g.data<float>(gguf);
+    const auto w = values(grad_name);
+    for (std::size_t r = 0; r < out; ++r)
+      for (std::size_t k = 0; k < in; ++k) REQUIRE(t[r * in + k] == w[k * out + r]);
+  };
+  transposed("blk.1.attn_k.weight", "layers.1.k", 8, 4);
+  transposed("blk.0.ffn_down.weight", "layers.0.down", 12, 8);
+  transposed("blk.0.ffn_gate.weight", "layers.0.gate", 8, 12);
+  transposed("output.weight", "head", 8, 259);
+  for (const float b : g.data<float>("blk.0.attn_v.bias")) CHECK(b == 0.0f);
+  const auto norm = g.data<float>("blk.1.ffn_norm.weight");
+  CHECK(std::equal(norm.begin(), norm.end(), values("layers.1.mlp_norm").begin()));
+  // The file ends with the last tensor's data, padded to 32 bytes.
+  const TensorInfo& last = g.tensors.at("output.weight");
+  CHECK(g.bytes.size() == g.data_start + last.offset + (8 * 259 * 4 + 31) / 32 * 32);
+}
+
+TEST_CASE("write_gguf F16: matrices as round-to-nearest-even halves, vectors F32; round_like_gguf matches") {
+  ScratchDir dir("gguf");
+  const nn::LmConfig c = small(257);
+  Tape<float> tp;
+  nn::Lm<float> m(tp, c, 4);
+  const std::string path = dir.file("h.gguf");
+  REQUIRE(hf::write_gguf(path, m, hf::byte_level_vocab({"<|endoftext|>"}), {.type = hf::GgufType::f16}).ok());
+  const Gguf g = read_gguf(path);
+  CHECK(std::get<std::uint32_t>(g.kv.at("general.file_type")) == 1);
+  CHECK(g.tensors.at("blk.0.attn_q.weight").type == 1);
+  CHECK(g.tensors.at("token_embd.weight").type == 1);
+  CHECK(g.tensors.at("blk.0.attn_norm.weight").type == 0);
+  CHECK(g.tensors.at("blk.0.attn_q.bias").type == 0);
+  const auto q = g.data<std::uint16_t>("blk.0.attn_q.weight");
+  const auto w = tp.value(m.tensor("layers.0.q")).data;  // [8, 8]: element (r, k) is w[k * 8 + r]
+  for (std::size_t r = 0; r < 8; ++r)
+    for (std::size_t k = 0; k < 8; ++k) REQUIRE(q[r * 8 + k] == hf::f16_bits(w[k * 8 + r]));
+  // What round_like_gguf leaves in the model is what the file holds.
+  hf::round_like_gguf(m, hf::GgufType::f16);
+  const auto e = g.data<std::uint16_t>("token_embd.weight");
+  const auto rounded = tp.value(m.embed()).data;
+  for (std::size_t i = 0; i < e.size(); ++i) REQUIRE(hf::f16_value(e[i]) == rounded[i]);
+  // A float64 model exports the same file as its float32 rounding.
+  Tape<double> tp64;
+  nn::Lm<double> m64(tp64, c, 4);
+  const std::string p64 = dir.file("d.gguf");
+  REQUIRE(hf::write_gguf(p64, m64, hf::byte_level_vocab({"<|endoftext|>"}), {.type = hf::GgufType::f16}).ok());
+  Tape<float> tp32;
+  nn::Lm<float> m32(tp32, c, 4);
+  for (const auto& p : m64.base()) {
+    const auto from = tp64.value(p.var).data;
+    const auto to = tp32.leaf_value(m32.tensor(p.name));
+    for (std::size_t i = 0; i < from.size(); ++i) to[i] = static_cast<float>(from[i]);
+  }
+  const std::string p32 = dir.file("f.gguf");
+  REQUIRE(hf::write_gguf(p32, m32, hf::byte_level_vocab({"<|endoftext|>"}), {.type = hf::GgufType::f16}).ok());
+  CHECK(read_bytes(p64) == read_bytes(p32));
+}
+
+TEST_CASE(
+    "write_gguf refuses a bad vocabulary, adapters, missing or extra tensors, NaN and F16 overflow; nothing written") {
+  ScratchDir dir("gguf");
+  const std::string path = dir.file("bad.gguf");
+  const nn::LmConfig c = small(257);
+  Tape<float> tp;
+  nn::Lm<float> m(tp, c, 5);
+  const hf::BpeVocab good = hf::byte_level_vocab({"<|endoftext|>"});
+  auto refused = [&](const ModelFileResult& r, std::initializer_list<const char*> fragments) {
+    CAPTURE(r.error);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error.find("grad: GGUF '" + path + "'") == 0);
+    for (const char* f : fragments) CHECK(r.error.find(f) != std::string::npos);
+    CHECK(nothing_left(dir));
+  };
+  refused(hf::write_gguf(path, m, hf::byte_level_vocab()), {"256 tokens", "vocabulary 257"});
+  hf::BpeVocab v = good;
+  v.tokens[7] = v.tokens[3];
+  refused(hf::write_gguf(path, m, v), {"token 7 has the text of token 3"});
+  v = good;
+  v.merges = {"\xc4\xa0t"};
+  refused(hf::write_gguf(path, m, v), {"merge 0", "not two tokens"});
+  v.merges = {"\xc4\xa0 t"};  // both halves are tokens, "Ġt" is not
+  refused(hf::write_gguf(path, m, v), {"merge 0", "'\xc4\xa0t' is not a token"});
+  v = good;
+  v.eos = 257;
+  refused(hf::write_gguf(path, m, v), {"eos id 257", "< 257"});
+  v = good;
+  v.token_types.pop_back();
+  refused(hf::write_gguf(path, m, v), {"256 token types for 257 tokens"});
+
+  nn::LmConfig lc = c;
+  lc.lora_rank = 2;
+  Tape<float> tl;
+  nn::Lm<float> lora(tl, lc, 5);
+  refused(hf::write_gguf(path, lora, good), {"LoRA adapters", "nn::merge_lora"});
+
+  // The tensor-list form: a missing, a misshapen and an unknown tensor.
+  std::vector<hf::LmTensor> list;
+  for (const auto& p : m.base()) {
+    const View<float> val = tp.value(p.var);
+    list.push_back({p.name, std::vector<std::size_t>(val.shape.begin(), val.shape.end()), val.data});
+  }
+  REQUIRE(hf::write_gguf(path, c, list, good).ok());
+  std::filesystem::remove(path);
+  auto named = [](std::vector<hf::LmTensor>& l, std::string_view name) {
+    return std::find_if(l.begin(), l.end(), [&](const hf::LmTensor& t) { return t.name == name; });
+  };
+  auto without = list;
+  without.erase(named(without, "layers.0.k"));
+  refused(hf::write_gguf(path, c, without, good), {"tensor 'layers.0.k' [8, 4] is missing"});
+  auto misshapen = list;
+  named(misshapen, "layers.0.k")->shape = {4, 8};
+  refused(hf::write_gguf(path, c, misshapen, good), {"'layers.0.k' is [4, 8] (expected [8, 4])"});
+  auto extra = list;
+  extra.push_back({"layers.0.q.lora_a", {8, 2}, list[2].values.first(16)});
+  refused(hf::write_gguf(path, c, extra, good), {"'layers.0.q.lora_a' is not part of a qwen2 model"});
+  auto twice = list;
+  twice.push_back(list[0]);
+  refused(hf::write_gguf(path, c, twice, good), {"'embed' is given twice"});
+  // Without "head" the output is tied: no output.weight.
+  auto tied = list;
+  tied.erase(named(tied, "head"));
+  REQUIRE(hf::write_gguf(path, c, tied, good).ok());
+  CHECK_FALSE(read_gguf(path).tensors.contains("output.weight"));
+  std::filesystem::remove(path);
+
+  // Values: NaN anywhere; beyond F16's range only in an F16 file.
+  tp.leaf_value(m.tensor("layers.1.up"))[5] = std::nanf("");
+  refused(hf::write_gguf(path, m, good), {"'layers.1.up' element 5 is nan", "finite"});
+  tp.leaf_value(m.tensor("layers.1.up"))[5] = 70000.0f;
+  refused(hf::write_gguf(path, m, good, {.type = hf::GgufType::f16}), {"element 5 is 70000", "beyond F16's range"});
+  REQUIRE(hf::write_gguf(path, m, good).ok());  // F32 holds it
+  std::filesystem::remove(path);
+
+  // A path that cannot be written: the message says why, nothing is left.
+  const ModelFileResult r = hf::write_gguf(dir.file("no/such/dir/m.gguf"), m, good);
+  CAPTURE(r.error);
+  CHECK_FALSE(r.ok());
+  CHECK(r.error.find("cannot create a temporary file") != std::string::npos);
+  CHECK(nothing_left(dir));
+}
