@@ -219,6 +219,8 @@ Var<T> where(Var<T> cond, Var<T> a, Var<T> b) {
     return tp.invalid("where: the mask requires a gradient (a parameter, or computed from one); expected a constant "
                       "(tape.constant) of 0 / non-0 values");
   return record_op<WhereTrue>(cond, a) + record_op<WhereFalse>(cond, b);
+}
+
 // Inverted dropout (tags/dropout.hpp): each element kept with probability
 // 1 - p and scaled by 1 / (1 - p), by the mask of `key` (dropout_key(seed,
 // step, node)). p must be in [0, 1) (after rounding to T); nn::Dropout is the
