@@ -148,8 +148,8 @@ struct Pack {
   V v;
 
   Pack() = default;
-  // s - 0 is s in every lane, -0 and NaN included (0 + s would turn -0 into +0).
-  GRAD_INLINE Pack(T s) : v(s - V{}) {}  // NOLINT: implicit on purpose, a broadcast
+  // Every lane s, -0 and NaN included: the one broadcast, splat.
+  GRAD_INLINE Pack(T s) : v(splat<V>(s)) {}  // NOLINT: implicit on purpose, a broadcast
   GRAD_INLINE static Pack raw(V x) {
     Pack p;
     p.v = x;
@@ -221,7 +221,12 @@ GRAD_INLINE inline Pack<T, B> sqrt(Pack<T, B> x) {
     return Pack<T, B>::raw(__builtin_ia32_sqrtps(x.v));
 #endif
   Pack<T, B> r;
-  for (std::size_t i = 0; i < Pack<T, B>::lanes; ++i) r.v[i] = __builtin_sqrt(x.v[i]);
+  for (std::size_t i = 0; i < Pack<T, B>::lanes; ++i) {
+    if constexpr (std::is_same_v<T, float>)
+      r.v[i] = __builtin_sqrtf(x.v[i]);  // not through double: no narrowing conversion to warn about
+    else
+      r.v[i] = __builtin_sqrt(x.v[i]);
+  }
   return r;
 }
 
