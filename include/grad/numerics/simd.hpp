@@ -110,7 +110,7 @@ GRAD_INLINE inline V fma_lanes(V a, V b, V c) {
   else if constexpr (std::is_same_v<T, float> && sizeof(V) == 32)
     return __builtin_ia32_vfmaddps256(a, b, c);
 #endif
-  V r;
+  V r = c;  // every lane is overwritten; initialised so that -Wmaybe-uninitialized has nothing to say
   for (std::size_t i = 0; i < sizeof(V) / sizeof(T); ++i) r[i] = ::grad::fma_hd(T(a[i]), T(b[i]), T(c[i]));
   return r;
 }
@@ -220,7 +220,7 @@ GRAD_INLINE inline Pack<T, B> sqrt(Pack<T, B> x) {
   else if constexpr (std::is_same_v<T, float> && B == 16)
     return Pack<T, B>::raw(__builtin_ia32_sqrtps(x.v));
 #endif
-  Pack<T, B> r;
+  Pack<T, B> r = x;  // every lane is overwritten (as in fma_lanes)
   for (std::size_t i = 0; i < Pack<T, B>::lanes; ++i) {
     if constexpr (std::is_same_v<T, float>)
       r.v[i] = __builtin_sqrtf(x.v[i]);  // not through double: no narrowing conversion to warn about
