@@ -449,9 +449,13 @@ class Tape {
                   std::to_string(nodes_.size()) + " nodes, recorded after the reset); take a new mark");
     // What a Var of a dropped node was, for the message if it is used again
     // (ascending serials); kept for the latest reset only, in reused capacity.
-    dropped_.clear();
-    for (std::size_t i = m.nodes; i < nodes_.size(); ++i)
-      dropped_.push_back({nodes_[i].serial, nodes_[i].op, nodes_[i].dims});
+    dropped_.resize(nodes_.size() - m.nodes);
+    for (std::size_t i = m.nodes; i < nodes_.size(); ++i) {
+      Dropped& d = dropped_[i - m.nodes];
+      d.serial = nodes_[i].serial;
+      d.op = nodes_[i].op;
+      d.dims = nodes_[i].dims;
+    }
     nodes_.resize(m.nodes);
     extras_.resize(m.extras);
     inspection_.scopes.note(m.nodes);  // forget scope changes among the dropped nodes
