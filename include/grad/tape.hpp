@@ -131,9 +131,10 @@ class Tape {
   bool backward(Var<T> loss);
   // Gradient accumulation over micro-batches: the same walk, then each
   // parameter's gradient (a tp.param leaf) is the sum, acc = acc + g_k per
-  // element in call order, of the gradients since the last optimizer step,
-  // plain backward or plain reset_to (each g_k the bits a plain backward
-  // gives). Other nodes hold this call's gradient alone. Between micro-batches
+  // element in call order, of this call's gradient and those before it (each
+  // g_k the bits a plain backward gives). A step() or a plain reset_to
+  // empties the sum; a plain backward replaces it. Other nodes hold this
+  // call's gradient alone. Between micro-batches
   // reset_to(m, grad::keep_gradients) frees their nodes and keeps the sums:
   //
   //   for (std::size_t k = 0; k < micro_batches; ++k) {
