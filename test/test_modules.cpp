@@ -198,10 +198,14 @@ TEST_CASE("cross_entropy refuses a label out of range, naming row and id, and a 
   const auto logits = tp.param(Tensor<double>({3, 4}));
   const auto bad = grad::cross_entropy(logits, std::vector<int>{0, 3, 4});
   CHECK_FALSE(bad.valid());
-  CHECK(tp.error() == "grad: cross_entropy: label 4 in row 2 is out of range: expected a class id in [0, 4)");
+  CHECK(tp.error() ==
+        "grad: cross_entropy: label 4 in row 2 is out of range: expected a class id in [0, 4) (the logits [3, 4] have "
+        "4 classes)");
   grad::Tape<double> t2;
   (void)grad::cross_entropy(t2.param(Tensor<double>({3, 4})), std::vector<int>{0, -1, 1});
-  CHECK(t2.error() == "grad: cross_entropy: label -1 in row 1 is out of range: expected a class id in [0, 4)");
+  CHECK(t2.error() ==
+        "grad: cross_entropy: label -1 in row 1 is out of range: expected a class id in [0, 4) (the logits [3, 4] have "
+        "4 classes)");
   grad::Tape<double> t3;
   (void)grad::cross_entropy(t3.param(Tensor<double>({3, 4})), std::vector<int>{0, 1});
   CHECK(t3.error() == "grad: cross_entropy: logits [3, 4] have 3 rows but 2 labels were given");

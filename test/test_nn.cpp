@@ -533,7 +533,7 @@ TEST_CASE("bad input: lora_linear with adapters that do not fit w0") {
 TEST_CASE("bad input: cross_entropy with a one-hot of the wrong width") {
   Tape<double> tp;
   nn::cross_entropy(tp.constant(Tensor<double>({3, 5})), tp.constant(onehot_rows({0, 1, 2}, 4)));
-  check_poisoned(tp, "nn::cross_entropy", {"logits [3, 5]", "targets [3, 4]"});
+  check_poisoned(tp, "nn::cross_entropy_onehot", {"logits [3, 5]", "targets [3, 4]"});
 }
 
 TEST_CASE("bad input: cross_entropy_rows with a one-hot of the wrong width") {
@@ -547,7 +547,7 @@ TEST_CASE("bad input: cross_entropy with targets that are not one-hot") {
   Tensor<double> soft = onehot_rows({0, 1}, 3);
   soft[3] = 0.5;  // row 1: 0.5 1 0
   nn::cross_entropy(tp.constant(Tensor<double>({2, 3})), tp.constant(soft));
-  check_poisoned(tp, "nn::cross_entropy", {"row 1", "not one-hot"});
+  check_poisoned(tp, "nn::cross_entropy_onehot", {"row 1", "not one-hot"});
 }
 
 TEST_CASE("bad input: cross_entropy_rows keeping more rows than there are") {

@@ -8,6 +8,7 @@
 // operand 1 before operand 2.
 #pragma once
 
+#include <algorithm>
 #include <type_traits>
 
 #include "grad/tape.hpp"
@@ -31,6 +32,72 @@ void add_into(T* sum, const T* part, std::size_t n) {
 
 template <class T>
 bool Tape<T>::backward(Var<T> loss) {
+  watch_growth();
+  if (unused_gradients_ && optimizer_attached_ && !warned_replaced_ && ok()) {
+    warned_replaced_ = true;
+    warn(
+        "backward: the gradients of the previous backward were not used by an optimizer step, and this backward "
+        "replaces them (grad does not sum them as PyTorch does). To sum micro-batches call tp.backward(loss, "
+        "grad::accumulate); to drop them on purpose call tp.reset_to(mark) first");
+  }
+  return walk(loss);
+}
+
+template <class T>
+bool Tape<T>::backward(Var<T> loss, Accumulate) {
+  watch_growth();
+  if (!unused_gradients_) return walk(loss);  // the first micro-batch since a step: nothing to add to
+  // The sums so far, set aside (the walk starts every gradient afresh), then
+  // added back: acc = acc + g per element, the fold dist::LocalShards uses.
+  // Both buffers keep their capacity: no allocation after the first step.
+  accumulated_nodes_.clear();
+  std::size_t size = 0;
+  for (std::size_t i = 0; i < nodes_.size(); ++i)
+    if (nodes_[i].op == op_code<Param> && nodes_[i].touched) {
+      accumulated_nodes_.push_back(static_cast<std::uint32_t>(i));
+      size += nodes_[i].dims.size();
+    }
+  accumulated_.resize(size);
+  T* held = accumulated_.data();
+  for (std::uint32_t i : accumulated_nodes_) {
+    std::copy_n(nodes_[i].grad, nodes_[i].dims.size(), held);
+    held += nodes_[i].dims.size();
+  }
+  if (!walk(loss)) return false;
+  held = accumulated_.data();
+  for (std::uint32_t i : accumulated_nodes_) {
+    Node<T>& n = nodes_[i];
+    if (n.touched)
+      backward_detail::add_into(n.grad, held, n.dims.size());  // g + acc, the bits of acc + g
+    else
+      std::copy_n(held, n.dims.size(), n.grad);  // this micro-batch did not reach it
+    n.touched = true;
+    held += n.dims.size();
+  }
+  unused_gradients_ = true;
+  return true;
+}
+
+template <class T>
+void Tape<T>::watch_growth() {
+  const std::size_t now = nodes_.size();
+  const std::size_t grew = now > growth_.nodes ? now - growth_.nodes : 0;
+  const bool alike = grew > 0 && growth_.last > 0 && grew * 4 >= growth_.last * 3 && grew * 4 <= growth_.last * 5;
+  growth_.runs = alike ? growth_.runs + 1 : 0;
+  if (grew > 0) growth_.last = grew;
+  growth_.nodes = now;
+  if (growth_.runs < growth_warning_runs || warned_growth_) return;
+  warned_growth_ = true;
+  warn("the tape grew by about " + std::to_string(grew) + " nodes before each of the last " +
+       std::to_string(growth_.runs + 1) + " backward calls, with no reset_to (it now holds " + std::to_string(now) +
+       " nodes, " + std::to_string(arena_bytes() >> 20) +
+       " MiB): every step's nodes are kept, so memory grows without bound. Take `auto m = tp.mark()` after "
+       "registering the parameters and call `tp.reset_to(m)` at the start of each step (said once per tape; "
+       "grad::set_warning_handler redirects or silences warnings)");
+}
+
+template <class T>
+bool Tape<T>::walk(Var<T> loss) {
   if (!accept("backward", {loss})) return false;
   if (std::string why = inference_refusal(loss); !why.empty()) return fail(std::move(why));
   const Node<T>& root = nodes_[loss.index_];
@@ -39,6 +106,7 @@ bool Tape<T>::backward(Var<T> loss) {
                 "; expected a single element (reduce it with sum or mean first)");
   clear_gradients();
   if (!root.grad) return true;  // no parameter upstream: every gradient reads zero
+  unused_gradients_ = true;
   nodes_[loss.index_].grad[0] = T(1);
   nodes_[loss.index_].touched = true;
 #if defined(GRAD_COMPILED_KERNELS)

@@ -1,7 +1,18 @@
-// Classification with integer class ids: cross_entropy(logits, labels),
-// argmax(values, axis), accuracy and a confusion matrix.
+// Classification with integer class ids: cross_entropy_labels(logits,
+// labels), argmax(values, axis), accuracy and a confusion matrix.
 //
-// cross_entropy records ordinary ops (no fused node yet):
+//   std::vector<std::int64_t> labels = {3, 0, 7};   // int64 (torch.long), int32, any integral type
+//   auto loss = grad::cross_entropy_labels(logits, labels);
+//
+// Which cross-entropy, by what the targets are:
+//   cross_entropy_labels(logits, labels)   class ids on the host (this header)
+//   cross_entropy_ids(logits, ids, ignore) class ids in a constant Var, one node (record.hpp)
+//   nn::cross_entropy_onehot(logits, y)    one-hot targets as a Var (nn.hpp)
+// grad::cross_entropy(logits, labels) is the same as cross_entropy_labels
+// (the older name); given a Var instead of labels it stops at compile time
+// naming the other two.
+//
+// cross_entropy_labels records ordinary ops (no fused node yet):
 //   s      = logits - m          m: each row's max, a constant (it cancels in the
 //                                gradient and keeps exp from overflowing)
 //   lse    = log(row_sum(exp(s)))                 [rows, 1]
@@ -17,9 +28,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <ranges>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -41,26 +54,48 @@ Tensor<T>& scratch(std::size_t rows, std::size_t cols, int slot) {
 }
 }  // namespace classify_detail
 
-// Mean cross-entropy of logits [rows, classes] against labels (rows class
-// ids in [0, classes)). A wrong label count or an id out of range poisons the
-// tape, naming the row and the id.
+namespace classify_detail {
+template <class L>
+struct is_var : std::false_type {};
+template <class U>
+struct is_var<Var<U>> : std::true_type {};
+
+// Labels a std::vector, std::span, std::array, ... of an integral type.
+template <class Labels>
+constexpr bool is_class_ids() {
+  if constexpr (std::ranges::contiguous_range<const Labels>)
+    return std::is_integral_v<std::ranges::range_value_t<const Labels>>;
+  else
+    return false;
+}
+
+// "label <id> in row <r> is out of range ..." or "" when id is a class id.
+template <class Label>
+std::string label_out_of_range(Label id, std::size_t row, std::size_t classes, const Dims& logits) {
+  bool bad = static_cast<std::uint64_t>(id) >= classes;
+  if constexpr (std::is_signed_v<Label>) bad = bad || id < 0;  // unsigned: no comparison that cannot fail
+  if (!bad) return {};
+  return "label " + std::to_string(+id) + " in row " + std::to_string(row) +
+         " is out of range: expected a class id in [0, " + std::to_string(classes) + ") (the logits " +
+         shape_string(logits) + " have " + std::to_string(classes) + " classes)";
+}
+
 template <class T, class Label>
-Var<T> cross_entropy(Var<T> logits, std::span<const Label> labels) {
-  static_assert(std::is_integral_v<Label>, "cross_entropy: labels are integer class ids");
-  Tape<T>& tp = detail::tape_of("cross_entropy", logits);
-  if (!tp.accept("cross_entropy", {logits})) return tp.rejected();
+Var<T> labels_loss(std::string_view who, Var<T> logits, std::span<const Label> labels) {
+  const std::string name(who);
+  Tape<T>& tp = detail::tape_of(who, logits);
+  if (!tp.accept(name, {logits})) return tp.rejected();
   const Dims& d = tp.dims(logits);
-  if (d.rank != 2) return tp.invalid("cross_entropy: logits " + shape_string(d) + ": expected [rows, classes]");
+  if (d.rank != 2) return tp.invalid(name + ": logits " + shape_string(d) + ": expected [rows, classes]");
   const std::size_t rows = d[0], classes = d[1];
   if (labels.size() != rows)
-    return tp.invalid("cross_entropy: logits " + shape_string(d) + " have " + std::to_string(rows) + " rows but " +
+    return tp.invalid(name + ": logits " + shape_string(d) + " have " + std::to_string(rows) + " rows but " +
                       std::to_string(labels.size()) + " labels were given");
   for (std::size_t r = 0; r < rows; ++r)
-    if (labels[r] < 0 || static_cast<std::uint64_t>(labels[r]) >= classes)
-      return tp.invalid("cross_entropy: label " + std::to_string(labels[r]) + " in row " + std::to_string(r) +
-                        " is out of range: expected a class id in [0, " + std::to_string(classes) + ")");
-  Tensor<T>& onehot = classify_detail::scratch<T>(rows, classes, 0);
-  Tensor<T>& shift = classify_detail::scratch<T>(rows, 1, 1);
+    if (std::string why = label_out_of_range(labels[r], r, classes, d); !why.empty())
+      return tp.invalid(name + ": " + why);
+  Tensor<T>& onehot = scratch<T>(rows, classes, 0);
+  Tensor<T>& shift = scratch<T>(rows, 1, 1);
   const View<T> x = tp.value(logits);
   for (std::size_t r = 0; r < rows; ++r) {
     T m = x[r * classes];
@@ -74,9 +109,39 @@ Var<T> cross_entropy(Var<T> logits, std::span<const Label> labels) {
   const Var<T> picked = row_sum(s * tp.constant(onehot));
   return mean(lse - picked);
 }
-template <class T, class Label>
-Var<T> cross_entropy(Var<T> logits, const std::vector<Label>& labels) {
-  return cross_entropy(logits, std::span<const Label>(labels));
+
+template <class T, class Labels>
+Var<T> checked_labels_loss(std::string_view who, Var<T> logits, const Labels& labels) {
+  static_assert(!is_var<Labels>::value,
+                "cross_entropy_labels: the targets are a Var, not host labels: for one-hot targets call "
+                "nn::cross_entropy_onehot(logits, onehot); for class ids held in a constant call "
+                "cross_entropy_ids(logits, ids, ignore)");
+  static_assert(is_var<Labels>::value || is_class_ids<Labels>(),
+                "cross_entropy_labels: labels must be integer class ids, a std::vector or std::span of an integral "
+                "type (int32, int64, ...)");
+  if constexpr (is_class_ids<Labels>()) {
+    using Label = std::ranges::range_value_t<const Labels>;
+    return labels_loss<T, Label>(who, logits,
+                                 std::span<const Label>(std::ranges::data(labels), std::ranges::size(labels)));
+  } else {
+    return logits;  // unreachable: the static_asserts above stop the build
+  }
+}
+}  // namespace classify_detail
+
+// Mean cross-entropy of logits [rows, classes] against labels: one class id
+// per row in [0, classes), held in a std::vector, std::span or std::array of
+// any integral type (int64 as torch.long, int32, uint8, ...). A wrong label
+// count or an id out of range poisons the tape, naming the row, the id and
+// the class count.
+template <class T, class Labels>
+Var<T> cross_entropy_labels(Var<T> logits, const Labels& labels) {
+  return classify_detail::checked_labels_loss("cross_entropy_labels", logits, labels);
+}
+// The older name of cross_entropy_labels (its messages say "cross_entropy").
+template <class T, class Labels>
+Var<T> cross_entropy(Var<T> logits, const Labels& labels) {
+  return classify_detail::checked_labels_loss("cross_entropy", logits, labels);
 }
 
 // Index of the largest value along `axis` of a [rows, cols] tensor (axis 1 or

@@ -18,7 +18,7 @@
 #include "grad/tensor.hpp"
 
 // The reverse walk for element type T, prefixed by E (`extern` or nothing).
-#define GRAD_WALK_INSTANCES(E, T) E template bool grad::Tape<T>::backward(grad::Var<T>);
+#define GRAD_WALK_INSTANCES(E, T) E template bool grad::Tape<T>::walk(grad::Var<T>);
 
 #if defined(GRAD_COMPILED_KERNELS) && GRAD_SIMD
 GRAD_WALK_INSTANCES(extern, float)

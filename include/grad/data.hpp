@@ -29,12 +29,15 @@
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "grad/classify.hpp"
@@ -95,6 +98,17 @@ class Batches {
   }
   Batches(const Tensor<T>& inputs, const std::vector<std::int32_t>& labels, BatchOptions o)
       : Batches(inputs, std::span<const std::int32_t>(labels), o) {}
+  // Labels of another integral type (int64 as torch.long, uint8, ...) are
+  // copied once into int32 class ids; one that does not fit is refused,
+  // naming its row. The copy is Batches' own, so a temporary is fine here.
+  template <std::integral Label>
+  requires(!std::is_same_v<Label, std::int32_t>)
+      Batches(const Tensor<T>& inputs, std::span<const Label> labels, BatchOptions o)
+      : Batches(inputs, converted(labels), o, Owned{}) {}
+  template <std::integral Label>
+  requires(!std::is_same_v<Label, std::int32_t>)
+      Batches(const Tensor<T>& inputs, const std::vector<Label>& labels, BatchOptions o)
+      : Batches(inputs, std::span<const Label>(labels), o) {}
   Batches(const Tensor<T>& inputs, const Tensor<T>& targets, BatchOptions o)
       : inputs_(&inputs), targets_(&targets), options_(o) {
     check(targets.rank() == 0 ? 0 : targets.shape()[0], "target rows");
@@ -169,6 +183,32 @@ class Batches {
   }
 
  private:
+  struct Owned {};
+  Batches(const Tensor<T>& inputs, std::vector<std::int32_t>&& ids, BatchOptions o, Owned)
+      : inputs_(&inputs), owned_labels_(std::move(ids)), options_(o) {
+    check(class_ids().size(), "labels");
+    prepare();
+  }
+  template <class Label>
+  static std::vector<std::int32_t> converted(std::span<const Label> labels) {
+    std::vector<std::int32_t> ids(labels.size());
+    for (std::size_t r = 0; r < labels.size(); ++r) {
+      bool fits = static_cast<std::uint64_t>(labels[r]) <= 2147483647u;  // any integral type, char and bool too
+      if constexpr (std::is_signed_v<Label>)
+        fits = labels[r] < 0 ? static_cast<std::int64_t>(labels[r]) >= -2147483647 - 1 : fits;
+      if (!fits)
+        throw std::invalid_argument("Batches: label " + std::to_string(+labels[r]) + " in row " + std::to_string(r) +
+                                    " does not fit a class id: expected 0 <= id <= 2147483647");
+      ids[r] = static_cast<std::int32_t>(labels[r]);
+    }
+    return ids;
+  }
+
+  // The borrowed labels, or the converted copy (read through here, so a copied Batches reads its own).
+  std::span<const std::int32_t> class_ids() const {
+    return owned_labels_.empty() ? labels_ : std::span<const std::int32_t>(owned_labels_);
+  }
+
   void check(std::size_t target_rows, const char* what) {
     if (inputs_->rank() == 0 || inputs_->size() == 0)
       throw std::invalid_argument("Batches: the inputs " + shape_string(inputs_->shape()) +
@@ -182,10 +222,10 @@ class Batches {
       throw std::invalid_argument("Batches: batch size " + std::to_string(options_.batch) +
                                   " is larger than the data set (" + std::to_string(rows_) +
                                   " rows); use a batch of at most " + std::to_string(rows_));
-    for (std::size_t r = 0; r < labels_.size(); ++r)
-      if (labels_[r] < 0)
-        throw std::invalid_argument("Batches: label " + std::to_string(labels_[r]) + " in row " + std::to_string(r) +
-                                    " is negative; expected class ids >= 0");
+    for (std::size_t r = 0; r < class_ids().size(); ++r)
+      if (class_ids()[r] < 0)
+        throw std::invalid_argument("Batches: label " + std::to_string(class_ids()[r]) + " in row " +
+                                    std::to_string(r) + " is negative; expected class ids >= 0");
   }
   void prepare() {
     full_ = rows_ / options_.batch;
@@ -200,7 +240,7 @@ class Batches {
     Shape s = inputs_->shape();
     s[0] = n;
     b.inputs = Tensor<T>(s);
-    if (!labels_.empty()) b.labels.resize(n);
+    if (!class_ids().empty()) b.labels.resize(n);
     if (targets_) {
       Shape t = targets_->shape();
       t[0] = n;
@@ -219,7 +259,7 @@ class Batches {
       const std::size_t r = order_[first + i];
       std::copy_n(inputs_->data().begin() + static_cast<std::ptrdiff_t>(r * in_row), in_row,
                   b.inputs.data().begin() + static_cast<std::ptrdiff_t>(i * in_row));
-      if (!labels_.empty()) b.labels[i] = labels_[r];
+      if (!class_ids().empty()) b.labels[i] = class_ids()[r];
       if (targets_)
         std::copy_n(targets_->data().begin() + static_cast<std::ptrdiff_t>(r * t_row), t_row,
                     b.targets.data().begin() + static_cast<std::ptrdiff_t>(i * t_row));
@@ -228,6 +268,7 @@ class Batches {
   }
 
   const Tensor<T>* inputs_;
+  std::vector<std::int32_t> owned_labels_;  // labels of another type, converted
   std::span<const std::int32_t> labels_;
   const Tensor<T>* targets_ = nullptr;
   BatchOptions options_;

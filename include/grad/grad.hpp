@@ -16,24 +16,35 @@
 //   opt.hpp          SGD, Adam, LrSchedule: per-parameter L2, global-norm clipping
 //                    (element rules in update_rules.hpp, loops in update.hpp)
 //   random.hpp       a portable deterministic generator
-//   core.hpp         all of the above: what a training program needs
+//   core.hpp         all of the above: the lean header a training program can live on
 //   checkpoint.hpp   save/load parameters and optimizer state
 //   nn.hpp           layers as tape builders, up to a Qwen2-style block with LoRA
-//
-// This header is core.hpp plus checkpoint.hpp and nn.hpp. A unit that needs
-// neither can include <grad/core.hpp> (a little less to parse).
-//
-// The everyday training helpers are separate headers, included where used:
+//                    (nn::cross_entropy_onehot: one-hot targets as a Var)
 //   modules.hpp      nn::Linear, norms, LoRALinear, Sequential: parameters with names
 //   model_file.hpp   save_model / load_model by name
-//   classify.hpp     cross_entropy with integer labels, argmax, accuracy, confusion matrix
-//   lm.hpp           a byte-level transformer language model: config, LoRA, merge, model files, KV-cache decoding
+//   classify.hpp     cross_entropy with integer labels (any integral type), argmax,
+//                    accuracy, confusion matrix
 //   data.hpp         Batches (seeded shuffling, short-batch policy), predict under InferenceGuard
 //   csv.hpp          read_csv / read_labeled_csv
+//   lm.hpp           a byte-level transformer language model: config, LoRA, merge, model files, KV-cache decoding
 //   print.hpp        operator<< for tensors and views
 //   threading.hpp    threading_thresholds, threading_report
 //   inspect.hpp      gradcheck, to_dot (Graphviz), summarize, the profiler's tables and Chrome
 //                    trace (anomaly detection and NameScope are in tape.hpp; docs/inspect.md)
+//   emit.hpp         grad::emit: a recorded step as standalone C++/CUDA source
+//
+// This header is all of them: every header-only public header. <grad/core.hpp>
+// is the lean one (about 2/3 of the parse time). Not here, because they link a
+// library: the device engine (<grad/device/device.hpp>, grad_device_dep) and
+// grad::dist (<grad/dist.hpp>, grad_dist_dep for MPI; dist_nccl.hpp for NCCL).
+//
+// Three losses, by what the targets are (each name says it; the overloads of
+// plain cross_entropy are kept for programs written against them):
+//   cross_entropy_labels(logits, labels)  integer class ids on the host (a std::vector
+//                                         or span of any integral type): classify.hpp
+//   cross_entropy_ids(logits, ids, ignore) ids as a constant Var, rows equal to ignore
+//                                         left out; one node (the LM's): record.hpp
+//   nn::cross_entropy(logits, onehot)     one-hot targets as a Var: nn.hpp
 // docs/ARCHITECTURE.md has the layers, the op-tag and determinism contracts.
 //
 // Two modes, same results bit for bit: header-only (the default: every loop
@@ -48,6 +59,17 @@
 // depend on grad_device_dep.
 #pragma once
 
-#include "grad/checkpoint.hpp"
 #include "grad/core.hpp"
+
+#include "grad/checkpoint.hpp"
+#include "grad/classify.hpp"
+#include "grad/csv.hpp"
+#include "grad/data.hpp"
+#include "grad/emit.hpp"
+#include "grad/inspect.hpp"
+#include "grad/lm.hpp"
+#include "grad/model_file.hpp"
+#include "grad/modules.hpp"
 #include "grad/nn.hpp"
+#include "grad/print.hpp"
+#include "grad/threading.hpp"

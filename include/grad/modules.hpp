@@ -231,17 +231,17 @@ class Module {
 template <class T>
 class Linear : public Module<T> {
  public:
-  Linear(Tape<T>& tp, std::size_t in, std::size_t out, SplitMix64& gen, bool bias = true) : Module<T>(tp) {
+  Linear(Tape<T>& tp, std::size_t in, std::size_t out, SplitMix64& gen, bool with_bias = true) : Module<T>(tp) {
     if (in == 0 || out == 0)
       throw std::invalid_argument("nn::Linear: in and out must be > 0, got " + std::to_string(in) + " and " +
                                   std::to_string(out));
     Tensor<T> w({in, out});
     init::kaiming_uniform(w, in, gen);
     weight = this->register_parameter("weight", w, ParamKind::weight);
-    if (bias) {
+    if (with_bias) {
       Tensor<T> b({out});
       init::bias_uniform(b, in, gen);
-      this->bias = this->register_parameter("bias", b, ParamKind::bias);
+      bias = this->register_parameter("bias", b, ParamKind::bias);
     }
   }
   // A given initial weight (and bias, when not empty); shapes [in, out], [out].
@@ -261,7 +261,7 @@ class Linear : public Module<T> {
 template <class T>
 class LayerNorm : public Module<T> {
  public:
-  LayerNorm(Tape<T>& tp, std::size_t cols, T eps = T(1e-5)) : Module<T>(tp), eps(eps) {
+  LayerNorm(Tape<T>& tp, std::size_t cols, T epsilon = T(1e-5)) : Module<T>(tp), eps(epsilon) {
     Tensor<T> w({cols}), b({cols});
     init::ones(w);
     weight = this->register_parameter("weight", w, ParamKind::norm);
@@ -276,7 +276,7 @@ class LayerNorm : public Module<T> {
 template <class T>
 class RMSNorm : public Module<T> {
  public:
-  RMSNorm(Tape<T>& tp, std::size_t cols, T eps = T(1e-6)) : Module<T>(tp), eps(eps) {
+  RMSNorm(Tape<T>& tp, std::size_t cols, T epsilon = T(1e-6)) : Module<T>(tp), eps(epsilon) {
     Tensor<T> w({cols});
     init::ones(w);
     weight = this->register_parameter("weight", w, ParamKind::norm);

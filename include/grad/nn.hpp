@@ -269,15 +269,16 @@ Var<T> gqa_attention(Var<T> q, Var<T> k, Var<T> v, Var<T> cos, Var<T> sin, Var<T
 // [rows, V]. Computed as -log(row_sum(softmax(logits) * onehot)): the
 // softmax op subtracts the row maximum, so large logits cannot overflow. The
 // targets are checked to be one-hot when recorded (soft labels would need
-// sum(y * log p), which this is not).
+// sum(y * log p), which this is not). Class ids instead of one-hot rows:
+// grad::cross_entropy_labels (host labels) or grad::cross_entropy_ids (a Var).
 template <class T>
-Var<T> cross_entropy(Var<T> logits, Var<T> onehot) {
-  Tape<T>& tp = grad::detail::tape_of("nn::cross_entropy", logits);
-  if (!tp.accept("nn::cross_entropy", {logits, onehot})) return tp.rejected();
+Var<T> cross_entropy_onehot(Var<T> logits, Var<T> onehot) {
+  Tape<T>& tp = grad::detail::tape_of("nn::cross_entropy_onehot", logits);
+  if (!tp.accept("nn::cross_entropy_onehot", {logits, onehot})) return tp.rejected();
   const Dims &ld = tp.dims(logits), &od = tp.dims(onehot);
   if (!detail::is_matrix(ld) || !(od == ld))
-    return tp.invalid("nn::cross_entropy: logits " + shape_string(ld) + " and one-hot targets " + shape_string(od) +
-                      ": expected logits [rows, V] and targets of the same shape");
+    return tp.invalid("nn::cross_entropy_onehot: logits " + shape_string(ld) + " and one-hot targets " +
+                      shape_string(od) + ": expected logits [rows, V] and targets of the same shape");
   const View<T> y = tp.value(onehot);
   for (std::size_t r = 0; r < ld[0]; ++r) {
     std::size_t ones = 0;
@@ -288,11 +289,16 @@ Var<T> cross_entropy(Var<T> logits, Var<T> onehot) {
       binary = binary && (e == T(0) || e == T(1));
     }
     if (!binary || ones != 1)
-      return tp.invalid("nn::cross_entropy: row " + detail::num(r) + " of the targets " + shape_string(od) +
+      return tp.invalid("nn::cross_entropy_onehot: row " + detail::num(r) + " of the targets " + shape_string(od) +
                         " is not one-hot: expected exactly one 1 and zeros elsewhere");
   }
   NameScope<T> scope(tp, "cross_entropy");
   return -mean(grad::log(row_sum(softmax(logits, -1) * onehot)));
+}
+// The older name of cross_entropy_onehot.
+template <class T>
+Var<T> cross_entropy(Var<T> logits, Var<T> onehot) {
+  return cross_entropy_onehot(logits, onehot);
 }
 
 // cross_entropy over the first `keep` rows of logits and targets (next-token
@@ -312,7 +318,7 @@ Var<T> cross_entropy_rows(Var<T> logits, Var<T> onehot, std::size_t keep) {
   // By value: recording the first slice may move the tape's node storage under ld.
   const std::size_t vocab = ld[1];
   auto first_rows = [&](Var<T> m) { return tp.dims(m)[0] == keep ? m : slice(m, {0, 0}, {keep, vocab}); };
-  return cross_entropy(first_rows(logits), first_rows(onehot));
+  return cross_entropy_onehot(first_rows(logits), first_rows(onehot));
 }
 
 }  // namespace grad::nn

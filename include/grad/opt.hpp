@@ -482,6 +482,7 @@ class Optimizer {
     if (const std::string why = invalid_setting(decoupled ? "weight_decay" : "l2", decay); !why.empty())
       return fail(tp, who + ": " + why);
     tape_ = &tp;
+    tp.note_optimizer();
     const std::size_t size = tp.value(param).size();
     entries_.push_back({param, decoupled ? T(0) : decay, elements_, size, decoupled ? decay : T(0)});
     elements_ += size;
@@ -607,9 +608,10 @@ class Optimizer {
     }
     for (std::size_t i = 0; i < entries_.size(); ++i)
       if (tape_->value(entries_[i].var).empty())
-        return fail(*tape_, std::string(kind_) + ".step: parameter " + std::to_string(i + 1) + " (node " +
-                                std::to_string(entries_[i].var.index()) +
-                                ") was dropped by reset_to after it was added; take the mark after the parameters");
+        return fail(*tape_, std::string(kind_) + ".step: parameter " + std::to_string(i + 1) + " " +
+                                tape_->dropped_description(entries_[i].var) +
+                                " was dropped by reset_to after it was added: take the mark after registering "
+                                "parameters");
     return gradients_finite();
   }
 
@@ -652,6 +654,7 @@ class Optimizer {
   // Counts the step; lr() becomes the next step's rate.
   void end_step() {
     ++steps_;
+    if (tape_) tape_->note_step();
     if (schedule_) lr_ = static_cast<T>(schedule_->rate(steps_ + 1, plateau_));
   }
 

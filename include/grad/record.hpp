@@ -370,17 +370,23 @@ Var<T> embedding(Var<T> table, Var<T> ids) {
 }
 
 // Mean over rows of -log softmax(logits)[id], one node: logits [rows, classes],
-// ids [rows] (or [rows, 1]) integer class ids; rows whose id equals `ignore`
-// (padding) are left out of the mean. nn::cross_entropy(logits, onehot) is
-// the one-hot form, recorded as ordinary ops; classify.hpp's
-// cross_entropy(logits, labels) takes the labels as a host span (it records
-// the log-sum-exp as ordinary ops and allocates no ids constant).
+// ids [rows] (or [rows, 1]) integer class ids held in a constant; rows whose
+// id equals `ignore` (padding; torch's ignore_index, -100 by default there
+// too) are left out of the mean. The other two cross-entropies:
+// nn::cross_entropy_onehot(logits, onehot), one-hot targets as a Var, and
+// classify.hpp's cross_entropy_labels(logits, labels), class ids on the host
+// (a std::vector of any integral type; it allocates no ids constant).
 template <class T>
-Var<T> cross_entropy(Var<T> logits, Var<T> ids, std::type_identity_t<T> ignore) {
+Var<T> cross_entropy_ids(Var<T> logits, Var<T> ids, std::type_identity_t<T> ignore = T(-100)) {
   Tape<T>& tp = detail::tape_of(CrossEntropy::name, logits);
   if (std::string why = detail::refuse_ids<CrossEntropy>(tp, logits, ids, 1, ignore); !why.empty())
     return tp.invalid(std::string(CrossEntropy::name) + ": " + why);
   return record_op<CrossEntropy>(logits, ids, {}, ignore);
+}
+// The older name of cross_entropy_ids (ignore given).
+template <class T>
+Var<T> cross_entropy(Var<T> logits, Var<T> ids, std::type_identity_t<T> ignore) {
+  return cross_entropy_ids(logits, ids, ignore);
 }
 
 }  // namespace grad

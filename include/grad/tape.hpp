@@ -21,11 +21,28 @@
 #include "grad/inspect/hooks.hpp"
 #include "grad/tags/op_list.hpp"
 #include "grad/tensor.hpp"
+#include "grad/warn.hpp"
 
 namespace grad {
 
 template <class T>
 class Tape;
+
+// tp.backward(loss, grad::accumulate): add this loss's gradients to the
+// parameters' gradients instead of replacing them (Tape::backward).
+struct Accumulate {};
+inline constexpr Accumulate accumulate{};
+// tp.reset_to(m, grad::keep_gradients): drop the nodes after m but keep the
+// gradients the survivors (the parameters) hold, between accumulated micro-batches.
+struct KeepGradients {};
+inline constexpr KeepGradients keep_gradients{};
+
+// Backward calls in a row, each after the tape grew by about the same number
+// of nodes with no reset_to in between, after which the tape warns (once)
+// that it is growing without bound. A training loop that forgets reset_to
+// reaches it in its first ten steps; a program that records a few episodes
+// on purpose (or accumulates micro-batches without resetting) does not.
+inline constexpr std::uint32_t growth_warning_runs = 8;
 
 // What a tape in exception mode (Tape::throw_on_error(true)) throws when it is
 // poisoned: the same message error() keeps.
@@ -108,8 +125,26 @@ class Tape {
   Var<T> constant(const Tensor<T>& t) { return leaf<Const>(t); }
 
   // Gradients of `loss` (one element) with respect to every node; previous
-  // gradients are cleared first. Defined in backward.hpp.
+  // gradients are cleared first (not summed, as PyTorch's would be: with an
+  // optimizer on the tape, a second backward whose predecessor's gradients
+  // no step used warns once). Defined in backward.hpp.
   bool backward(Var<T> loss);
+  // Gradient accumulation over micro-batches: the same walk, then each
+  // parameter's gradient (a tp.param leaf) is the sum, acc = acc + g_k per
+  // element in call order, of this call's gradient and those before it (each
+  // g_k the bits a plain backward gives). A step() or a plain reset_to
+  // empties the sum; a plain backward replaces it. Other nodes hold this
+  // call's gradient alone. Between micro-batches
+  // reset_to(m, grad::keep_gradients) frees their nodes and keeps the sums:
+  //
+  //   for (std::size_t k = 0; k < micro_batches; ++k) {
+  //     tp.backward(loss_of(k), grad::accumulate);   // recorded after the mark m
+  //     tp.reset_to(m, grad::keep_gradients);
+  //   }
+  //   opt.step();                                    // the sum's step; the next accumulate starts afresh
+  //
+  // Scale each loss by 1 / micro_batches for the mean over the whole batch.
+  bool backward(Var<T> loss, Accumulate);
 
   // Queries never poison: an invalid, foreign or dropped Var reads as empty
   // (scalar reads NaN).
@@ -222,17 +257,35 @@ class Tape {
   // below it since, so the state it names is gone) poisons the tape: rewinding
   // to it would hand live nodes' memory out again.
   void reset_to(const Mark& m) {
-    if (m.tape != this) return poison("reset_to: the mark was taken on a different tape");
-    if (m.nodes > nodes_.size() || (m.nodes > 0 && nodes_[m.nodes - 1].serial != m.last_serial))
-      return poison("reset_to: stale mark: it was taken at " + std::to_string(m.nodes) +
-                    " nodes, but the tape has since been reset below that point (it now has " +
-                    std::to_string(nodes_.size()) + " nodes, recorded after the reset); take a new mark");
-    nodes_.resize(m.nodes);
-    extras_.resize(m.extras);
-    inspection_.scopes.note(m.nodes);  // forget scope changes among the dropped nodes
-    values_.rewind(m.values);
-    grads_.rewind(m.grads);
-    clear_gradients();
+    if (rewind(m)) {
+      clear_gradients();
+      unused_gradients_ = false;
+    }
+  }
+  // The same, keeping the survivors' gradients (between the micro-batches
+  // of backward(loss, grad::accumulate)).
+  void reset_to(const Mark& m, KeepGradients) { rewind(m); }
+
+  // ---- what optimizers tell the tape (opt.hpp) ----
+  // An optimizer holds parameters of this tape: from now on a backward that
+  // replaces gradients no step used warns (the PyTorch habit of summing).
+  void note_optimizer() { optimizer_attached_ = true; }
+  // A step used the gradients: the next backward(loss, grad::accumulate) starts a new sum.
+  void note_step() { unused_gradients_ = false; }
+
+  // "(node 3, a param [4, 8])" for a Var whose node was dropped by the latest
+  // reset_to; "(node 3)" when an earlier reset dropped it.
+  std::string dropped_description(Var<T> v) const {
+    const auto at = std::lower_bound(dropped_.begin(), dropped_.end(), v.serial_,
+                                     [](const Dropped& d, std::uint64_t serial) { return d.serial < serial; });
+    std::string s = "(node " + std::to_string(v.index_);
+    if (at != dropped_.end() && at->serial == v.serial_)
+      s += ", " +
+           std::string(at->op == op_code<Param>   ? "a param"
+                       : at->op == op_code<Const> ? "a constant"
+                                                  : "the output of " + std::string(op_name(at->op))) +
+           " " + shape_string(at->dims);
+    return s + ")";
   }
 
   // ---- recording interface, used by the op functions in ops.hpp ----
@@ -271,7 +324,10 @@ class Tape {
       if (!v.tape_) return fail(which() + " is a default-constructed Var (it belongs to no tape)");
       if (v.tape_ != this) return fail(which() + " belongs to a different tape");
       if (v.index_ >= nodes_.size() || nodes_[v.index_].serial != v.serial_)
-        return fail(which() + " (node " + std::to_string(v.index_) + ") was dropped by reset_to");
+        return fail(which() + " " + dropped_description(v) +
+                    " was dropped by reset_to: a Var lives until the tape is reset below it. A parameter must be "
+                    "created before the mark (take the mark after registering parameters); anything else, record again "
+                    "after the reset");
     }
     return true;
   }
@@ -402,6 +458,37 @@ class Tape {
     for (Node<T>& n : nodes_) n.touched = false;
   }
 
+  // Drops the nodes after m; false (poisoned) for a mark of another tape or a stale one.
+  bool rewind(const Mark& m) {
+    if (m.tape != this) return fail("reset_to: the mark was taken on a different tape");
+    if (m.nodes > nodes_.size() || (m.nodes > 0 && nodes_[m.nodes - 1].serial != m.last_serial))
+      return fail("reset_to: stale mark: it was taken at " + std::to_string(m.nodes) +
+                  " nodes, but the tape has since been reset below that point (it now has " +
+                  std::to_string(nodes_.size()) + " nodes, recorded after the reset); take a new mark");
+    // What a Var of a dropped node was, for the message if it is used again
+    // (ascending serials); kept for the latest reset only, in reused capacity.
+    dropped_.resize(nodes_.size() - m.nodes);
+    for (std::size_t i = m.nodes; i < nodes_.size(); ++i) {
+      Dropped& d = dropped_[i - m.nodes];
+      d.serial = nodes_[i].serial;
+      d.op = nodes_[i].op;
+      d.dims = nodes_[i].dims;
+    }
+    nodes_.resize(m.nodes);
+    extras_.resize(m.extras);
+    inspection_.scopes.note(m.nodes);  // forget scope changes among the dropped nodes
+    values_.rewind(m.values);
+    grads_.rewind(m.grads);
+    growth_.reset_to(m.nodes);
+    return true;
+  }
+
+  // The reverse walk from the loss (backward.hpp): every gradient cleared,
+  // then computed afresh.
+  bool walk(Var<T> loss);
+  // Before a backward: the missing-reset_to warning (growth_warning_runs).
+  void watch_growth();
+
   template <class Op>
   void backward_node(Node<T>& n);
 
@@ -433,6 +520,29 @@ class Tape {
 
   std::vector<Node<T>> nodes_;
   std::vector<std::size_t> extras_;
+  struct Dropped {
+    std::uint64_t serial;
+    std::uint8_t op;
+    Dims dims;
+  };
+  std::vector<Dropped> dropped_;  // the nodes the latest reset_to dropped
+  // Growth between backward calls: node count at the previous one, the
+  // growth before it, and how many calls in a row grew by about as much.
+  struct Growth {
+    std::size_t nodes = 0, last = 0;
+    std::uint32_t runs = 0;
+    void reset_to(std::size_t n) {
+      nodes = n;
+      last = 0;
+      runs = 0;
+    }
+  } growth_;
+  bool warned_growth_ = false;  // each warning is said once per tape
+  bool warned_replaced_ = false;
+  bool optimizer_attached_ = false;               // note_optimizer
+  bool unused_gradients_ = false;                 // a backward's gradients that no step has used yet
+  std::vector<T> accumulated_;                    // backward(loss, accumulate): the sums before this call's walk,
+  std::vector<std::uint32_t> accumulated_nodes_;  // of these parameter nodes
   Arena<T> values_, grads_;
   std::vector<T> scratch_;  // one input's contribution when it already holds a gradient
   // What grad() shows for a node without a gradient buffer. Blocks are only

@@ -11,6 +11,9 @@
 #     standard: the .pc files must not set one) at -O1 and -O2, linked with
 #     nothing but what `pkg-config --libs` says (-pthread included).
 #     (-O3 and -march=native are the benchmark script's, bench/consumer_bench.sh.)
+# Every build compiles consumer.cpp (which includes grad/grad.hpp, every
+# header-only header) with -Wall -Wextra -Wshadow -Wconversion -Werror: a
+# strict project must be able to include grad.
 # usage: run.sh <grad source root> <scratch dir> [<grad build dir to install from>]
 set -eu
 src=$(cd "$1" && pwd)
@@ -18,14 +21,17 @@ work=$2
 rm -rf "$work"
 mkdir -p "$work/sub/subprojects"
 fail() { echo "consumer: $*"; exit 1; }
+strict="-Wall -Wextra -Wshadow -Wconversion -Werror"
 
 # 1. subproject, both modes
 cp "$src/test/consumer/consumer.cpp" "$work/sub/"
 ln -s "$src" "$work/sub/subprojects/grad"
 cat > "$work/sub/meson.build" <<'MESON'
 project('consumer', 'cpp', default_options: ['cpp_std=c++20', 'buildtype=debugoptimized'])
-executable('consumer', 'consumer.cpp', dependencies: dependency('grad', fallback: ['grad', 'grad_dep']))
-executable('consumer-compiled', 'consumer.cpp',
+strict = ['-Wall', '-Wextra', '-Wshadow', '-Wconversion', '-Werror']
+executable('consumer', 'consumer.cpp', cpp_args: strict,
+  dependencies: dependency('grad', fallback: ['grad', 'grad_dep']))
+executable('consumer-compiled', 'consumer.cpp', cpp_args: strict,
   dependencies: dependency('grad-kernels', fallback: ['grad', 'grad_kernels_dep']))
 MESON
 meson setup "$work/sub/build" "$work/sub" --force-fallback-for=grad,grad-kernels >"$work/sub.log" 2>&1 ||
@@ -84,10 +90,10 @@ for pc in grad grad-kernels grad-device; do
   case " $(pkg-config --libs $pc) " in *" -pthread "*) ;; *) fail "$pc.pc Libs lack -pthread: $(pkg-config --libs $pc)" ;; esac
 done
 for opt in -O1 -O2; do
-  ${CXX:-c++} -std=c++20 $opt $(pkg-config --cflags grad) "$src/test/consumer/consumer.cpp" -o "$work/consumer-pc" \
+  ${CXX:-c++} -std=c++20 $opt $strict $(pkg-config --cflags grad) "$src/test/consumer/consumer.cpp" -o "$work/consumer-pc" \
     $(pkg-config --libs grad)
   "$work/consumer-pc" >"$work/out-pc-header-only$opt"
-  ${CXX:-c++} -std=c++20 $opt $(pkg-config --cflags grad-kernels) "$src/test/consumer/consumer.cpp" \
+  ${CXX:-c++} -std=c++20 $opt $strict $(pkg-config --cflags grad-kernels) "$src/test/consumer/consumer.cpp" \
     -o "$work/consumer-pc-k" $(pkg-config --libs grad-kernels)
   "$work/consumer-pc-k" >"$work/out-pc-compiled$opt"
 done

@@ -271,11 +271,11 @@ template <class T, std::size_t Lanes, std::size_t NV>
       }
     } else {  // columns of b contiguous (b.rs == 1) or general strides
       // A transpose, in runs of 16 terms so that the written lines stay in L1.
-      for (std::size_t p0 = 0; p0 < kc; p0 += 16) {
-        const std::size_t p1 = std::min(kc, p0 + 16);
+      for (std::size_t run = 0; run < kc; run += 16) {
+        const std::size_t run_end = std::min(kc, run + 16);
         for (std::size_t j = 0; j < cols; ++j) {
           const T* col = src + j * b.cs;
-          for (std::size_t p = p0; p < p1; ++p) out[p * width + j] = col[p * b.rs];
+          for (std::size_t p = run; p < run_end; ++p) out[p * width + j] = col[p * b.rs];
         }
       }
       for (std::size_t p = 0; p < kc; ++p)

@@ -110,7 +110,7 @@ GRAD_INLINE inline V fma_lanes(V a, V b, V c) {
   else if constexpr (std::is_same_v<T, float> && sizeof(V) == 32)
     return __builtin_ia32_vfmaddps256(a, b, c);
 #endif
-  V r;
+  V r = c;  // every lane is overwritten; initialised so that -Wmaybe-uninitialized has nothing to say
   for (std::size_t i = 0; i < sizeof(V) / sizeof(T); ++i) r[i] = ::grad::fma_hd(T(a[i]), T(b[i]), T(c[i]));
   return r;
 }
@@ -148,8 +148,8 @@ struct Pack {
   V v;
 
   Pack() = default;
-  // s - 0 is s in every lane, -0 and NaN included (0 + s would turn -0 into +0).
-  GRAD_INLINE Pack(T s) : v(s - V{}) {}  // NOLINT: implicit on purpose, a broadcast
+  // Every lane s, -0 and NaN included: the one broadcast, splat.
+  GRAD_INLINE Pack(T s) : v(splat<V>(s)) {}  // NOLINT: implicit on purpose, a broadcast
   GRAD_INLINE static Pack raw(V x) {
     Pack p;
     p.v = x;
@@ -220,8 +220,13 @@ GRAD_INLINE inline Pack<T, B> sqrt(Pack<T, B> x) {
   else if constexpr (std::is_same_v<T, float> && B == 16)
     return Pack<T, B>::raw(__builtin_ia32_sqrtps(x.v));
 #endif
-  Pack<T, B> r;
-  for (std::size_t i = 0; i < Pack<T, B>::lanes; ++i) r.v[i] = __builtin_sqrt(x.v[i]);
+  Pack<T, B> r = x;  // every lane is overwritten (as in fma_lanes)
+  for (std::size_t i = 0; i < Pack<T, B>::lanes; ++i) {
+    if constexpr (std::is_same_v<T, float>)
+      r.v[i] = __builtin_sqrtf(x.v[i]);  // not through double: no narrowing conversion to warn about
+    else
+      r.v[i] = __builtin_sqrt(x.v[i]);
+  }
   return r;
 }
 
