@@ -381,9 +381,14 @@ struct Tokenizer::Impl {
   std::array<std::array<std::vector<const AddedToken*>, 256>, 2> added_by_byte;
   std::vector<int> prefix, suffix;  // the post-processor's template around the sequence
 
+  // Looked up by the piece itself (string_view), without copying it.
+  struct PieceHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
   static constexpr std::size_t cache_capacity = 1 << 16;
   mutable std::mutex cache_mutex;
-  mutable std::unordered_map<std::string, std::vector<int>> cache;
+  mutable std::unordered_map<std::string, std::vector<int>, PieceHash, std::equal_to<>> cache;
 
   void read(const json& root);
   void read_model(const Where& w, const json& model);
@@ -660,10 +665,9 @@ void Tokenizer::Impl::pre_tokenize(std::string_view text, std::deque<std::string
 
 // One piece's ids: from the cache, or merged and remembered.
 void Tokenizer::Impl::bpe(std::string_view piece, std::vector<int>& out) const {
-  const std::string key(piece);
   {
     const std::lock_guard lock(cache_mutex);
-    const auto it = cache.find(key);
+    const auto it = cache.find(piece);
     if (it != cache.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
       return;
@@ -673,7 +677,7 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<int>& out) const {
   merge(piece, ids);
   out.insert(out.end(), ids.begin(), ids.end());
   const std::lock_guard lock(cache_mutex);
-  if (cache.size() < cache_capacity) cache.emplace(key, std::move(ids));
+  if (cache.size() < cache_capacity) cache.emplace(std::string(piece), std::move(ids));
 }
 
 // Byte symbols merged by rank, lowest first, leftmost on ties: Hugging
