@@ -320,7 +320,10 @@ TEST_CASE("a bad tokenizer.json is refused naming the file, the field and what w
   refused(j, {"model.merges[1]", "whose result is in model.vocab", "ba"});
   j = good;
   j["normalizer"] = {{"type", "NFC"}};
-  refused(j, {"normalizer.type", "null", "NFC"});
+  refused(j, {"normalizer.type", "null", "NFC", "assume_nfc"});
+  CHECK(Tokenizer::from_json(j.dump(), "test.json", {.assume_nfc = true}).encode("ab") == std::vector<int>{256});
+  j["normalizer"] = {{"type", "Lowercase"}};
+  refused(j, {"normalizer.type", "null", "Lowercase"});
   j = good;
   j["pre_tokenizer"] = {{"type", "Whitespace"}};
   refused(j, {"pre_tokenizer.type", "ByteLevel, Split or Sequence", "Whitespace"});

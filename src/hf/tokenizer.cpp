@@ -366,6 +366,7 @@ struct Segment {
 
 struct Tokenizer::Impl {
   std::string file;
+  LoadOptions options;
   std::unordered_map<std::string, int> vocab;    // byte-level spelling -> id
   std::vector<std::optional<std::string>> tokens;  // id -> spelling (vocabulary and added tokens)
   std::vector<std::string> bytes_of;             // id -> the bytes decode writes
@@ -411,9 +412,11 @@ void Tokenizer::Impl::read(const json& root) {
     const std::string type = type_of(w, *normalizer, "normalizer");
     const bool empty_sequence = type == "Sequence" && normalizer->contains("normalizers") &&
                                 (*normalizer)["normalizers"].is_array() && (*normalizer)["normalizers"].empty();
-    if (!empty_sequence)
-      w.fail("normalizer.type", "null (grad implements no normalizer; " + type +
-                                    " would need Unicode normalization tables), found \"" + type + "\"");
+    if (type == "NFC" && !options.assume_nfc)
+      w.fail("normalizer.type", "null (grad carries no Unicode normalization tables), found \"NFC\"; if the "
+                                "text is NFC already (most is), load with LoadOptions{.assume_nfc = true}");
+    if (!empty_sequence && type != "NFC")
+      w.fail("normalizer.type", "null (grad implements no normalizer), found \"" + type + "\"");
   }
 
   const auto pre = root.find("pre_tokenizer");
@@ -595,7 +598,8 @@ void Tokenizer::Impl::read_post_processor(const Where& w, const json& j, const s
 }
 
 // Added tokens, leftmost-longest, on the raw text (pass 0), then the
-// `normalized` ones in what is left (pass 1: no normalizer, the same text).
+// `normalized` ones in what is left (pass 1: no normalizer, or NFC on text
+// that is NFC already: the same text).
 std::vector<Segment> Tokenizer::Impl::split_added(std::string_view text) const {
   std::vector<Segment> segments{{text, -1}};
   for (const auto& by_byte : added_by_byte) {
@@ -735,18 +739,19 @@ Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
-Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
+Tokenizer Tokenizer::from_file(const std::filesystem::path& path, LoadOptions options) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw TokenizerError(path.string() + ": cannot be opened for reading");
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) throw TokenizerError(path.string() + ": read failed");
-  return from_json(text.str(), path.string());
+  return from_json(text.str(), path.string(), options);
 }
 
-Tokenizer Tokenizer::from_json(std::string_view text, std::string_view name) {
+Tokenizer Tokenizer::from_json(std::string_view text, std::string_view name, LoadOptions options) {
   auto impl = std::make_unique<Impl>();
   impl->file = std::string(name);
+  impl->options = options;
   json root;
   try {
     root = json::parse(text);

@@ -15,8 +15,9 @@
 //      (a regex, behavior Isolated, Removed, MergedWithPrevious,
 //      MergedWithNext or Contiguous, invert), a ByteLevel (add_prefix_space;
 //      use_regex: GPT-2's pattern), or a Sequence of them. Patterns run on
-//      PCRE2 with UTF and Unicode properties (\p{L}, \p{N}, (?i:...)); \s and
-//      \S mean Unicode White_Space as in Oniguruma, which Hugging Face uses;
+//      PCRE2 with UTF and Unicode properties (`\p{L}`, `\p{N}`, `(?i:...)`);
+//      `\s` and `\S` mean Unicode White_Space as in Oniguruma, which Hugging
+//      Face uses;
 //   3. each piece's bytes become byte symbols (GPT-2's byte <-> character
 //      map) and merge by rank, lowest rank first and leftmost on ties
 //      (`model.merges`, "a b" strings or ["a", "b"] pairs; `ignore_merges`:
@@ -39,8 +40,10 @@
 // above, decoder ByteLevel, post-processor null, ByteLevel or
 // TemplateProcessing. Anything else, and every malformed field, is refused
 // at load with a TokenizerError naming the file, the field and what was
-// expected (an NFC normalizer, as Qwen2's, is refused too: grad carries no
-// Unicode normalization tables).
+// expected. grad carries no Unicode normalization tables, so an NFC
+// normalizer (Qwen2's) is refused unless the caller says its text is NFC
+// already (most text is; NFC leaves NFC text as it is):
+//   Tokenizer::from_file("qwen2/tokenizer.json", {.assume_nfc = true});
 //
 // A Tokenizer is immutable after loading and safe to use from several
 // threads; encode keeps a bounded cache of pieces it has merged.
@@ -64,12 +67,18 @@ struct TokenizerError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+struct LoadOptions {
+  // Accept an NFC normalizer and skip it: the caller's text is NFC already.
+  bool assume_nfc = false;
+};
+
 class Tokenizer {
  public:
   // Reads and checks a tokenizer.json; throws TokenizerError.
-  static Tokenizer from_file(const std::filesystem::path& path);
+  static Tokenizer from_file(const std::filesystem::path& path, LoadOptions options = {});
   // The same from the file's text; `name` stands for the file in messages.
-  static Tokenizer from_json(std::string_view json, std::string_view name = "tokenizer.json");
+  static Tokenizer from_json(std::string_view json, std::string_view name = "tokenizer.json",
+                             LoadOptions options = {});
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
