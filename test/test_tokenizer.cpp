@@ -141,6 +141,7 @@ TEST_CASE("GPT-2's pattern keeps merges inside its pieces") {
   json spaced = make(merges, byte_level());
   spaced["pre_tokenizer"]["add_prefix_space"] = true;
   CHECK(pieces(load(spaced), "wo") == Pieces{" w", "o"});
+  CHECK(load(spaced).encode("").empty());
 }
 
 TEST_CASE("\\s is Unicode White_Space, as in Oniguruma: U+0085 is a space, not punctuation") {
@@ -218,6 +219,7 @@ TEST_CASE("added tokens are matched first, leftmost-longest, never split; the te
   t = load(j);
   CHECK(t.encode("hi") == std::vector<int>{start, hi, eot});
   CHECK(t.encode("hi", false) == std::vector<int>{hi});
+  CHECK(t.encode("") == std::vector<int>{start, eot});
 }
 
 TEST_CASE("decode(encode(s)) == s for random bytes and random UTF-8 (fuzz)") {
@@ -289,7 +291,10 @@ TEST_CASE("a bad tokenizer.json is refused naming the file, the field and what w
   refused(json::array(), {"(top level)", "an object"});
   json j = good;
   j.erase("model");
-  refused(j, {"model", "found none"});
+  refused(j, {"test.json: model: expected a value, found none"});
+  j = good;
+  j.erase("decoder");
+  refused(j, {"test.json: decoder: expected a value, found none"});
   j = good;
   j["model"]["type"] = "WordPiece";
   refused(j, {"model.type", "\"BPE\"", "WordPiece"});

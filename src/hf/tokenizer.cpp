@@ -80,6 +80,9 @@ bool is_white_space(char32_t c) {
 // ---- reading tokenizer.json ---------------------------------------------
 
 // Where a value sits in the file, for messages: "tokenizer.json: model.merges[3]".
+// A field of the top-level object is its key alone ("model"); the parent "" is the top level.
+std::string path_of(const std::string& field, const std::string& key) { return field.empty() ? key : field + "." + key; }
+
 struct Where {
   std::string file;
   [[noreturn]] void fail(const std::string& field, const std::string& expected) const {
@@ -94,13 +97,13 @@ std::string kind_of(const json& j) {
 
 const json& member(const Where& w, const json& obj, const std::string& field, const std::string& key) {
   const auto it = obj.find(key);
-  if (it == obj.end()) w.fail(field + "." + key, "a value, found none");
+  if (it == obj.end()) w.fail(path_of(field, key), "a value, found none");
   return *it;
 }
 
 const json& object_at(const Where& w, const json& obj, const std::string& field, const std::string& key) {
   const json& j = member(w, obj, field, key);
-  if (!j.is_object()) w.fail(field + "." + key, "an object, found " + kind_of(j));
+  if (!j.is_object()) w.fail(path_of(field, key), "an object, found " + kind_of(j));
   return j;
 }
 
@@ -119,8 +122,7 @@ bool flag(const Where& w, const json& obj, const std::string& field, const std::
 
 // A token id: a non-negative integer that fits an int.
 int id_of(const Where& w, const json& j, const std::string& field) {
-  if (!j.is_number_integer() || (j.is_number_integer() && !j.is_number_unsigned()) ||
-      j.get<std::uint64_t>() > std::uint64_t(INT32_MAX))
+  if (!j.is_number_unsigned() || j.get<std::uint64_t>() > std::uint64_t(INT32_MAX))
     w.fail(field, "a token id (an integer 0 .. 2147483647), found " + (j.is_number() ? j.dump() : kind_of(j)));
   return static_cast<int>(j.get<std::uint64_t>());
 }
@@ -405,7 +407,7 @@ struct Tokenizer::Impl {
 void Tokenizer::Impl::read(const json& root) {
   const Where w{file};
   if (!root.is_object()) w.fail("(top level)", "an object, found " + kind_of(root));
-  read_model(w, object_at(w, root, "(top level)", "model"));
+  read_model(w, object_at(w, root, "", "model"));
 
   const auto normalizer = root.find("normalizer");
   if (normalizer != root.end() && !normalizer->is_null()) {
@@ -422,7 +424,7 @@ void Tokenizer::Impl::read(const json& root) {
   const auto pre = root.find("pre_tokenizer");
   if (pre != root.end() && !pre->is_null()) read_pre_tokenizer(w, *pre, "pre_tokenizer", steps);
 
-  const json& decoder = member(w, root, "(top level)", "decoder");
+  const json& decoder = member(w, root, "", "decoder");
   if (decoder.is_null() || type_of(w, decoder, "decoder") != "ByteLevel")
     w.fail("decoder", "{\"type\": \"ByteLevel\"} (byte-level BPE), found " + decoder.dump());
 
@@ -512,7 +514,7 @@ void Tokenizer::Impl::read_model(const Where& w, const json& model) {
     if (merged == vocab.end())
       w.fail(field, "a merge whose result is in model.vocab, found none for \"" + left + right + "\"");
     const std::uint64_t key = (std::uint64_t(std::uint32_t(l->second)) << 32) | std::uint32_t(r->second);
-    merges.emplace(key, std::pair{int(rank), merged->second});  // a repeated pair keeps its first rank
+    merges.insert_or_assign(key, std::pair{int(rank), merged->second});  // a repeated pair: the last rank, as Hugging Face's map
   }
 }
 
@@ -773,6 +775,7 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool add_special_token
       ids.push_back(seg.id);
       continue;
     }
+    if (seg.text.empty()) continue;  // encode(""): no piece, not even a prefix space
     pieces.clear();
     m.pre_tokenize(seg.text, owned, pieces);
     for (std::string_view p : pieces) m.bpe(p, ids);

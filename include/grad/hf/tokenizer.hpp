@@ -85,7 +85,8 @@ class Tokenizer {
   ~Tokenizer();
 
   // Any bytes (see above). add_special_tokens: apply the post-processor's
-  // template, as Hugging Face's encode does by default.
+  // template, as Hugging Face's encode does by default. Throws
+  // TokenizerError only if a pattern exceeds PCRE2's match limits.
   std::vector<int> encode(std::string_view text, bool add_special_tokens = true) const;
   // Throws std::out_of_range naming the first id with no token and its position.
   std::string decode(std::span<const int> ids, bool skip_special_tokens = false) const;
