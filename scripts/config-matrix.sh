@@ -7,13 +7,15 @@
 #     the -D options it was given (the option to change);
 #  2. rows: configure + build one small target for each way in the README
 #     names: top-level default (nvcc on PATH, as scripts/build.sh), demo's
-#     options, -Ddevice=false, -Dmpi=disabled, -Dcuda=disabled, no nvcc on
+#     options, -Ddevice=false, -Dmpi=disabled, -Dcuda=disabled, -Dhf=disabled
+#     (configure only), no nvcc on
 #     PATH, grad as a meson subproject with no options and with
 #     -Dgrad:tests=true, and no python3-torch (the oracle suites of build/
 #     on their golden data alone);
 #  3. pkg-config: an installed copy (meson install of build/, else a lean
 #     build of its libraries) and one small program per .pc file: grad,
-#     grad-kernels, grad-device, grad-dist (when Open MPI is there).
+#     grad-kernels, grad-device, grad-dist (when Open MPI is there), grad-hf
+#     (when nlohmann-json and PCRE2 are).
 # usage: scripts/config-matrix.sh [sweep|rows|pkgconfig]...  (default: all)
 set -eu
 cd "$(dirname "$0")/.."
@@ -120,6 +122,7 @@ rows() {
   row device-false "$nocuda_path" $small -Ddevice=false
   row mpi-disabled "$nocuda_path" $small -Dmpi=disabled
   row cuda-disabled "$cuda_path" $small -Dcuda=disabled
+  row hf-disabled "$nocuda_path" '' -Dhf=disabled
   row no-nvcc "$nocuda_path" $small
   subproject_row subproject
   # With the suites asked for, grad builds them (and the device library) inside the consumer: build the smallest.
@@ -188,14 +191,28 @@ int main(int argc, char** argv) {
   return grad::dist::shard_rows(10, 3, 0).size() == 4 ? 0 : 1;
 }
 CPP
-  for pc in grad grad-kernels grad-device grad-dist; do
+  cat >"$work/pc-grad-hf.cpp" <<'CPP'
+#include <grad/hf/tokenizer.hpp>
+// Linked against libgrad_hf (nlohmann-json parses, PCRE2 is linked through Requires).
+int main() {
+  try {
+    grad::hf::Tokenizer::from_json("{}", "t.json");
+  } catch (const grad::hf::TokenizerError&) {
+    return grad::hf::byte_to_symbol(' ') == "\xC4\xA0" ? 0 : 1;
+  }
+  return 1;
+}
+CPP
+  for pc in grad grad-kernels grad-device grad-dist grad-hf; do
     if ! pkg-config --exists $pc; then
       if [ $pc = grad-dist ]; then echo "config-matrix: pkg-config $pc: not installed (no Open MPI in $from)"; continue; fi
+      if [ $pc = grad-hf ]; then echo "config-matrix: pkg-config $pc: not installed (no nlohmann-json or PCRE2 in $from)"; continue; fi
       fail "pkg-config $pc: no $pc.pc in the installed copy"; continue
     fi
     prog=$work/pc-grad.cpp
     [ $pc = grad-device ] && prog=$work/pc-grad-device.cpp
     [ $pc = grad-dist ] && prog=$work/pc-grad-dist.cpp
+    [ $pc = grad-hf ] && prog=$work/pc-grad-hf.cpp
     start=$(date +%s)
     # shellcheck disable=SC2046
     if ${CXX:-c++} -std=c++20 -O1 $(pkg-config --cflags $pc) "$prog" -o "$work/pc-$pc" $(pkg-config --libs $pc) \

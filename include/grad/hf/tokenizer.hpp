@@ -1,0 +1,114 @@
+// Byte-level BPE tokenizers from Hugging Face `tokenizer.json` files, as
+// GPT-2, Qwen2 and Llama 3 ship them: grad::hf::Tokenizer (library grad_hf,
+// pkg-config grad-hf; the header-only core never needs it).
+//
+//   auto tok = grad::hf::Tokenizer::from_file("tokenizer.json");  // throws TokenizerError
+//   std::vector<int> ids = tok.encode("Hello<|endoftext|> world"); // [15496, 50256, 995]
+//   std::string text = tok.decode(ids);                            // the bytes again
+//   tok.token_to_id("<|endoftext|>");                              // 50256 (nullopt if absent)
+//
+// What encode does, in Hugging Face's order:
+//   1. added tokens (`added_tokens`: <|endoftext|>, <|im_start|>, ...) are
+//      found first, leftmost-longest, on the raw text; they become their ids
+//      and are never split (lstrip / rstrip take the whitespace beside them);
+//   2. each stretch between them is pre-tokenized: `pre_tokenizer` is a Split
+//      (a regex, behavior Isolated, Removed, MergedWithPrevious,
+//      MergedWithNext or Contiguous, invert), a ByteLevel (add_prefix_space;
+//      use_regex: GPT-2's pattern), or a Sequence of them. Patterns run on
+//      PCRE2 with UTF and Unicode properties (`\p{L}`, `\p{N}`, `(?i:...)`);
+//      `\s` and `\S` mean Unicode White_Space as in Oniguruma, which Hugging
+//      Face uses;
+//   3. each piece's bytes become byte symbols (GPT-2's byte <-> character
+//      map) and merge by rank, lowest rank first and leftmost on ties
+//      (`model.merges`, "a b" strings or ["a", "b"] pairs; `ignore_merges`:
+//      a piece that is itself in the vocabulary is taken whole);
+//   4. with add_special_tokens, the TemplateProcessing post-processor's
+//      single-sequence template adds its tokens (Llama 3's <|begin_of_text|>).
+// Every byte has a symbol (loading checks all 256 are in the vocabulary), so
+// any input encodes, valid UTF-8 or not: bytes that are not valid UTF-8 match
+// no pattern item and stay pieces of their own, and decode(encode(s)) == s
+// for every byte string s.
+//
+// decode maps each token's characters back to bytes (a token with a
+// character outside the byte map, such as most added tokens, is its own
+// UTF-8), as Hugging Face's ByteLevel decoder does, but returns the bytes
+// as they are: where Hugging Face would put U+FFFD for bytes that are not
+// UTF-8, grad returns the bytes.
+//
+// Supported: model BPE (no dropout, no continuing_subword_prefix,
+// end_of_word_suffix or byte_fallback), normalizer null, pre-tokenizers
+// above, decoder ByteLevel, post-processor null, ByteLevel or
+// TemplateProcessing. Anything else, and every malformed field, is refused
+// at load with a TokenizerError naming the file, the field and what was
+// expected. grad carries no Unicode normalization tables, so an NFC
+// normalizer (Qwen2's) is refused unless the caller says its text is NFC
+// already (most text is; NFC leaves NFC text as it is):
+//   Tokenizer::from_file("qwen2/tokenizer.json", {.assume_nfc = true});
+//
+// A Tokenizer is immutable after loading and safe to use from several
+// threads; encode keeps a bounded cache of pieces it has merged.
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace grad::hf {
+
+// A tokenizer.json that cannot be used: what(), "tokenizer.json: model.merges[12]:
+// expected ...", names the file, the field and what was expected.
+struct TokenizerError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct LoadOptions {
+  // Accept an NFC normalizer and skip it: the caller's text is NFC already.
+  bool assume_nfc = false;
+};
+
+class Tokenizer {
+ public:
+  // Reads and checks a tokenizer.json; throws TokenizerError.
+  static Tokenizer from_file(const std::filesystem::path& path, LoadOptions options = {});
+  // The same from the file's text; `name` stands for the file in messages.
+  static Tokenizer from_json(std::string_view json, std::string_view name = "tokenizer.json",
+                             LoadOptions options = {});
+
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+  ~Tokenizer();
+
+  // Any bytes (see above). add_special_tokens: apply the post-processor's
+  // template, as Hugging Face's encode does by default. Throws
+  // TokenizerError only if a pattern exceeds PCRE2's match limits.
+  std::vector<int> encode(std::string_view text, bool add_special_tokens = true) const;
+  // Throws std::out_of_range naming the first id with no token and its position.
+  std::string decode(std::span<const int> ids, bool skip_special_tokens = false) const;
+
+  // The token's id in the vocabulary or the added tokens; nullopt if neither.
+  std::optional<int> token_to_id(std::string_view token) const;
+  // The token as tokenizer.json spells it (byte-level characters: "Ġworld");
+  // nullopt for an id with no token.
+  std::optional<std::string> id_to_token(int id) const;
+  // One past the largest id, counting the added tokens: the embedding rows a model needs.
+  std::size_t vocab_size() const;
+
+ private:
+  struct Impl;
+  explicit Tokenizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// GPT-2's byte <-> character map (ByteLevel): printable bytes stand for
+// themselves, the other 68 for U+0100 .. U+0143 in byte order. The UTF-8 of
+// byte b's character, and the inverse (nullopt for a character not in the map).
+std::string byte_to_symbol(unsigned char b);
+std::optional<unsigned char> symbol_to_byte(char32_t c);
+
+}  // namespace grad::hf
