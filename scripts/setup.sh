@@ -9,7 +9,7 @@
 # doxygen builds the API reference (`ninja -C build docs`; GRAD_WITH_DOCS=0
 # skips it). CLI11 (libcli11-dev, header-only) parses the programs' options.
 set -eu
-want="meson ninja-build pkg-config cmake g++ doctest-dev libboost-dev libbenchmark-dev libcli11-dev"
+want="meson ninja-build pkg-config cmake g++ doctest-dev libboost-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libpcre2-dev"
 [ "${GRAD_WITH_TORCH:-1}" = 1 ] && want="$want python3-torch"
 [ "${GRAD_WITH_SKLEARN:-1}" = 1 ] && want="$want python3-sklearn"
 [ "${GRAD_WITH_MPI:-1}" = 1 ] && want="$want libopenmpi-dev openmpi-bin"
