@@ -36,6 +36,10 @@ void expect_refused(const std::string& message, std::initializer_list<const char
   for (const char* f : fragments) CHECK(message.find(f) != std::string::npos);
 }
 
+std::string slurp_text(const std::string& path) {
+  const auto b = read_bytes(path);
+  return {b.begin(), b.end()};
+}
 void write_text(const std::string& path, const std::string& text) {
   write_bytes(path, std::vector<unsigned char>(text.begin(), text.end()));
 }
@@ -289,7 +293,10 @@ std::vector<int> some_ids(std::uint64_t seed, std::size_t n) {
 }
 std::string joined(const std::vector<int>& v) {
   std::string s;
-  for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  for (int x : v) {
+    if (!s.empty()) s.push_back(',');
+    s.append(std::to_string(x));
+  }
   return s;
 }
 
@@ -389,4 +396,194 @@ TEST_CASE("Qwen2 and Llama checkpoints load as nn::Lm and match the float64 PyTo
     CHECK(compared == m.adapters().size());
   }
   MESSAGE("largest difference from PyTorch, relative to the tensor's largest value: " << largest_relative_error);
+}
+
+TEST_CASE("a checkpoint that disagrees with config.json is refused by file and tensor, and nothing is loaded") {
+  ScratchDir dir("hf");
+  const std::string d = dir.file("m");
+  const Checkpoint c{hf::Architecture::qwen2, hf::Dtype::bf16, true, false, 0};
+  write_checkpoint(d, c, 5);
+  const hf::ModelInfo info = hf::read_config(d);
+  Tape<float> tp;
+  nn::Lm<float> m(tp, info.config, 1);
+  const std::vector<float> before(tp.value(m.embed()).begin(), tp.value(m.embed()).end());
+  auto load = [&] { return refusal([&] { hf::load_weights(d, m); }); };
+  auto unchanged = [&] {
+    CHECK(std::equal(before.begin(), before.end(), tp.value(m.embed()).begin()));
+  };
+  const std::string shard2 = d + "/model-00002-of-00002.safetensors";
+  const auto good_shard2 = read_bytes(shard2);
+  // A missing tensor: shard 2 rewritten without the final norm (the index still names it).
+  {
+    const hf::SafetensorsFile f(shard2);
+    std::vector<std::vector<double>> values;
+    std::vector<hf::TensorOut<double>> keep;
+    for (const auto& t : f.tensors()) values.emplace_back(t.elements);
+    std::size_t i = 0;
+    for (const auto& t : f.tensors()) {
+      f.read(t, std::span<double>(values[i]));
+      if (t.name != "model.norm.weight") keep.push_back({t.name, t.shape, values[i]});
+      ++i;
+    }
+    hf::write_safetensors<double>(shard2 + ".new", keep, hf::Dtype::bf16);
+  }
+  std::filesystem::rename(shard2 + ".new", shard2);
+  expect_refused(load(), {"tensor 'model.norm.weight' is missing", "[16]", "model-00002-of-00002.safetensors"});
+  unchanged();
+  write_bytes(shard2, good_shard2);
+  // A shape that disagrees with config.json: intermediate_size 25 makes gate_proj [25, 16].
+  json cfg = config_json(c);
+  cfg["intermediate_size"] = 25;
+  write_text(d + "/config.json", cfg.dump());
+  {
+    Tape<float> t2;
+    nn::Lm<float> m2(t2, hf::read_config(d).config, 1);
+    expect_refused(refusal([&] { hf::load_weights(d, m2); }),
+                   {"model-00001-of-00002.safetensors", "'model.layers.0.mlp.gate_proj.weight' is [24, 16]", "[25, 16]"});
+  }
+  // The wrong architecture's tensors: a Llama config over Qwen2's biases.
+  cfg = config_json(c);
+  cfg["architectures"] = {"LlamaForCausalLM"};
+  write_text(d + "/config.json", cfg.dump());
+  {
+    Tape<float> t2;
+    nn::Lm<float> m2(t2, hf::read_config(d).config, 1);
+    expect_refused(refusal([&] { hf::load_weights(d, m2); }), {"model-0000", "_proj.bias' has no place in the model config.json describes"});
+  }
+  // config.json itself.
+  auto config_refusal = [&](const std::string& field, const json& value) {
+    json j = config_json(c);
+    j[field] = value;
+    write_text(d + "/config.json", j.dump());
+    return refusal([&] { hf::read_config(d); });
+  };
+  expect_refused(config_refusal("architectures", {"MistralForCausalLM"}), {"config.json", "MistralForCausalLM", "unknown architecture"});
+  expect_refused(config_refusal("rope_scaling", {{"type", "linear"}, {"factor", 2.0}}), {"rope_scaling"});
+  expect_refused(config_refusal("hidden_act", "gelu"), {"hidden_act", "gelu"});
+  expect_refused(config_refusal("vocab_size", -3), {"vocab_size", "whole number"});
+  expect_refused(config_refusal("num_key_value_heads", 3), {"kv_heads 3"});
+  expect_refused(config_refusal("torch_dtype", "int8"), {"torch_dtype", "int8"});
+  write_text(d + "/config.json", "{\"architectures\": [");
+  expect_refused(refusal([&] { hf::read_config(d); }), {"config.json", "not JSON"});
+  std::filesystem::remove(d + "/config.json");
+  expect_refused(refusal([&] { hf::read_config(d); }), {"config.json", "cannot be read"});
+  // An index that points outside the directory.
+  write_text(d + "/model.safetensors.index.json", R"({"weight_map": {"model.norm.weight": "../elsewhere.safetensors"}})");
+  expect_refused(load(), {"index.json", "model.norm.weight", "a file name in the directory"});
+  unchanged();
+}
+
+TEST_CASE("PEFT adapters: saved and loaded by PEFT's names, bit for bit; a config they do not fit is refused") {
+  ScratchDir dir("hf");
+  const std::string d = dir.file("m"), ad = dir.file("adapter");
+  write_checkpoint(d, {hf::Architecture::llama, hf::Dtype::f32, false, false, 0}, 9);
+  const hf::ModelInfo info = hf::read_config(d);
+  const nn::LmConfig cfg = hf::with_adapters(info.config, {4, 8.0, nn::parse_projections("q,k,o,up")});
+  CHECK(cfg.lora_scale == 2.0);
+  Tape<float> tp;
+  nn::Lm<float> m(tp, cfg, 1, nn::Lm<float>::Train::lora);
+  hf::load_weights(d, m);
+  randomize_adapters(m, 3);
+  hf::save_adapters(ad, m);
+  const json j = json::parse(slurp_text(ad + "/adapter_config.json"));
+  CHECK(j["r"] == 4);
+  CHECK(j["lora_alpha"] == 8);
+  CHECK(j["target_modules"] == json({"q_proj", "k_proj", "o_proj", "up_proj"}));
+  const hf::SafetensorsFile f(ad + "/adapter_model.safetensors");
+  const hf::TensorInfo* a = f.find("base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight");
+  const hf::TensorInfo* b = f.find("base_model.model.model.layers.0.mlp.up_proj.lora_B.weight");
+  REQUIRE(a);
+  REQUIRE(b);
+  CHECK(a->shape == std::vector<std::size_t>{4, 16});
+  CHECK(b->shape == std::vector<std::size_t>{24, 4});
+  CHECK(f.tensors().size() == m.adapters().size());
+
+  const hf::AdapterConfig read = hf::read_adapter_config(ad);
+  Tape<float> t2;
+  nn::Lm<float> m2(t2, hf::with_adapters(info.config, read), 2, nn::Lm<float>::Train::lora);
+  hf::load_adapters(ad, m2);
+  for (std::size_t i = 0; i < m.adapters().size(); ++i) {
+    const View<float> x = tp.value(m.adapters()[i].var), y = t2.value(m2.adapters()[i].var);
+    CHECK(std::memcmp(x.data.data(), y.data.data(), x.size() * sizeof(float)) == 0);
+  }
+  // Another rank: refused with both configs named, nothing loaded.
+  Tape<float> t3;
+  nn::Lm<float> m3(t3, hf::with_adapters(info.config, {2, 8.0, read.targets}), 2, nn::Lm<float>::Train::lora);
+  const std::vector<float> before(t3.value(m3.adapters()[0].var).begin(), t3.value(m3.adapters()[0].var).end());
+  expect_refused(refusal([&] { hf::load_adapters(ad, m3); }), {"adapter_config.json", "LoRA rank 4", "LoRA rank 2", "nothing loaded"});
+  CHECK(std::equal(before.begin(), before.end(), t3.value(m3.adapters()[0].var).begin()));
+  // What grad's adapters cannot be.
+  auto with = [&](const std::string& field, const json& value) {
+    json k = j;
+    k[field] = value;
+    write_text(ad + "/adapter_config.json", k.dump());
+    return refusal([&] { hf::read_adapter_config(ad); });
+  };
+  expect_refused(with("use_rslora", true), {"use_rslora"});
+  expect_refused(with("target_modules", {"q_proj", "lm_head"}), {"target_modules", "lm_head"});
+  expect_refused(with("rank_pattern", {{"q_proj", 8}}), {"rank_pattern"});
+  expect_refused(with("bias", "all"), {"bias"});
+}
+
+TEST_CASE("merge, export and load again: the same logits bit for bit; the KV decoder agrees with biases and tied embeddings") {
+  ScratchDir dir("hf");
+  const std::string d = dir.file("m"), out32 = dir.file("merged"), out16 = dir.file("again");
+  write_checkpoint(d, {hf::Architecture::qwen2, hf::Dtype::bf16, false, true, 0}, 21);
+  write_text(d + "/tokenizer.json", "{\"model\": {}}");
+  const hf::ModelInfo info = hf::read_config(d);
+  const std::vector<int> ids = some_ids(4, batch * seq);
+  auto logits_of = [&](nn::Lm<float>& m) {
+    auto o = m.forward(m.ids(ids, batch, seq));
+    const View<float> v = m.tape().value(o.logits);
+    return std::vector<float>(v.begin(), v.end());
+  };
+  // The base as loaded, exported in its own dtype (BF16): every value is one already.
+  Tape<float> tb;
+  nn::Lm<float> base(tb, info.config, 1);
+  hf::load_weights(d, base);
+  hf::SaveOptions as_bf16;
+  as_bf16.dtype = hf::Dtype::bf16;
+  as_bf16.copy_from = d;
+  hf::save_pretrained(out16, base, as_bf16);
+  CHECK(slurp_text(out16 + "/tokenizer.json") == "{\"model\": {}}");
+  Tape<float> tb2;
+  const hf::ModelInfo again = hf::read_config(out16);
+  CHECK(again.config.describe() == info.config.describe());
+  CHECK(again.dtype == hf::Dtype::bf16);
+  nn::Lm<float> base2(tb2, again.config, 2);
+  hf::load_weights(out16, base2);
+  const std::vector<float> l1 = logits_of(base), l2 = logits_of(base2);
+  CHECK(std::memcmp(l1.data(), l2.data(), l1.size() * sizeof(float)) == 0);
+
+  // LoRA on top, merged, exported F32, loaded: the merged model's logits exactly.
+  Tape<float> tl;
+  nn::Lm<float> lora(tl, hf::with_adapters(info.config, {2, 4.0, nn::all_projections}), 1, nn::Lm<float>::Train::lora);
+  hf::load_weights(d, lora);
+  randomize_adapters(lora, 8);
+  Tape<float> tm;
+  nn::Lm<float> merged(tm, info.config, 3);
+  nn::merge_lora(lora, merged);
+  expect_refused(refusal([&] { hf::save_pretrained(out32, lora); }), {"merge them first", "nothing written"});
+  hf::save_pretrained(out32, merged);
+  Tape<float> tr;
+  nn::Lm<float> reloaded(tr, hf::read_config(out32).config, 4);
+  hf::load_weights(out32, reloaded);
+  const std::vector<float> lm = logits_of(merged), lr = logits_of(reloaded), ll = logits_of(lora);
+  CHECK(std::memcmp(lm.data(), lr.data(), lm.size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(lm.data(), l1.data(), lm.size() * sizeof(float)) != 0);  // the adapters mattered
+  double worst = 0;
+  for (std::size_t i = 0; i < lm.size(); ++i) worst = std::max(worst, double(std::abs(lm[i] - ll[i])));
+  CHECK(worst < 1e-4);  // merging changes the order of the sums only
+
+  // The KV decoder over a model with q/k/v biases and tied embeddings: the tape's logits at every position.
+  nn::KvDecoder<float> dec(reloaded);
+  for (std::size_t p = 0; p < seq; ++p) {
+    const std::span<const float> step = dec.step(ids[p]);
+    CHECK(std::memcmp(step.data(), lr.data() + p * 37, 37 * sizeof(float)) == 0);
+  }
+  // grad's own model files cannot hold these fields: refused, not half-saved.
+  const ModelFileResult r = nn::save_lm(dir.file("x.model"), reloaded);
+  CHECK_FALSE(r);
+  CHECK(r.error.find("save_pretrained") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir.file("x.model")));
 }
