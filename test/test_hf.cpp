@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <grad/hf/model.hpp>
 #include <grad/hf/safetensors.hpp>
 #include <grad/lm.hpp>
@@ -180,6 +181,8 @@ TEST_CASE("a safetensors header is checked before anything is read through it") 
   expect_refused(open(), {"tensor 'a'", "overflows"});
   write_raw(p, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", 4);
   expect_refused(open(), {"tensor 'a'", "[4, 0]"});
+  write_raw(p, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8);
+  expect_refused(open(), {"tensor 'a'", "twice"});
   write_raw(p, "{not json", 0);
   expect_refused(open(), {"bad.safetensors", "not JSON"});
   write_raw(p, "[1, 2]", 0);
@@ -326,6 +329,17 @@ void randomize_adapters(nn::Lm<T>& m, std::uint64_t seed) {
 
 }  // namespace
 
+namespace {
+
+// What grad computed for one oracle case, in PEFT's layouts.
+struct Computed {
+  std::vector<double> logits;
+  double loss = 0;
+  std::map<std::string, std::vector<double>> grads;  // PEFT name -> lora_A [r, in] / lora_B [out, r]
+};
+
+}  // namespace
+
 TEST_CASE("Qwen2 and Llama checkpoints load as nn::Lm and match the float64 PyTorch reference") {
   if (!torch_available()) {
     MESSAGE("skipped: no torch for " << python());
@@ -341,59 +355,74 @@ TEST_CASE("Qwen2 and Llama checkpoints load as nn::Lm and match the float64 PyTo
       {hf::Architecture::llama, hf::Dtype::f16, true, false, 6},  // heads * head_dim 24 != hidden 16
       {hf::Architecture::llama, hf::Dtype::bf16, false, true, 0},
   };
-  int n = 0;
+  std::vector<Computed> computed;
+  std::string oracle_args;
   for (const Checkpoint& c : cases) {
-    const std::string model_dir = dir.file("model" + std::to_string(n)), adapter_dir = dir.file("adapter" + std::to_string(n));
+    const std::string n = std::to_string(computed.size());
+    const std::string model_dir = dir.file("model" + n), adapter_dir = dir.file("adapter" + n);
     CAPTURE(model_dir);
-    write_checkpoint(model_dir, c, 100 + n);
-    ++n;
+    write_checkpoint(model_dir, c, 100 + computed.size());
     hf::ModelInfo info = hf::read_config(model_dir);
     CHECK(info.architecture == c.arch);
     CHECK(info.dtype == c.dtype);
     CHECK(info.config.qkv_bias == (c.arch == hf::Architecture::qwen2));
     CHECK(info.config.tied_embeddings == c.tied);
     CHECK(info.config.head_dim() == (c.head_dim ? c.head_dim : 4));
-    // LoRA on some projections, PEFT's alpha / r.
-    hf::AdapterConfig a{3, 6.0, nn::parse_projections(n % 2 ? "q,v,down" : "all")};
+    // LoRA on some projections or all, PEFT's alpha / r.
+    const hf::AdapterConfig a{3, 6.0, nn::parse_projections(computed.size() % 2 ? "q,v,down" : "all")};
     const nn::LmConfig cfg = hf::with_adapters(info.config, a);
     Tape<double> tp;
     nn::Lm<double> m(tp, cfg, 1, nn::Lm<double>::Train::lora);
     hf::load_weights(model_dir, m);
-    randomize_adapters(m, 7 + n);
-    hf::save_adapters(adapter_dir, m, hf::Dtype::f64);
+    randomize_adapters(m, 7 + computed.size());
+    hf::save_adapters(adapter_dir, m, hf::Dtype::f64);  // the oracle reads the adapters' exact values
     auto out = m.forward(m.ids(ids, batch, seq), m.ids(targets, batch * seq, 0));
     REQUIRE(tp.backward(out.loss));
-    // The base is frozen: no gradient anywhere below the adapters.
+    // The base is frozen: no gradient buffer anywhere below the adapters.
     for (const auto& p : m.base()) CHECK_FALSE(tp.requires_grad(p.var));
-
-    const std::string golden = dir.file("oracle" + std::to_string(n) + ".txt");
-    const std::string cmd = python() + " " + oracle_dir() + "/hf_oracle.py " + model_dir + " " + adapter_dir + " " +
-                            std::to_string(batch) + " " + std::to_string(seq) + " " + joined(ids) + " " +
-                            joined(targets) + " " + golden;
-    REQUIRE(std::system(cmd.c_str()) == 0);
-    const auto g = load_golden(golden);
-    check_close(tp.value(out.logits).data, g.at("logits"), 1e-12, "logits");
-    check_close(std::span<const double>(&tp.value(out.loss).data[0], 1), g.at("loss"), 1e-12, "loss");
-    std::size_t compared = 0;
+    Computed r;
+    r.logits.assign(tp.value(out.logits).begin(), tp.value(out.logits).end());
+    r.loss = tp.scalar(out.loss);
     for (std::size_t l = 0; l < cfg.layers; ++l)
       for (std::size_t p = 0; p < nn::proj_count; ++p) {
         const nn::LmLayer<double>& L = m.layer(l);
         if (!L.lora_a[p].valid()) continue;
-        const bool attention = p < 4;
         const std::string module = "base_model.model.model.layers." + std::to_string(l) +
-                                   (attention ? ".self_attn." : ".mlp.") + std::string(nn::proj_names[p]) + "_proj";
+                                   (p < 4 ? ".self_attn." : ".mlp.") + std::string(nn::proj_names[p]) + "_proj";
         // PEFT's A is [r, in], B [out, r]: grad's transposed.
         for (const auto& [suffix, var] : {std::pair{".lora_A.weight", L.lora_a[p]}, std::pair{".lora_B.weight", L.lora_b[p]}}) {
           const View<double> gv = tp.grad(var);
           const std::size_t rows = gv.shape[0], cols = gv.shape[1];
-          std::vector<double> t(rows * cols);
-          for (std::size_t r = 0; r < rows; ++r)
-            for (std::size_t k = 0; k < cols; ++k) t[k * rows + r] = gv.data[r * cols + k];
-          check_close(t, g.at("grad." + module + suffix), 1e-12, module + suffix);
-          ++compared;
+          std::vector<double>& t = r.grads[module + suffix];
+          t.resize(rows * cols);
+          for (std::size_t i = 0; i < rows; ++i)
+            for (std::size_t k = 0; k < cols; ++k) t[k * rows + i] = gv.data[i * cols + k];
         }
       }
-    CHECK(compared == m.adapters().size());
+    CHECK(r.grads.size() == m.adapters().size());
+    // The KV decoder over the same model (biases, tied embeddings, a wide head, adapters): the tape's bits.
+    nn::KvDecoder<double> dec(m);
+    for (std::size_t p = 0; p < seq; ++p) {
+      const std::span<const double> step = dec.step(ids[p]);
+      CHECK(std::memcmp(step.data(), r.logits.data() + p * 37, 37 * sizeof(double)) == 0);
+    }
+    computed.push_back(std::move(r));
+    oracle_args += " " + model_dir + " " + adapter_dir + " " + std::to_string(batch) + " " + std::to_string(seq) + " " +
+                   joined(ids) + " " + joined(targets) + " " + dir.file("oracle" + n + ".txt");
+  }
+  REQUIRE(std::system((python() + " " + oracle_dir() + "/hf_oracle.py" + oracle_args).c_str()) == 0);
+  for (std::size_t n = 0; n < computed.size(); ++n) {
+    CAPTURE(n);
+    const auto g = load_golden(dir.file("oracle" + std::to_string(n) + ".txt"));
+    check_close(computed[n].logits, g.at("logits"), 1e-12, "logits");
+    check_close(std::span<const double>(&computed[n].loss, 1), g.at("loss"), 1e-12, "loss");
+    std::size_t compared = 0;
+    for (const auto& [name, grad] : computed[n].grads) {
+      REQUIRE(g.count("grad." + name) == 1);
+      check_close(grad, g.at("grad." + name), 1e-12, name);
+      ++compared;
+    }
+    CHECK(compared == g.size() - 2);  // every adapter gradient the oracle wrote
   }
   MESSAGE("largest difference from PyTorch, relative to the tensor's largest value: " << largest_relative_error);
 }

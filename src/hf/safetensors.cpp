@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <type_traits>
 #include <utility>
 
@@ -196,11 +197,21 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     const unsigned char* data = map_ + 8 + header;
     const std::size_t data_size = size_ - 8 - static_cast<std::size_t>(header);
     nlohmann::json j;
+    // A JSON object keeps the last of two equal keys; a tensor named twice is refused instead.
+    std::set<std::string> names;
+    std::string twice;
+    auto note_keys = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+      if (depth == 1 && event == nlohmann::json::parse_event_t::key && !names.insert(parsed.get<std::string>()).second &&
+          twice.empty())
+        twice = parsed.get<std::string>();
+      return true;
+    };
     try {
-      j = nlohmann::json::parse(map_ + 8, map_ + 8 + header);
+      j = nlohmann::json::parse(map_ + 8, map_ + 8 + header, note_keys);
     } catch (const nlohmann::json::exception& e) {
       fail(std::string("the header is not JSON: ") + e.what());
     }
+    if (!twice.empty()) fail("tensor " + in_quotes(twice) + " twice in the header");
     if (!j.is_object()) fail("the header is not a JSON object");
     for (auto it = j.begin(); it != j.end(); ++it) {
       const std::string& name = it.key();

@@ -4,8 +4,8 @@ modeling_qwen2.py / modeling_llama.py and PEFT's LoRA layer), not from
 grad's model: test/test_hf.cpp runs it on the very safetensors files it
 wrote and loaded, and compares logits, loss and the adapters' gradients.
 
-    /usr/bin/python3 test/oracle/hf_oracle.py MODEL_DIR ADAPTER_DIR|- BATCH SEQ IDS TARGETS OUT
-IDS and TARGETS are comma-separated ([BATCH, SEQ] and [BATCH*SEQ], -100 ignored:
+    /usr/bin/python3 test/oracle/hf_oracle.py MODEL_DIR ADAPTER_DIR|- BATCH SEQ IDS TARGETS OUT [MODEL_DIR ...]
+(as many cases as groups of seven arguments: one start of torch for all). IDS and TARGETS are comma-separated ([BATCH, SEQ] and [BATCH*SEQ], -100 ignored:
 the targets are already the next tokens, no shift). OUT gets, in
 test/golden.hpp's format: "logits" [BATCH*SEQ, vocab], "loss" [1], and
 "grad.<PEFT name>" for every adapter tensor (lora_A [r, in], lora_B [out, r]).
@@ -83,7 +83,14 @@ def repeat_kv(h, n_rep):
 
 
 def main():
-    model_dir, adapter_dir, B, T, ids, targets, out_path = sys.argv[1:8]
+    args = sys.argv[1:]
+    if not args or len(args) % 7 != 0:
+        sys.exit(__doc__)
+    for i in range(0, len(args), 7):
+        run_case(*args[i:i + 7])
+
+
+def run_case(model_dir, adapter_dir, B, T, ids, targets, out_path):
     B, T = int(B), int(T)
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
     arch = cfg["architectures"][0]
