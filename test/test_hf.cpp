@@ -3,6 +3,7 @@
 // float64 PyTorch reference of test/oracle/hf_oracle.py (logits, loss, LoRA
 // gradients), PEFT adapters in and out, merge and export.
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <cstring>
@@ -188,6 +189,8 @@ TEST_CASE("a safetensors header is checked before anything is read through it") 
   write_raw(p, "[1, 2]", 0);
   expect_refused(open(), {"not a JSON object"});
   expect_refused(refusal([&] { hf::SafetensorsFile f(dir.file("absent.safetensors")); }), {"absent.safetensors", "cannot open"});
+  REQUIRE(::mkfifo(dir.file("fifo").c_str(), 0600) == 0);  // refused, not waited on
+  expect_refused(refusal([&] { hf::SafetensorsFile f(dir.file("fifo")); }), {"fifo", "not a regular file"});
   // A double that is not a float value is never rounded into a float.
   const std::vector<double> x = {0.1};
   const std::vector<hf::TensorOut<double>> out = {{"x", {1}, x}};
@@ -594,6 +597,8 @@ TEST_CASE("merge, export and load again: the same logits bit for bit; the KV dec
   nn::merge_lora(lora, merged);
   expect_refused(refusal([&] { hf::save_pretrained(out32, lora); }), {"merge them first", "nothing written"});
   hf::save_pretrained(out32, merged);
+  const auto mode = std::filesystem::status(out32 + "/model.safetensors").permissions();
+  CHECK((mode & std::filesystem::perms::others_read) != std::filesystem::perms::none);  // not mkstemp's 0600
   Tape<float> tr;
   nn::Lm<float> reloaded(tr, hf::read_config(out32).config, 4);
   hf::load_weights(out32, reloaded);

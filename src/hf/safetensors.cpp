@@ -170,7 +170,8 @@ bool encode_element(Dtype d, double value, unsigned char* bytes) {
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   auto fail = [&](const std::string& why) { throw Error("grad::hf: safetensors file '" + path + "': " + why); };
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO named as the file must be refused below, not waited on.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail(std::string("cannot open: ") + std::strerror(errno));
   struct stat st{};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -353,6 +354,7 @@ class AtomicFile {
   explicit AtomicFile(const std::string& path) : path_(path), temp_(path + ".tmp.XXXXXX") {
     const int fd = ::mkstemp(temp_.data());
     if (fd < 0) fail(std::string("cannot create a temporary file beside it: ") + std::strerror(errno));
+    ::fchmod(fd, 0644);  // mkstemp creates 0600; a model is as readable as any output file (as checkpoint.hpp)
     file_ = ::fdopen(fd, "wb");
     if (!file_) {
       ::close(fd);
