@@ -8,8 +8,8 @@
 # (GRAD_WITH_MPI=0 skips it: grad::dist's MPI test then reports itself skipped).
 # doxygen builds the API reference (`ninja -C build docs`; GRAD_WITH_DOCS=0
 # skips it). CLI11 (libcli11-dev, header-only) parses the programs' options.
-# nlohmann-json3-dev and libpcre2-dev build grad::hf (tokenizer.json files:
-# JSON, and the pre-tokenizers' Unicode regular expressions).
+# nlohmann-json (nlohmann-json3-dev) and PCRE2 (libpcre2-dev) build grad::hf:
+# Hugging Face model directories, tokenizers and GGUF export.
 set -eu
 want="meson ninja-build pkg-config cmake g++ doctest-dev libboost-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libpcre2-dev"
 [ "${GRAD_WITH_TORCH:-1}" = 1 ] && want="$want python3-torch"

@@ -10,10 +10,11 @@
 //   auto out = model.forward(model.ids(inputs, batch, seq), model.ids(targets, batch * seq, 0));
 //   tp.backward(out.loss); ...; tp.reset_to(episode);
 //
-// The block (pre-norm, as Qwen2 without the q/k/v biases):
+// The block (pre-norm, as Qwen2; q/k/v biases under LmConfig::qkv_bias):
 //   h = rmsnorm(x, attn_norm); x = x + o(attention(q(h), k(h), v(h)))
 //   h = rmsnorm(x, mlp_norm);  x = x + down(silu(gate(h)) * up(h))
-// and logits = rmsnorm(x, final_norm) . head, with an untied head. Attention
+// and logits = rmsnorm(x, final_norm) . head (embed^T under
+// LmConfig::tied_embeddings). Attention
 // runs batched: heads become the leading axis of bmm (reshape/transpose),
 // RoPE in the NEOX half split, GQA by repeating each key/value head for its
 // group of query heads, the causal mask of nn::causal_mask.
@@ -28,7 +29,8 @@
 // embedding and cross_entropy check them when recorded.
 //
 // The pieces: lm/model.hpp (config, tokenizer, Lm, merge_lora), lm/files.hpp
-// (save_lm, load_lm), lm/decode.hpp (KvDecoder, sampling).
+// (save_lm, load_lm), lm/decode.hpp (KvDecoder, sampling); Hugging Face
+// checkpoints in and out: grad/hf/model.hpp (the grad_hf library).
 #pragma once
 
 #include "grad/lm/decode.hpp"

@@ -267,9 +267,10 @@ ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::
       const auto [in, out] = c.proj_shape(nn::Proj(p));
       const std::string name = g + std::string(nn::proj_names[p]);
       why = add(name, {in, out}, blk + gguf_proj[p] + ".weight", Missing::error);
-      // llama.cpp's qwen2 reads q/k/v biases (zeros where grad has none).
+      // llama.cpp's qwen2 reads q/k/v biases (zeros where the model has none:
+      // LmConfig::qkv_bias off).
       if (why.empty() && p <= static_cast<std::size_t>(nn::Proj::v))
-        why = add(name + ".bias", {out}, blk + gguf_proj[p] + ".bias", Missing::zeros);
+        why = add(name + "_bias", {out}, blk + gguf_proj[p] + ".bias", Missing::zeros);
     }
     if (why.empty()) why = add(g + "mlp_norm", {d}, blk + "ffn_norm.weight", Missing::error);
   }
@@ -311,6 +312,10 @@ ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::
   m.u32(arch + ".attention.head_count", u32(c.heads));
   m.u32(arch + ".attention.head_count_kv", u32(c.kv_heads));
   m.u32(arch + ".rope.dimension_count", u32(c.head_dim()));
+  if (c.head_dim() * c.heads != d) {  // a head width of its own (LmConfig::head_width): llama.cpp reads it here
+    m.u32(arch + ".attention.key_length", u32(c.head_dim()));
+    m.u32(arch + ".attention.value_length", u32(c.head_dim()));
+  }
   m.f32(arch + ".rope.freq_base", static_cast<float>(c.rope_base));
   m.f32(arch + ".attention.layer_norm_rms_epsilon", static_cast<float>(c.eps));
   m.string("tokenizer.ggml.model", "gpt2");

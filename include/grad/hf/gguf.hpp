@@ -15,7 +15,7 @@
 //   embed      [vocab, d]     token_embd.weight         {d, vocab}       (the same bytes)
 //   layers.N.attn_norm [d]    blk.N.attn_norm.weight    {d}
 //   layers.N.q [d, H*hd]      blk.N.attn_q.weight       {d, H*hd}        (transposed: llama.cpp's rows are outputs)
-//   (none)                    blk.N.attn_q.bias         {H*hd}           zeros: grad's block has no q/k/v bias
+//   layers.N.q_bias [H*hd]    blk.N.attn_q.bias         {H*hd}           zeros without LmConfig::qkv_bias
 //   layers.N.k, .v, .o        attn_k, attn_v (+ bias), attn_output
 //   layers.N.mlp_norm [d]     blk.N.ffn_norm.weight     {d}
 //   layers.N.gate, .up, .down ffn_gate, ffn_up, ffn_down (transposed)
@@ -115,7 +115,7 @@ struct LmTensor {
 // Writes `tensors` (a model of `config`, without adapters: merge them first,
 // nn::merge_lora) with `vocab` to `path` as a qwen2 GGUF. Optional
 // tensors: "head" (left out: the output is tied to the embedding) and
-// "layers.N.q.bias", "layers.N.k.bias", "layers.N.v.bias" (left out: zeros).
+// "layers.N.q_bias", "layers.N.k_bias", "layers.N.v_bias" (left out: zeros).
 // Every other tensor of the table above must be there with its shape;
 // nothing else may be. On any failure nothing is written and the message
 // ("grad: GGUF '<path>': ...") names the tensor or key and what was expected.

@@ -23,7 +23,8 @@ namespace grad::nn {
 // ---- inference without the tape ----
 
 // A KV-cache decoder over an Lm's weights (read in place from its tape, so
-// keep the model alive and its tensors unchanged while decoding). Each
+// keep the model alive and its tensors unchanged while decoding; a tied
+// embedding is read once, when the decoder is constructed). Each
 // step() runs the same op functors, on the same operands in the same order,
 // as Lm::forward records for that position (the tags' host loops on one
 // row: matmul accumulates ascending k, softmax over the positions so far,
@@ -45,6 +46,11 @@ class KvDecoder {
     zeros_.assign(c_.max_seq, T(0));
     kt_.assign(c_.max_seq * hd, T(0));
     logits_.assign(c_.vocab, T(0));
+    if (c_.tied_embeddings) {  // embed^T once, as the tape's transpose node copies it each forward
+      const std::size_t d = c_.d_model;
+      head_t_.assign(d * c_.vocab, T(0));
+      run1<Transpose>(val(m_->embed()), dims({c_.vocab, d}), head_t_.data(), T(0), &head_dims_);
+    }
   }
 
   std::size_t position() const { return pos_; }
@@ -106,7 +112,8 @@ class KvDecoder {
       std::copy(t2_.begin(), t2_.begin() + static_cast<std::ptrdiff_t>(d), x_.begin());
     }
     rmsnorm_row(x_.data(), val(m_->final_norm()), h_.data());
-    run2<Matmul>(h_.data(), dims({1, d}), val(m_->head()), dims({d, c_.vocab}), logits_.data(), dims({1, c_.vocab}));
+    const T* head = c_.tied_embeddings ? head_t_.data() : val(m_->head());
+    run2<Matmul>(h_.data(), dims({1, d}), head, dims({d, c_.vocab}), logits_.data(), dims({1, c_.vocab}));
     ++pos_;
     return logits_;
   }
@@ -153,8 +160,17 @@ class KvDecoder {
     run2<Div>(x, row, &rt, one, t3_.data(), row);
     run2<Mul>(t3_.data(), row, w, dims({d}), out, row);
   }
-  // The projection p of one row (with its adapter, as nn::lora_linear).
+  // The projection p of one row (with its adapter, as nn::lora_linear), then its bias as Lm::proj adds it.
   void project(const LmLayer<T>& L, Proj p, const T* h, T* out) {
+    const std::size_t i = static_cast<std::size_t>(p);
+    const auto [in, o] = c_.proj_shape(p);
+    const Dims ho = dims({1, o});
+    if (!L.bias[i].valid()) return project_unbiased(L, p, h, out);
+    bias_in_.resize(o);
+    project_unbiased(L, p, h, bias_in_.data());
+    run2<Add>(bias_in_.data(), ho, val(L.bias[i]), dims({o}), out, ho);
+  }
+  void project_unbiased(const LmLayer<T>& L, Proj p, const T* h, T* out) {
     const std::size_t i = static_cast<std::size_t>(p);
     const auto [in, o] = c_.proj_shape(p);
     const Dims hin = dims({1, in}), ho = dims({1, o});
@@ -196,7 +212,9 @@ class KvDecoder {
   std::size_t pos_ = 0;
   std::vector<T> keys_, values_;
   std::vector<T> x_, h_, t1_, t2_, t3_, q_, k_, v_, ctx_, gate_, up_, scores_, probs_, zeros_, kt_, logits_;
-  std::vector<T> lora_base_, lora_mid_, lora_low_, rope_rot_;
+  std::vector<T> lora_base_, lora_mid_, lora_low_, rope_rot_, bias_in_;
+  std::vector<T> head_t_;  // [d_model, vocab]: the tied embedding transposed (taken when constructed)
+  Dims head_dims_ = dims({c_.d_model, c_.vocab});
 };
 
 // ---- sampling ----

@@ -27,6 +27,9 @@ namespace grad::nn {
 
 template <class T>
 ModelFileResult save_lm(const std::string& path, const Lm<T>& model) {
+  if (!model.config().fits_model_file())
+    return {"grad: model file '" + path + "': a model with " + model.config().describe() +
+            " has fields lm.config cannot hold (save it with grad::hf::save_pretrained); nothing written"};
   std::vector<NamedParameter<T>> all = model.named();
   all.push_back({"lm.config", model.config_var(), ParamKind::weight});
   return save_model(path, model.tape(), std::span<const NamedParameter<T>>(all));
@@ -127,6 +130,9 @@ ModelFileResult load_lm(const std::string& path, Lm<T>& model) {
   LmConfig file;
   if (std::string why = read_lm_config(path, file); !why.empty()) return {why};
   const LmConfig& mine = model.config();
+  if (!mine.fits_model_file())
+    return {"grad: model file '" + path + "': this model (" + mine.describe() +
+            ") has fields no model file holds (load it with grad::hf::load_weights); nothing loaded"};
   auto same = [](double x, double y) { return static_cast<T>(x) == static_cast<T>(y); };
   const auto fs = file.stored(), ms = mine.stored();
   bool base_ok = true, all_ok = true;

@@ -57,8 +57,20 @@ struct LmConfig {
   std::size_t lora_rank = 0;  // 0: no adapters
   double lora_scale = 1.0;    // alpha / r, as PEFT
   std::uint32_t lora_targets = all_projections;
+  // What checkpoints trained elsewhere need (grad/hf/model.hpp reads them
+  // from a Hugging Face config.json). Their defaults are grad's own model,
+  // whose bits and model files they leave as they were; a model file
+  // (save_lm) cannot hold a config that sets them.
+  std::size_t head_width = 0;    // 0: d_model / heads; else each head's width (HF's head_dim)
+  bool qkv_bias = false;         // q, k and v add a bias after the projection (Qwen2)
+  bool tied_embeddings = false;  // logits = h . embed^T: no head of its own (HF's tie_word_embeddings)
 
-  std::size_t head_dim() const { return heads == 0 ? 0 : d_model / heads; }
+  std::size_t head_dim() const {
+    if (head_width != 0) return head_width;
+    return heads == 0 ? 0 : d_model / heads;
+  }
+  // Whether a grad model file can hold this config (LmConfig::stored has no room for the fields above).
+  bool fits_model_file() const { return head_width == 0 && !qkv_bias && !tied_embeddings; }
   bool has_adapter(Proj p) const { return lora_rank > 0 && (lora_targets >> static_cast<unsigned>(p) & 1u) != 0; }
   // The projection's [in, out].
   std::array<std::size_t, 2> proj_shape(Proj p) const {
@@ -108,8 +120,12 @@ struct LmConfig {
         add(block, mul(lora_rank, out));
       }
     }
-    std::size_t total = mul(2, mul(vocab, d_model));  // embed, head
-    add(total, d_model);                              // final_norm
+    if (qkv_bias) {
+      add(block, proj_shape(Proj::q)[1]);
+      add(block, mul(2, proj_shape(Proj::k)[1]));
+    }
+    std::size_t total = mul(tied_embeddings ? 1 : 2, mul(vocab, d_model));  // embed, head
+    add(total, d_model);                                                   // final_norm
     add(total, mul(layers, block));
     if (overflow) return std::nullopt;
     return total;
@@ -129,14 +145,16 @@ struct LmConfig {
     if (max_seq < 2)
       return "max_seq " + n(max_seq) + ": expected at least 2 (generation restarts on max_seq / 2 tokens)";
     const std::pair<const char*, std::size_t> dims[] = {
-        {"vocab", vocab}, {"d_model", d_model}, {"heads", heads},        {"kv_heads", kv_heads},
-        {"ffn", ffn},     {"max_seq", max_seq}, {"lora_rank", lora_rank}};
+        {"vocab", vocab}, {"d_model", d_model}, {"heads", heads},          {"kv_heads", kv_heads},
+        {"ffn", ffn},     {"max_seq", max_seq}, {"lora_rank", lora_rank}, {"head_width", head_width}};
     for (const auto& [name, value] : dims)
       if (value > max_dim) return std::string(name) + " " + n(value) + ": expected at most " + n(max_dim);
     if (layers > max_layers) return "layers " + n(layers) + ": expected at most " + n(max_layers);
     if (heads == 0 || kv_heads == 0 || heads % kv_heads != 0)
       return "heads " + n(heads) + " and kv_heads " + n(kv_heads) + ": expected kv_heads >= 1 dividing heads";
-    if (d_model % heads != 0 || head_dim() % 2 != 0)
+    if (head_width != 0 && head_width % 2 != 0)
+      return "head_width " + n(head_width) + ": expected an even width (RoPE rotates pairs of columns)";
+    if (head_width == 0 && (d_model % heads != 0 || head_dim() % 2 != 0))
       return "d_model " + n(d_model) + " over " + n(heads) + " heads: expected an even head width dividing d_model";
     if (!std::isfinite(rope_base) || !(rope_base > 1))
       return "rope_base " + real(rope_base) + ": expected a finite value > 1";
@@ -164,6 +182,9 @@ struct LmConfig {
     auto n = [](std::size_t v) { return std::to_string(v); };
     std::string s = "vocab " + n(vocab) + ", d_model " + n(d_model) + ", layers " + n(layers) + ", heads " + n(heads) +
                     ", kv_heads " + n(kv_heads) + ", ffn " + n(ffn) + ", max_seq " + n(max_seq);
+    if (head_width != 0) s += ", head_width " + n(head_width);
+    if (qkv_bias) s += ", q/k/v biases";
+    if (tied_embeddings) s += ", tied embeddings";
     if (lora_rank > 0) {
       s += ", LoRA rank " + n(lora_rank) + " on";
       for (std::size_t p = 0; p < proj_count; ++p)
@@ -248,6 +269,7 @@ template <class T>
 struct LmLayer {
   Var<T> attn_norm, mlp_norm;
   std::array<Var<T>, proj_count> w, lora_a, lora_b;
+  std::array<Var<T>, proj_count> bias;  // q, k, v under LmConfig::qkv_bias; invalid elsewhere
 };
 
 template <class T>
@@ -323,6 +345,13 @@ class Lm {
         NameScope<T> part(tp, proj_part(Proj(p))), scope(tp, proj_names[p]);
         L.w[p] = leaf(pre + std::string(proj_names[p]), uniform({in, out}, bound, base), ParamKind::weight, false);
       }
+      // After every weight, so that a model without biases draws what it always drew.
+      for (const Proj p : {Proj::q, Proj::k, Proj::v}) {
+        if (!c_.qkv_bias) break;
+        const std::size_t i = static_cast<std::size_t>(p);
+        L.bias[i] = leaf(pre + std::string(proj_names[i]) + "_bias", Tensor<T>({c_.proj_shape(p)[1]}), ParamKind::bias,
+                         false);
+      }
       for (std::size_t p = 0; p < proj_count; ++p) {
         if (!c_.has_adapter(Proj(p))) continue;
         const auto [in, out] = c_.proj_shape(Proj(p));
@@ -338,7 +367,7 @@ class Lm {
       NameScope<T> scope(tp, "final_norm");
       final_norm_ = leaf("final_norm", Tensor<T>::full({c_.d_model}, T(1)), ParamKind::norm, false);
     }
-    {
+    if (!c_.tied_embeddings) {
       NameScope<T> scope(tp, "head");
       head_ = leaf("head", uniform({c_.d_model, c_.vocab}, s3 / std::sqrt(double(c_.d_model)), base),
                    ParamKind::weight, false);
@@ -367,7 +396,7 @@ class Lm {
   const LmLayer<T>& layer(std::size_t l) const { return layers_[l]; }
   Var<T> embed() const { return embed_; }
   Var<T> final_norm() const { return final_norm_; }
-  Var<T> head() const { return head_; }
+  Var<T> head() const { return head_; }  // invalid under tied_embeddings: the logits read embed()
   Var<T> config_var() const { return config_var_; }
   std::size_t parameter_count() const {
     std::size_t n = 0;
@@ -449,7 +478,7 @@ class Lm {
     }
     {
       NameScope<T> scope(tp, "head");
-      out.logits = matmul(normed, head_);
+      out.logits = matmul(normed, c_.tied_embeddings ? transpose(embed_) : head_);
     }
     if (targets.valid() || targets.tape()) {
       NameScope<T> scope(tp, "loss");
@@ -458,13 +487,15 @@ class Lm {
     return out;
   }
 
-  // The projection p of h, with its adapter when it has one (name scope
-  // proj_names[p], inside the caller's).
+  // The projection p of h, with its adapter when it has one, then its bias
+  // (name scope proj_names[p], inside the caller's).
   Var<T> proj(const LmLayer<T>& L, Proj p, Var<T> h) const {
     const std::size_t i = static_cast<std::size_t>(p);
     NameScope<T> scope(*tp_, proj_names[i]);
-    if (L.lora_a[i].valid()) return lora_linear(h, L.w[i], L.lora_a[i], L.lora_b[i], static_cast<T>(c_.lora_scale));
-    return matmul(h, L.w[i]);
+    const Var<T> y = L.lora_a[i].valid()
+                         ? lora_linear(h, L.w[i], L.lora_a[i], L.lora_b[i], static_cast<T>(c_.lora_scale))
+                         : matmul(h, L.w[i]);
+    return L.bias[i].valid() ? y + L.bias[i] : y;
   }
 
  private:
@@ -537,7 +568,9 @@ template <class T>
 void merge_lora(const Lm<T>& src, Lm<T>& dst) {
   const LmConfig &a = src.config(), &b = dst.config();
   const auto sa = a.stored(), sb = b.stored();
-  if (!std::equal(sa.begin(), sa.begin() + LmConfig::base_fields, sb.begin()) || b.lora_rank != 0)
+  const bool same_extras =
+      a.head_width == b.head_width && a.qkv_bias == b.qkv_bias && a.tied_embeddings == b.tied_embeddings;
+  if (!std::equal(sa.begin(), sa.begin() + LmConfig::base_fields, sb.begin()) || !same_extras || b.lora_rank != 0)
     throw std::invalid_argument("nn::merge_lora: the target model (" + b.describe() +
                                 ") must have the source's base config (" + a.describe() + ") and no adapters");
   Tape<T>& from = src.tape();

@@ -1,0 +1,102 @@
+// safetensors files (the format Hugging Face checkpoints are stored in), read
+// through a memory map and written atomically.
+//
+//   file    u64 little-endian N, then N bytes of JSON, then the data
+//   JSON    {"<name>": {"dtype": "BF16", "shape": [out, in], "data_offsets": [begin, end]}, ...,
+//            "__metadata__": {"<key>": "<string>", ...}}   (offsets relative to the data's start)
+//
+// Reading checks the header before anything is read through it: N within the
+// file, the JSON an object of such entries, each dtype known, each shape's
+// element count times the dtype's size equal to end - begin (overflow
+// checked), every range inside the data and no two ranges overlapping. A
+// refusal is an hf::Error naming the file and the tensor. Values come out
+// converted exactly: F16 and BF16 (and F32) into float or double, F64 into
+// double (into float only when it is a float value: never rounded silently).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace grad::hf {
+
+// What grad::hf throws: the message names the file and, where there is one, the tensor.
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+enum class Dtype : std::uint8_t { f64, f32, f16, bf16 };
+std::string_view dtype_name(Dtype d);   // "F64", "F32", "F16", "BF16"
+std::size_t dtype_size(Dtype d);        // bytes per element
+bool parse_dtype(std::string_view name, Dtype& out);
+
+// Exact decoding of one element's bits (little-endian bytes) to double: every
+// F16, BF16 and F32 value is a double (and a float) exactly.
+double decode_element(Dtype d, const unsigned char* bytes);
+// The element nearest to `value` (ties to even) as bits; false when it is
+// beyond the dtype's finite range (an infinity or NaN is kept as one).
+bool encode_element(Dtype d, double value, unsigned char* bytes);
+
+struct TensorInfo {
+  std::string name;
+  Dtype dtype = Dtype::f32;
+  std::vector<std::size_t> shape;
+  std::size_t elements = 0;
+  std::span<const unsigned char> bytes;  // inside the mapping
+};
+
+// One safetensors file, memory-mapped read-only for as long as it lives.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);  // throws hf::Error
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+  SafetensorsFile(SafetensorsFile&& other) noexcept;
+  SafetensorsFile& operator=(SafetensorsFile&&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const TensorInfo* find(std::string_view name) const;  // nullptr when absent
+
+  // The tensor's values converted exactly; `out` must hold exactly its elements.
+  void read(const TensorInfo& t, std::span<double> out) const;
+  void read(const TensorInfo& t, std::span<float> out) const;  // F64 values that are not floats are refused
+
+ private:
+  std::string path_;
+  const unsigned char* map_ = nullptr;
+  std::size_t size_ = 0;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// A tensor to write: `shape` as it is stored and its values in row-major
+// order, or (transposed, rank 2) values of the [shape[1], shape[0]] matrix
+// they are the transpose of, written transposed without a copy of the whole.
+template <class T>
+struct TensorOut {
+  std::string name;
+  std::vector<std::size_t> shape;
+  std::span<const T> values;
+  bool transposed = false;
+};
+
+// Writes the tensors (in the given order, data aligned to 8 bytes) in
+// `dtype`, atomically: to a temporary file in the same directory, fsync'd,
+// renamed over `path`. Every value is checked to fit the dtype before
+// anything is written. Throws hf::Error naming the file and the tensor.
+template <class T>
+void write_safetensors(const std::string& path, std::span<const TensorOut<T>> tensors, Dtype dtype,
+                       const std::map<std::string, std::string>& metadata = {});
+
+// A whole file's bytes written atomically (config.json, the index, copies).
+void write_file_atomically(const std::string& path, std::string_view bytes);
+
+}  // namespace grad::hf
