@@ -1,7 +1,7 @@
 // A 64-128-64-10 relu classifier with dropout on scikit-learn's handwritten
 // digits (1,797 8x8 images, 10 classes), written with grad's everyday API.
 //
-//   digits [--data FILE] [--epochs 30] [--batch 64] [--lr 1e-3] [--dropout 0.2] [--seed 1] [--save FILE] [--svg FILE]
+//   digits [--data FILE] [--epochs 30] [--batch 64] [--lr 1e-3] [--weight-decay 0.01] [--dropout 0.2] [--seed 1] [--save FILE] [--svg FILE]
 // (digits --help: every option with its default and range.)
 //
 // The data: Debian's python3-sklearn ships it (apt-get install python3-sklearn);
@@ -29,14 +29,16 @@ int main(int argc, char** argv) {
   int epochs = 30;
   std::size_t batch_size = 64;
   float lr = 1e-3f;
-  double dropout = 0.2;
+  double dropout = 0.2, weight_decay = 0.01;
   std::uint64_t seed = 1;
   // A regular file, bounded: /dev/zero as --data would never end.
   app.add_option("--data", data, "CSV (or .csv.gz): 64 pixel columns (0..16), the class id last")
       ->check(cli::input_file(256u << 20));
   app.add_option("--epochs", epochs, "passes over the training rows")->check(cli::range(1, 100'000));
-  app.add_option("--batch", batch_size, "rows per Adam step")->check(cli::range<std::size_t>(1, 100'000));
-  app.add_option("--lr", lr, "Adam learning rate")->check(cli::range(1e-7f, 10.0f));
+  app.add_option("--batch", batch_size, "rows per AdamW step")->check(cli::range<std::size_t>(1, 100'000));
+  app.add_option("--lr", lr, "AdamW's peak learning rate (one-cycle schedule)")->check(cli::range(1e-7f, 10.0f));
+  app.add_option("--weight-decay", weight_decay, "AdamW's decoupled weight decay on the weights (not biases)")
+      ->check(cli::range(0.0, 1.0));
   app.add_option("--dropout", dropout, "dropout after each hidden relu (0: none)")->check(cli::range(0.0, 0.95));
   app.add_option("--seed", seed, "initial weights and batch order")->check(cli::seed());
   app.add_option("--save", save, "write the trained model ('' for none)")->check(cli::output_file);
@@ -59,13 +61,16 @@ int main(int argc, char** argv) {
   grad::Tape<float> tp;
   grad::SplitMix64 gen(seed);
   auto model = grad::nn::mlp<float>(tp, {cols, 128, 64, 10}, gen, grad::nn::relu_layer<float>, dropout);
-  // The optimizer: Adam at a fixed rate for now (issue 28 switches it to
-  // AdamW with a learning-rate schedule once opt.hpp has them).
-  grad::Adam<float> opt(lr);
-  grad::nn::add_parameters(opt, model);
+  // AdamW (torch.optim.AdamW's rule) with decoupled weight decay on the
+  // weights only, under a one-cycle schedule (torch's OneCycleLR) whose
+  // peak is --lr, over every step of the run.
+  grad::AdamW<float> opt(lr);
+  grad::nn::add_parameters(opt, model, {.weights = weight_decay, .others = 0});
   grad::Batches<float> batches(train.inputs, train.labels, {.batch = batch_size, .seed = seed});
-  std::printf("digits: %zu train / %zu test rows, %zu-128-64-10 relu, dropout %g, Adam lr %g, batch %zu, seed %llu\n",
-              train.labels.size(), test.labels.size(), cols, dropout, static_cast<double>(lr), batches.batch_size(),
+  opt.set_schedule(grad::LrSchedule::one_cycle(lr, static_cast<std::uint64_t>(epochs) * batches.size()));
+  std::printf("digits: %zu train / %zu test rows, %zu-128-64-10 relu, dropout %g, AdamW peak lr %g (one-cycle), "
+              "weight decay %g, batch %zu, seed %llu\n",
+              train.labels.size(), test.labels.size(), cols, dropout, static_cast<double>(lr), weight_decay, batches.batch_size(),
               static_cast<unsigned long long>(seed));
 
   const auto mark = tp.mark();

@@ -10,17 +10,25 @@
 //                    host loops (contract.hpp says what a tag is; family.hpp the
 //                    Unary/Binary families); op_list.hpp lists them (OpList, with_op)
 //   arena.hpp        the chunked allocator behind the tape
+//   warn.hpp         grad::warn and set_warning_handler (the tape's one-time warnings)
 //   tape.hpp         Tape<T>, Var<T>: nodes, poisoning, requires-grad, mark/reset
 //   record.hpp       a + b, matmul(a, b), softmax(a, axis), ...: record_op<Op>, one node each
 //   backward.hpp     the one reverse walk
-//   opt.hpp          SGD, Adam, LrSchedule: per-parameter L2, global-norm clipping
-//                    (element rules in update_rules.hpp, loops in update.hpp)
+//   opt.hpp          SGD (momentum, Nesterov), Adam (efficient or PyTorch form), AdamW,
+//                    LrSchedule (warm-up + cosine, step, multi-step, exponential,
+//                    one-cycle, plateau): per-parameter decay, global-norm clipping,
+//                    non-finite gradients refused (element rules in update_rules.hpp,
+//                    loops in update.hpp)
 //   random.hpp       a portable deterministic generator
 //   core.hpp         all of the above: the lean header a training program can live on
-//   checkpoint.hpp   save/load parameters and optimizer state
+//   checkpoint.hpp   save/load parameters, optimizer and schedule state, notes
+//   loop_state.hpp   LoopState: epoch, best loss, batch position, generator state as notes
+//   tensor_math.hpp  eager Tensor math for data pipelines: + - * /, mean, stddev,
+//                    standardize, slice_rows, concat
 //   nn.hpp           layers as tape builders, up to a Qwen2-style block with LoRA
 //                    (nn::cross_entropy_onehot: one-hot targets as a Var)
-//   modules.hpp      nn::Linear, norms, LoRALinear, Sequential: parameters with names
+//   modules.hpp      nn::Linear, norms, LoRALinear, Dropout, Sequential: parameters with
+//                    names, train()/eval(), freeze()
 //   model_file.hpp   save_model / load_model by name
 //   classify.hpp     cross_entropy with integer labels (any integral type), argmax,
 //                    accuracy, confusion matrix
@@ -36,7 +44,9 @@
 // This header is all of them: every header-only public header. <grad/core.hpp>
 // is the lean one (about 2/3 of the parse time). Not here, because they link a
 // library: the device engine (<grad/device/device.hpp>, grad_device_dep) and
-// grad::dist (<grad/dist.hpp>, grad_dist_dep for MPI; dist_nccl.hpp for NCCL).
+// grad::dist (<grad/dist.hpp>, grad_dist_dep for MPI; dist_nccl.hpp for NCCL), and
+// grad::hf (<grad/hf/*.hpp>, grad_hf_dep: Hugging Face checkpoints, tokenizers,
+// GGUF export; it needs nlohmann-json and PCRE2).
 //
 // Three losses, by what the targets are (each name says it; the overloads of
 // plain cross_entropy are kept for programs written against them):
@@ -44,7 +54,7 @@
 //                                         or span of any integral type): classify.hpp
 //   cross_entropy_ids(logits, ids, ignore) ids as a constant Var, rows equal to ignore
 //                                         left out; one node (the LM's): record.hpp
-//   nn::cross_entropy(logits, onehot)     one-hot targets as a Var: nn.hpp
+//   nn::cross_entropy_onehot(logits, onehot) one-hot targets as a Var: nn.hpp
 // docs/ARCHITECTURE.md has the layers, the op-tag and determinism contracts.
 //
 // Two modes, same results bit for bit: header-only (the default: every loop
@@ -68,8 +78,10 @@
 #include "grad/emit.hpp"
 #include "grad/inspect.hpp"
 #include "grad/lm.hpp"
+#include "grad/loop_state.hpp"
 #include "grad/model_file.hpp"
 #include "grad/modules.hpp"
 #include "grad/nn.hpp"
 #include "grad/print.hpp"
+#include "grad/tensor_math.hpp"
 #include "grad/threading.hpp"
