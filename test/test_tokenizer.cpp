@@ -5,6 +5,7 @@
 // clear error for every kind of bad file. test/hf/tokenizer_oracle.sh
 // compares real vocabularies with reference implementations.
 #include <doctest/doctest.h>
+#include <grad/hf/gguf.hpp>
 #include <grad/hf/tokenizer.hpp>
 
 #include <filesystem>
@@ -370,4 +371,50 @@ TEST_CASE("from_file reads the file and names it in errors") {
   const std::string expected = (dir / "bad.json").string() + ": model.merges[0]: expected";
   CHECK_THROWS_WITH_AS(Tokenizer::from_file(dir / "bad.json"), doctest::Contains(expected.c_str()), TokenizerError);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("bpe_vocab: a tokenizer.json as GGUF's vocabulary: spellings by id, merges by rank, added tokens typed") {
+  using grad::hf::TokenType;
+  json j = make({{"h", "e"}, {"l", "l"}, {"he", "ll"}, {" ", "w"}}, byte_level());  // ids 256 .. 259
+  const int eot = 261, user = 263;  // 260 and 262 are gaps
+  j["added_tokens"] = {{{"id", eot}, {"content", "<|endoftext|>"}, {"special", true}},
+                       {{"id", user}, {"content", "<|user|>"}, {"special", false}}};
+  const Tokenizer t = load(j);
+  const std::size_t model_vocab = 266;  // two rows more than the tokenizer, as checkpoints pad their embedding
+  const grad::hf::BpeVocab v = grad::hf::bpe_vocab(t, model_vocab);
+  REQUIRE(v.tokens.size() == model_vocab);
+  REQUIRE(v.token_types.size() == model_vocab);
+  for (int b = 0; b < 256; ++b) {
+    CAPTURE(b);
+    CHECK(v.tokens[b] == grad::hf::byte_token(static_cast<unsigned char>(b)));
+    CHECK(v.token_types[b] == TokenType::normal);
+  }
+  const std::string G = grad::hf::byte_token(' ');
+  CHECK(v.tokens[256] == "he");
+  CHECK(v.tokens[258] == "hell");
+  CHECK(v.tokens[259] == G + "w");
+  CHECK(v.merges == std::vector<std::string>{"h e", "l l", "he ll", G + " w"});
+  CHECK(v.tokens[eot] == "<|endoftext|>");
+  CHECK(v.token_types[eot] == TokenType::control);
+  CHECK(v.tokens[user] == "<|user|>");
+  CHECK(v.token_types[user] == TokenType::user_defined);
+  for (int gap : {260, 262, 264, 265}) {
+    CAPTURE(gap);
+    CHECK(v.tokens[gap] == "[PAD" + std::to_string(gap) + "]");
+    CHECK(v.token_types[gap] == TokenType::unused);
+  }
+  CHECK(v.eos == std::optional<std::uint32_t>(eot));
+  CHECK_FALSE(v.bos.has_value());
+  CHECK(v.pre == "qwen2");
+  CHECK(grad::hf::check_vocab(v, model_vocab).empty());
+  // Without a model size: the tokenizer's ids; a model with fewer is refused naming both counts.
+  CHECK(grad::hf::bpe_vocab(t).tokens.size() == 264);
+  CHECK(grad::hf::check_vocab(grad::hf::bpe_vocab(t), 200).find("264 tokens, the model's vocabulary 200") !=
+        std::string::npos);
+  // A repeated merge counts once, at its last rank (as encode applies it); bos from <s>.
+  j["model"]["merges"].push_back("h e");
+  j["added_tokens"].push_back({{"id", 264}, {"content", "<s>"}, {"special", true}});
+  const grad::hf::BpeVocab again = grad::hf::bpe_vocab(load(j));
+  CHECK(again.merges == std::vector<std::string>{"l l", "he ll", G + " w", "h e"});
+  CHECK(again.bos == std::optional<std::uint32_t>(264));
 }

@@ -2,6 +2,7 @@
 // (include/grad/hf/gguf.hpp has the tensor table and the rules).
 #include "grad/hf/gguf.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -89,6 +90,31 @@ BpeVocab byte_level_vocab(std::span<const std::string> specials) {
     v.token_types.push_back(TokenType::control);
   }
   if (!specials.empty()) v.eos = 256;
+  return v;
+}
+
+BpeVocab bpe_vocab(const Tokenizer& tokenizer, std::size_t vocab) {
+  BpeVocab v;
+  const std::size_t n = std::max(vocab, tokenizer.vocab_size());
+  v.tokens.reserve(n);
+  v.token_types.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const int id = static_cast<int>(i);
+    const std::optional<std::string> t = tokenizer.id_to_token(id);
+    v.tokens.push_back(t ? *t : "[PAD" + std::to_string(i) + "]");
+    v.token_types.push_back(!t                          ? TokenType::unused
+                            : tokenizer.is_special(id) ? TokenType::control
+                            : tokenizer.is_added(id)   ? TokenType::user_defined
+                                                       : TokenType::normal);
+  }
+  for (const auto& [left, right] : tokenizer.merges()) v.merges.push_back(left + " " + right);
+  auto first_added = [&](std::initializer_list<std::string_view> names) -> std::optional<std::uint32_t> {
+    for (std::string_view name : names)
+      if (const auto id = tokenizer.token_to_id(name); id && tokenizer.is_added(*id)) return std::uint32_t(*id);
+    return std::nullopt;
+  };
+  v.eos = first_added({"<|endoftext|>", "<|end_of_text|>", "</s>"});
+  v.bos = first_added({"<|begin_of_text|>", "<s>"});
   return v;
 }
 

@@ -813,6 +813,28 @@ std::optional<std::string> Tokenizer::id_to_token(int id) const {
 
 std::size_t Tokenizer::vocab_size() const { return impl_->tokens.size(); }
 
+std::vector<std::pair<std::string, std::string>> Tokenizer::merges() const {
+  std::vector<std::pair<int, std::uint64_t>> by_rank;  // (rank, left id << 32 | right id)
+  by_rank.reserve(impl_->merges.size());
+  for (const auto& [pair, merge] : impl_->merges) by_rank.emplace_back(merge.first, pair);
+  std::sort(by_rank.begin(), by_rank.end());
+  std::vector<std::pair<std::string, std::string>> out;
+  out.reserve(by_rank.size());
+  for (const auto& [rank, pair] : by_rank)
+    out.emplace_back(*impl_->tokens[pair >> 32], *impl_->tokens[pair & 0xffffffffu]);
+  return out;
+}
+
+bool Tokenizer::is_added(int id) const {
+  for (const AddedToken& a : impl_->added)
+    if (a.id == id) return true;
+  return false;
+}
+
+bool Tokenizer::is_special(int id) const {
+  return id >= 0 && std::size_t(id) < impl_->special.size() && impl_->special[id];
+}
+
 std::string byte_to_symbol(unsigned char b) {
   std::string s;
   append_utf8(s, byte_chars[b]);

@@ -45,6 +45,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "grad/hf/tokenizer.hpp"
 #include "grad/lm/model.hpp"
 #include "grad/model_file.hpp"
 
@@ -91,6 +92,23 @@ BpeVocab byte_level_vocab(std::span<const std::string> specials = {});
 inline BpeVocab byte_level_vocab(std::initializer_list<std::string> specials) {
   return byte_level_vocab(std::span<const std::string>(specials.begin(), specials.size()));
 }
+
+// A tokenizer.json's vocabulary as GGUF holds it, for a model of `vocab`
+// ids (0: the tokenizer's vocab_size()):
+//
+//   const auto tok = hf::Tokenizer::from_file(dir + "/tokenizer.json", {.assume_nfc = true});
+//   hf::write_gguf("model.gguf", merged, hf::bpe_vocab(tok, merged.config().vocab));
+//
+// Tokens by id in their byte-level spelling, the merges in rank order;
+// added tokens are control tokens when special, user-defined when not; ids
+// with no token (a gap, or the rows a checkpoint pads its embedding with,
+// as Qwen2's 151936 for 151646 tokens) become unused tokens "[PAD<id>]",
+// as llama.cpp's converter writes them. eos is the first added token of
+// <|endoftext|>, <|end_of_text|>, </s>; bos the first of
+// <|begin_of_text|>, <s> (add_bos stays false: set it, and pre, for a
+// tokenizer that is not Qwen2's). A model with fewer ids than the tokenizer
+// is refused by write_gguf (check_vocab), naming both counts.
+BpeVocab bpe_vocab(const Tokenizer& tokenizer, std::size_t vocab = 0);
 
 // "" or what is wrong with v as a vocabulary of `vocab` ids.
 std::string check_vocab(const BpeVocab& v, std::size_t vocab);

@@ -57,6 +57,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace grad::hf {
@@ -98,6 +99,14 @@ class Tokenizer {
   std::optional<std::string> id_to_token(int id) const;
   // One past the largest id, counting the added tokens: the embedding rows a model needs.
   std::size_t vocab_size() const;
+
+  // What a converter needs (hf::bpe_vocab, GGUF export). The merges in
+  // rank order, highest priority first, as the two tokens' spellings ("Ġ",
+  // "w"); a pair the file repeats appears once, at the rank encode uses.
+  std::vector<std::pair<std::string, std::string>> merges() const;
+  // Whether the id is one of `added_tokens`, and whether it is marked special.
+  bool is_added(int id) const;
+  bool is_special(int id) const;
 
  private:
   struct Impl;
