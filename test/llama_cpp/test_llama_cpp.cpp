@@ -3,15 +3,24 @@
 // prebuilt CPU binary), must continue a prompt token for token as grad's own
 // KV-cache decoder does, with first-step log-probabilities close; in F32,
 // in F16 (grad decoding the F16-rounded weights), tied to the embedding,
-// and for a LoRA-finetuned, merged model that recalls a text. run.sh installs llama.cpp and runs this
-// with GRAD_LLAMA_DECODE set to the script.
+// for a LoRA-finetuned, merged model that recalls a text, and end to end
+// from a Hugging Face directory (config.json, model.safetensors, a
+// tokenizer.json with learned merges) through LoRA, save_pretrained and the
+// tokenizer's vocabulary. run.sh installs llama.cpp and runs this with
+// GRAD_LLAMA_DECODE set to the script.
 #include <doctest/doctest.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <grad/grad.hpp>
+#include <filesystem>
+#include <fstream>
 #include <grad/hf/gguf.hpp>
+#include <grad/hf/model.hpp>
+#include <grad/hf/tokenizer.hpp>
 #include <grad/lm.hpp>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "../support.hpp"
@@ -244,4 +253,143 @@ TEST_CASE("a LoRA-finetuned, merged model recalls its text under llama.cpp as un
   CHECK_SAME_IDS(h.tokens, rest);
   MESSAGE("recalled after " << step + 1 << " LoRA steps; llama.cpp's continuation of '" << text.substr(0, prompt_bytes)
                             << "' checked from the F32 file and from the F16 file (F16 KV cache)");
+}
+
+namespace {
+
+// A byte-level BPE tokenizer.json with `count` merges learned from `text`:
+// the byte symbols as ids 0 .. 255, each merge's token next, then
+// <|endoftext|> (special). The words are pieces as Qwen2's pattern splits
+// them (a leading space joins the letters after it), so the merges apply.
+std::string learned_tokenizer_json(const std::string& text, std::size_t count) {
+  using json = nlohmann::json;
+  std::vector<std::vector<std::string>> words;  // each piece as its symbols
+  for (std::size_t i = 0; i < text.size();) {
+    std::size_t j = i + 1;
+    auto letter = [&](std::size_t k) { return k < text.size() && std::isalpha(static_cast<unsigned char>(text[k])); };
+    if (letter(i) || (text[i] == ' ' && letter(i + 1)))
+      while (letter(j)) ++j;
+    std::vector<std::string> w;
+    for (std::size_t k = i; k < j; ++k) w.push_back(hf::byte_to_symbol(static_cast<unsigned char>(text[k])));
+    words.push_back(std::move(w));
+    i = j;
+  }
+  json vocab = json::object(), merges = json::array();
+  for (int b = 0; b < 256; ++b) vocab[hf::byte_to_symbol(static_cast<unsigned char>(b))] = b;
+  for (std::size_t m = 0; m < count; ++m) {
+    std::map<std::pair<std::string, std::string>, int> pairs;
+    for (const auto& w : words)
+      for (std::size_t k = 0; k + 1 < w.size(); ++k) ++pairs[{w[k], w[k + 1]}];
+    const auto best = std::max_element(pairs.begin(), pairs.end(),  // the most frequent; the first of a tie
+                                       [](const auto& a, const auto& b) { return a.second < b.second; });
+    if (best == pairs.end() || best->second < 2) break;
+    const auto [left, right] = best->first;
+    merges.push_back(left + " " + right);
+    vocab[left + right] = vocab.size();
+    for (auto& w : words)
+      for (std::size_t k = 0; k + 1 < w.size(); ++k)
+        if (w[k] == left && w[k + 1] == right) w.erase(w.begin() + k + 1), w[k] = left + right;
+  }
+  const std::string qwen2_pattern =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  return json{{"version", "1.0"},
+              {"added_tokens", {{{"id", vocab.size()}, {"content", "<|endoftext|>"}, {"special", true}}}},
+              {"normalizer", nullptr},
+              {"pre_tokenizer",
+               {{"type", "Sequence"},
+                {"pretokenizers",
+                 {{{"type", "Split"}, {"pattern", {{"Regex", qwen2_pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
+                  {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}},
+              {"post_processor", nullptr},
+              {"decoder", {{"type", "ByteLevel"}}},
+              {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"vocab", vocab}, {"merges", merges}}}}
+      .dump(1);
+}
+
+}  // namespace
+
+TEST_CASE("end to end: a Qwen2 Hugging Face directory, LoRA-finetuned in grad, served by llama.cpp with its tokenizer") {
+  // The text the model learns; its first tokens are the prompt. (No quote: --tokenize takes it in quotes.)
+  const std::string text = "grad tunes the Qwen2 model, then llama.cpp greedily recalls the tuned text.";
+  ScratchDir dir("llama_cpp");
+  const std::string source = dir.file("qwen2"), saved = dir.file("merged"), gguf = dir.file("merged.gguf");
+  std::filesystem::create_directories(source);
+  std::ofstream(source + "/tokenizer.json") << learned_tokenizer_json(text + " " + text, 24);
+  const hf::Tokenizer tok = hf::Tokenizer::from_file(source + "/tokenizer.json");
+  const std::vector<int> ids = tok.encode(text);
+  REQUIRE(ids.size() < text.size());  // the merges apply
+  REQUIRE(tok.decode(ids) == text);
+
+  // The checkpoint: random weights and q/k/v biases, three embedding rows
+  // more than the tokenizer's ids (checkpoints pad theirs), as
+  // save_pretrained lays out Qwen2 (test_hf checks that layout against
+  // PyTorch's): config.json and model.safetensors.
+  nn::LmConfig c;
+  c.vocab = tok.vocab_size() + 3;
+  c.d_model = 32;
+  c.layers = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.ffn = 64;
+  c.max_seq = 64;
+  c.qkv_bias = true;
+  {
+    Tape<float> tp;
+    nn::Lm<float> random(tp, c, 41);
+    Rng rng(42);
+    for (const auto& p : random.base())
+      if (p.name.ends_with("_bias"))
+        for (float& x : tp.leaf_value(p.var)) x = static_cast<float>(rng.uniform(-0.5, 0.5));
+    hf::save_pretrained(source, random);
+  }
+
+  // grad loads it with adapters and finetunes them until greedy decoding recalls the text.
+  const hf::ModelInfo info = hf::read_config(source);
+  REQUIRE(info.architecture == hf::Architecture::qwen2);
+  REQUIRE(info.config.qkv_bias);
+  Tape<float> tp;
+  nn::Lm<float> m(tp, hf::with_adapters(info.config, {8, 16.0, nn::all_projections}), 3, nn::Lm<float>::Train::lora);
+  hf::load_weights(source, m);
+  const std::size_t prompt_tokens = 4, n = ids.size() - 1;
+  const std::span<const int> all(ids), prompt = all.first(prompt_tokens);
+  const std::vector<int> rest(ids.begin() + prompt_tokens, ids.end());
+  auto recalled = [&](const nn::Lm<float>& model) { return grad_decode(model, prompt, rest.size()).first; };
+  REQUIRE(recalled(m) != rest);  // the random model does not know the text yet
+  Adam<float> opt(0.02f);
+  for (const auto& p : m.trainable()) opt.add(p.var);
+  const auto mark = tp.mark();
+  int step = 0;
+  for (; step < 600; ++step) {
+    auto r = m.forward(m.ids(all.first(n), 1, n), m.ids(all.subspan(1, n), n, 0));
+    REQUIRE(tp.backward(r.loss));
+    REQUIRE(opt.step());
+    tp.reset_to(mark);
+    if (step % 20 == 19 && recalled(m) == rest) break;
+  }
+  REQUIRE(recalled(m) == rest);
+
+  // Merged, saved as a Hugging Face directory (the tokenizer copied), loaded back.
+  Tape<float> tm;
+  nn::Lm<float> merged(tm, info.config, 1);
+  nn::merge_lora(m, merged);
+  hf::SaveOptions save;
+  save.copy_from = source;
+  hf::save_pretrained(saved, merged, save);
+  Tape<float> tr;
+  nn::Lm<float> reloaded(tr, hf::read_config(saved).config, 2);
+  hf::load_weights(saved, reloaded);
+  REQUIRE(recalled(reloaded) == rest);
+
+  // Exported with the saved directory's tokenizer; llama.cpp continues the same prompt ids.
+  const hf::Tokenizer saved_tok = hf::Tokenizer::from_file(saved + "/tokenizer.json");
+  const ModelFileResult written = hf::write_gguf(gguf, reloaded, hf::bpe_vocab(saved_tok, c.vocab));
+  REQUIRE_MESSAGE(written.ok(), written.error);
+  const LlamaRun llama = llama_decode(gguf, prompt, rest.size(), "f32", text);
+  CHECK_SAME_IDS(llama.tokens, rest);
+  // llama.cpp's own tokenizer (qwen2's pattern, the exported merges) splits the text as grad's.
+  CHECK_SAME_IDS(llama.tokenized, ids);
+  MESSAGE("recalled after " << step + 1 << " LoRA steps; " << ids.size() << " tokens of " << tok.vocab_size()
+                            << " (" << saved_tok.merges().size() << " merges); llama.cpp continued '"
+                            << tok.decode(std::vector<int>(prompt.begin(), prompt.end())) << "' with '"
+                            << tok.decode(llama.tokens) << "'");
 }
