@@ -7,6 +7,17 @@
 //                   [--count N] [--temperature 0] [--top-k 0] [--seed 1]
 //   tinylm all      train (with its options), then the other three on its model
 //   tinylm bench    training and generation tokens/s at the default size (bench/peer_torch_lm.py)
+//   tinylm export   [--in tinylm_merged.model | --in HF_DIR] [--gguf FILE [--f16]] [--hf DIR]
+//
+// A Hugging Face model directory (Qwen2ForCausalLM or LlamaForCausalLM:
+// config.json, model.safetensors, tokenizer.json) goes through the same
+// ladder with --from: its tokenizer.json tokenizes the texts, the adapters
+// are PEFT's, the merged model is a Hugging Face directory again:
+//
+//   tinylm finetune --from Qwen2-0.5B --text notes.txt --out adapter       (PEFT adapter directory)
+//   tinylm merge    --from Qwen2-0.5B --in adapter --out merged            (Hugging Face directory)
+//   tinylm generate --from merged --prompt-file notes.txt
+//   tinylm export   --in merged --gguf merged.gguf                         (llama.cpp)
 //
 // train: pretrains on a text file (the last tenth held out), printing loss,
 // bits per byte and tokens/s, and reports validation bits per byte against
@@ -16,8 +27,11 @@
 // text's first 16 bytes reproduces the rest. merge: folds the adapters into
 // the base weights. generate: a KV-cache decoder, greedy or sampled.
 // `tinylm COMMAND --help` lists each command's options with their defaults
-// and ranges.
+// and ranges. --from and export need grad_hf (meson defines GRAD_TINYLM_HF
+// when -Dhf found nlohmann-json and PCRE2); without it they say so and exit 2.
 #include <chrono>
+#include <filesystem>
+#include <functional>
 #include <cmath>
 #include <cstdio>
 #include <grad/grad.hpp>
@@ -31,6 +45,12 @@
 #include "cli.hpp"
 #include "report.hpp"
 
+#ifdef GRAD_TINYLM_HF
+#include <grad/hf/gguf.hpp>
+#include <grad/hf/model.hpp>
+#include <grad/hf/tokenizer.hpp>
+#endif
+
 namespace {
 
 using T = float;
@@ -43,6 +63,14 @@ constexpr std::uintmax_t max_text_bytes = 64u << 20;
 // std::bad_alloc halfway through: the largest model (--d 1024, --layers 16,
 // --ffn 4096) has about 270M parameters.
 constexpr std::size_t max_tokens_per_step = 8192;  // --batch x --seq
+
+// An output that is a file, or a directory (Hugging Face's, PEFT's): the
+// command checks which one it needs once it knows.
+const CLI::Validator output_file_or_dir(
+    [](const std::string& path) {
+      return cli::output_dir_problem(path).empty() ? std::string() : cli::required_output_file_problem(path);
+    },
+    "PATH", "OUTPUT_FILE_OR_DIR");
 
 struct TrainOptions {
   std::string text = "/usr/share/common-licenses/GPL-3", out = "tinylm_base.model", csv = "tinylm_train.csv",
@@ -85,7 +113,7 @@ void add_options(CLI::App& c, TrainOptions& o) {
 }
 
 struct FinetuneOptions {
-  std::string base = "tinylm_base.model", text = GRAD_TINYLM_FINETUNE_TEXT, out = "tinylm_lora.model",
+  std::string from, base = "tinylm_base.model", text = GRAD_TINYLM_FINETUNE_TEXT, out = "tinylm_lora.model",
               csv = "tinylm_finetune.csv", svg = "tinylm_finetune.svg", targets = "all";
   std::size_t rank = 8;
   double scale = 2.0, lr = 1e-2;
@@ -94,10 +122,16 @@ struct FinetuneOptions {
 };
 
 void add_options(CLI::App& c, FinetuneOptions& o) {
-  c.add_option("--base", o.base, "the pretrained model (tinylm train)")->check(CLI::ExistingFile);
+  auto* base = c.add_option("--base", o.base, "the pretrained model (tinylm train)")->check(CLI::ExistingFile);
+  c.add_option("--from", o.from,
+               "a Hugging Face model directory to finetune instead of --base (its tokenizer.json tokenizes the "
+               "text; --out is then a PEFT adapter directory)")
+      ->check(CLI::ExistingDirectory)
+      ->excludes(base);
   c.add_option("--text", o.text, "text to memorise (more than 17 bytes, at most the model's max-seq)")
       ->check(cli::input_file(max_text_bytes));
-  c.add_option("--out", o.out, "where to write the model with its adapters")->check(cli::required_output_file);
+  c.add_option("--out", o.out, "where to write the model with its adapters (with --from: a directory)")
+      ->check(output_file_or_dir);
   c.add_option("--csv", o.csv, "loss curve as CSV ('' for none)")->check(cli::output_file);
   c.add_option("--svg", o.svg, "loss curve as an SVG plot ('' for none)")->check(cli::output_file);
   c.add_option("--rank", o.rank, "LoRA rank")->check(cli::range<std::size_t>(1, 256));
@@ -120,16 +154,21 @@ void add_options(CLI::App& c, FinetuneOptions& o) {
 }
 
 struct MergeOptions {
-  std::string in = "tinylm_lora.model", out = "tinylm_merged.model";
+  std::string from, in = "tinylm_lora.model", out = "tinylm_merged.model";
 };
 
 void add_options(CLI::App& c, MergeOptions& o) {
-  c.add_option("--in", o.in, "a model with adapters (tinylm finetune)")->check(CLI::ExistingFile);
-  c.add_option("--out", o.out, "where to write the merged model")->check(cli::required_output_file);
+  c.add_option("--in", o.in, "a model with adapters (tinylm finetune; with --from, its PEFT adapter directory)")
+      ->check(CLI::ExistingPath);
+  c.add_option("--from", o.from,
+               "the Hugging Face model directory the adapters of --in were trained on; --out is then a Hugging "
+               "Face directory (the tokenizer files copied)")
+      ->check(CLI::ExistingDirectory);
+  c.add_option("--out", o.out, "where to write the merged model (with --from: a directory)")->check(output_file_or_dir);
 }
 
 struct GenerateOptions {
-  std::string model = "tinylm_merged.model", prompt, prompt_file = GRAD_TINYLM_FINETUNE_TEXT;
+  std::string from, model = "tinylm_merged.model", prompt, prompt_file = GRAD_TINYLM_FINETUNE_TEXT;
   std::size_t prompt_bytes = 16, count = 200, top_k = 0;
   bool count_given = false;
   double temperature = 0;
@@ -137,7 +176,12 @@ struct GenerateOptions {
 };
 
 void add_options(CLI::App& c, GenerateOptions& o) {
-  c.add_option("--model", o.model, "the model to generate with")->check(CLI::ExistingFile);
+  auto* model = c.add_option("--model", o.model, "the model to generate with")->check(CLI::ExistingFile);
+  c.add_option("--from", o.from,
+               "a Hugging Face model directory to generate with instead of --model (its tokenizer.json: "
+               "--count, --prompt-bytes and --top-k count its tokens)")
+      ->check(CLI::ExistingDirectory)
+      ->excludes(model);
   auto* prompt =
       c.add_option("--prompt", o.prompt, "the prompt itself (instead of --prompt-file)")
           ->check(CLI::Validator(
@@ -155,7 +199,7 @@ void add_options(CLI::App& c, GenerateOptions& o) {
       ->each([&o](const std::string&) { o.count_given = true; });
   c.add_option("--temperature", o.temperature, "0: greedy; above 0: sampled")->check(cli::range(0.0, 100.0));
   c.add_option("--top-k", o.top_k, "sample among the k likeliest bytes (0: all)")
-      ->check(cli::range<std::size_t>(0, 256));
+      ->check(cli::range<std::size_t>(0, 1'000'000));
   c.add_option("--seed", o.seed, "sampling")->check(cli::seed());
 }
 
@@ -168,6 +212,22 @@ void add_options(CLI::App& c, BenchOptions& o) {
   c.add_option("--seq", o.seq, "bytes per window")->check(cli::range<std::size_t>(1, 256));
   c.add_option("--batch", o.batch, "windows per step")->check(cli::range<std::size_t>(1, 32));
   c.add_option("--steps", o.steps, "timed steps (after 2 untimed)")->check(cli::range(1L, 100'000L));
+}
+
+struct ExportOptions {
+  std::string in = "tinylm_merged.model", gguf, hf;
+  bool f16 = false;
+};
+
+void add_options(CLI::App& c, ExportOptions& o) {
+  c.add_option("--in", o.in, "a model without adapters: grad's model file (tinylm merge) or a Hugging Face directory")
+      ->check(CLI::ExistingPath);
+  c.add_option("--gguf", o.gguf,
+               "write a GGUF file for llama.cpp (qwen2; the vocabulary: bytes, or the directory's tokenizer.json)")
+      ->check(cli::output_file);
+  c.add_flag("--f16", o.f16, "GGUF matrices in F16 (norms and biases stay F32)");
+  c.add_option("--hf", o.hf, "write a Hugging Face directory (config.json, model.safetensors, F32)")
+      ->check(output_file_or_dir);
 }
 
 std::string read_text(const std::string& path) {
@@ -191,6 +251,46 @@ void check_outputs(const FinetuneOptions& o) {
 // A save that fails is an error: the program exits non-zero.
 void check_saved(const grad::ModelFileResult& r) {
   if (!r) throw std::runtime_error(r.error);
+}
+
+// A Hugging Face directory or a GGUF file needs grad_hf: without it, the
+// option that asks for one is a usage error that says so.
+void require_hf([[maybe_unused]] const std::string& what) {
+#ifndef GRAD_TINYLM_HF
+  throw cli::UsageError(what + ": this tinylm was built without grad_hf (Hugging Face directories and GGUF); "
+                               "install nlohmann-json3-dev and libpcre2-dev and configure with -Dhf=auto or enabled");
+#endif
+}
+
+// An output directory (Hugging Face's, PEFT's): an existing writable one,
+// or a path whose parent is (the writer creates it).
+void check_output_dir(const std::string& flag, const std::string& path) {
+  if (!cli::output_dir_problem(path).empty()) cli::check_output_file(flag, path, true);
+}
+
+// How a text becomes ids and back: bytes (grad's own models), or a Hugging
+// Face directory's tokenizer.json (taken as NFC, as most text is).
+struct Codec {
+  std::function<std::vector<int>(std::string_view)> encode;
+  std::function<std::string(std::span<const int>)> decode;
+};
+
+Codec byte_codec() {
+  return {[](std::string_view s) { return nn::ByteTokenizer::encode(s); },
+          [](std::span<const int> ids) { return nn::ByteTokenizer::decode(ids); }};
+}
+
+Codec codec_of([[maybe_unused]] const std::string& hf_dir) {
+  if (hf_dir.empty()) return byte_codec();
+#ifdef GRAD_TINYLM_HF
+  auto tok = std::make_shared<const grad::hf::Tokenizer>(
+      grad::hf::Tokenizer::from_file(hf_dir + "/tokenizer.json", {.assume_nfc = true}));
+  return {[tok](std::string_view s) { return tok->encode(s); },
+          [tok](std::span<const int> ids) { return tok->decode(ids); }};
+#else
+  require_hf("--from");
+  return byte_codec();
+#endif
 }
 
 // Cross-entropy of a unigram byte model (counts from `train`, add-one
@@ -223,10 +323,10 @@ double evaluate(nn::Lm<T>& model, std::span<const int> tokens, std::size_t seq) 
 }
 
 // Greedy continuation of the first `prompt` tokens: does it reproduce the rest?
-std::string continuation(const nn::Lm<T>& model, std::span<const int> text, std::size_t prompt) {
+std::string continuation(const nn::Lm<T>& model, std::span<const int> text, std::size_t prompt, const Codec& codec) {
   nn::KvDecoder<T> dec(model);
   const std::vector<int> out = nn::generate(dec, text.first(prompt), text.size() - prompt);
-  return nn::ByteTokenizer::decode(out);
+  return codec.decode(out);
 }
 
 // One live line: step, loss, bits/byte, tokens/s.
@@ -381,22 +481,43 @@ int train(const TrainOptions& o) {
 }
 
 int finetune(const FinetuneOptions& o) {
-  check_outputs(o);
-  const std::string &base = o.base, &path = o.text;
-  const std::vector<int> tokens = nn::ByteTokenizer::encode(read_text(path));
+  const bool hf = !o.from.empty();
+  if (hf) {
+    require_hf("--from");
+    check_output_dir("--out", o.out);
+    cli::check_output_file("--csv", o.csv);
+    cli::check_output_file("--svg", o.svg);
+  } else {
+    check_outputs(o);
+  }
+  const std::string &base = hf ? o.from : o.base, &path = o.text;
+  const Codec codec = codec_of(o.from);
+  const std::vector<int> tokens = codec.encode(read_text(path));
   nn::LmConfig c;
-  if (std::string why = nn::read_lm_config(base, c); !why.empty()) throw std::runtime_error(why);
+#ifdef GRAD_TINYLM_HF
+  if (hf) c = grad::hf::read_config(base, {.max_seq = std::max<std::size_t>(tokens.size(), 2)}).config;
+#endif
+  if (!hf)
+    if (std::string why = nn::read_lm_config(base, c); !why.empty()) throw std::runtime_error(why);
   c.lora_rank = o.rank;
   c.lora_scale = o.scale;
   c.lora_targets = nn::parse_projections(o.targets);
-  const std::size_t prompt = 16;
+  // The prompt: the tokens of the text's first 16 bytes (16 tokens for bytes).
+  const std::size_t prompt_bytes = 16;
+  std::size_t prompt = 0;
+  while (prompt < tokens.size() &&
+         codec.decode(std::span(tokens).first(prompt)).size() < prompt_bytes)
+    ++prompt;
   if (tokens.size() <= prompt + 1 || tokens.size() > c.max_seq)
     throw std::runtime_error("the finetune text '" + path + "' has " + std::to_string(tokens.size()) +
-                             " bytes; expected more than " + std::to_string(prompt + 1) + " and at most max_seq " +
-                             std::to_string(c.max_seq));
+                             (hf ? " tokens" : " bytes") + "; expected more than " + std::to_string(prompt + 1) +
+                             " and at most max_seq " + std::to_string(c.max_seq));
   grad::Tape<T> tp;
   nn::Lm<T> model(tp, c, o.seed, nn::Lm<T>::Train::lora);
-  check_saved(nn::load_lm(base, model));
+#ifdef GRAD_TINYLM_HF
+  if (hf) grad::hf::load_weights(base, model);
+#endif
+  if (!hf) check_saved(nn::load_lm(base, model));
   grad::Adam<T> opt(static_cast<T>(o.lr));
   opt.set_clip(T(1));
   std::size_t adapter_elements = 0;
@@ -409,8 +530,8 @@ int finetune(const FinetuneOptions& o) {
               tokens.size(), base.c_str(), c.describe().c_str(), adapter_elements, model.parameter_count());
   const std::size_t n = tokens.size() - 1;
   const std::span<const int> all(tokens);
-  std::printf("before: greedy from the first %zu bytes gives \"%s\"\n", prompt,
-              continuation(model, all, prompt).substr(0, 60).c_str());
+  std::printf("before: greedy from the first %zu tokens gives \"%s\"\n", prompt,
+              continuation(model, all, prompt, codec).substr(0, 60).c_str());
   const auto mark = tp.mark();
   Curve curve;
   Live live;
@@ -431,24 +552,52 @@ int finetune(const FinetuneOptions& o) {
     curve.val_bpb.push_back(std::nan(""));
     live.draw(step, steps, loss, tokens_done / seconds, step % 50 == 0);
     done = step;
-    if (step % 25 == 0 && continuation(model, all, prompt) == nn::ByteTokenizer::decode(all.subspan(prompt))) break;
+    if (step % 25 == 0 && continuation(model, all, prompt, codec) == codec.decode(all.subspan(prompt))) break;
   }
   if (live.tty) std::printf("\r\033[K");
-  const bool exact = continuation(model, all, prompt) == nn::ByteTokenizer::decode(all.subspan(prompt));
+  const bool exact = continuation(model, all, prompt, codec) == codec.decode(all.subspan(prompt));
   std::size_t base_bytes = 0;
   for (const auto& p : model.base()) base_bytes += tp.value(p.var).size() * sizeof(T);
-  std::printf("finetuned %ld steps in %.1f s (%.0f tokens/s); greedy from the first %zu bytes %s the rest\n", done,
+  std::printf("finetuned %ld steps in %.1f s (%.0f tokens/s); greedy from the first %zu tokens %s the rest\n", done,
               seconds, tokens_done / seconds, prompt, exact ? "reproduces" : "does NOT reproduce");
   std::printf(
       "gradient buffers: adapters %zu bytes (the whole tape %zu), base weights 0 bytes (full finetuning: %zu)\n",
       adapter_elements * sizeof(T), grad_bytes, base_bytes);
-  check_saved(nn::save_lm(o.out, model));
-  std::printf("saved %s\n", o.out.c_str());
+#ifdef GRAD_TINYLM_HF
+  if (hf) grad::hf::save_adapters(o.out, model);  // PEFT's adapter_config.json and adapter_model.safetensors
+#endif
+  if (!hf) check_saved(nn::save_lm(o.out, model));
+  std::printf("saved %s%s\n", o.out.c_str(), hf ? " (PEFT adapters)" : "");
   curve.write(o.csv, o.svg, "tinylm LoRA finetune on " + path, 0);
   return exact ? 0 : 1;
 }
 
+// A Hugging Face base and its PEFT adapters, merged into a Hugging Face directory.
+int merge_hf([[maybe_unused]] const MergeOptions& o) {
+  require_hf("--from");
+  check_output_dir("--out", o.out);
+#ifdef GRAD_TINYLM_HF
+  namespace hf = grad::hf;
+  const hf::ModelInfo info = hf::read_config(o.from);
+  const nn::LmConfig c = hf::with_adapters(info.config, hf::read_adapter_config(o.in));
+  grad::Tape<T> tp, out_tp;
+  nn::Lm<T> lora(tp, c, 1, nn::Lm<T>::Train::lora);
+  hf::load_weights(o.from, lora);
+  hf::load_adapters(o.in, lora);
+  nn::Lm<T> merged(out_tp, info.config, 1);
+  nn::merge_lora(lora, merged);
+  hf::SaveOptions save;
+  save.architecture = info.architecture;
+  save.copy_from = o.from;
+  hf::save_pretrained(o.out, merged, save);
+  std::printf("tinylm merge: %s + adapters %s (%s) -> %s (F32; the tokenizer files copied)\n", o.from.c_str(),
+              o.in.c_str(), c.describe().c_str(), o.out.c_str());
+#endif
+  return 0;
+}
+
 int merge(const MergeOptions& o) {
+  if (!o.from.empty()) return merge_hf(o);
   cli::check_output_file("--out", o.out, true);
   const std::string &from = o.in, &to = o.out;
   nn::LmConfig c;
@@ -468,12 +617,9 @@ int merge(const MergeOptions& o) {
 }
 
 int generate(const GenerateOptions& o) {
-  const std::string& from = o.model;
-  nn::LmConfig c;
-  if (std::string why = nn::read_lm_config(from, c); !why.empty()) throw std::runtime_error(why);
-  grad::Tape<T> tp;
-  nn::Lm<T> model(tp, c, 1);
-  check_saved(nn::load_lm(from, model));
+  const bool hf = !o.from.empty();
+  const std::string& from = hf ? o.from : o.model;
+  const Codec codec = codec_of(o.from);
   std::string prompt = o.prompt, expected;
   if (prompt.empty()) {
     const std::string text = read_text(o.prompt_file);
@@ -481,23 +627,81 @@ int generate(const GenerateOptions& o) {
     prompt = text.substr(0, k);
     expected = text.substr(k);
   }
-  const std::size_t count = o.count_given || expected.empty() ? o.count : expected.size();
+  const std::vector<int> p = codec.encode(prompt);
+  // The rest of the prompt file, in tokens (bytes: its length).
+  const std::size_t expected_tokens = expected.empty() ? 0 : codec.encode(prompt + expected).size() - p.size();
+  const std::size_t count = o.count_given || expected.empty() ? o.count : expected_tokens;
+  nn::LmConfig c;
+#ifdef GRAD_TINYLM_HF
+  if (hf) {
+    c = grad::hf::read_config(from).config;  // max_seq: max_position_embeddings; the cache needs no more than this
+    c.max_seq = std::clamp<std::size_t>(p.size() + count, 2, c.max_seq);
+  }
+#endif
+  if (!hf)
+    if (std::string why = nn::read_lm_config(from, c); !why.empty()) throw std::runtime_error(why);
+  grad::Tape<T> tp;
+  nn::Lm<T> model(tp, c, 1);
+#ifdef GRAD_TINYLM_HF
+  if (hf) grad::hf::load_weights(from, model);
+#endif
+  if (!hf) check_saved(nn::load_lm(from, model));
   nn::SampleOptions so;
   so.temperature = o.temperature;
   so.top_k = o.top_k;
   so.seed = o.seed;
   nn::KvDecoder<T> dec(model);
-  const std::vector<int> p = nn::ByteTokenizer::encode(prompt);
   const auto t0 = Clock::now();
   const std::vector<int> out = nn::generate(dec, p, count, so);
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  const std::string text = nn::ByteTokenizer::decode(out);
+  const std::string text = codec.decode(out);
   std::printf("%s%s\n", prompt.c_str(), text.c_str());
   std::fprintf(stderr, "[%zu tokens in %.3f s: %.0f tokens/s, KV cache, %s]\n", p.size() + out.size(), s,
                static_cast<double>(p.size() + out.size()) / s, so.temperature > 0 ? "sampled" : "greedy");
-  if (!expected.empty() && so.temperature <= 0 && count == expected.size())
+  if (!expected.empty() && so.temperature <= 0 && count == expected_tokens)
     std::fprintf(stderr, "[the rest of the prompt file: %s]\n",
                  text == expected ? "reproduced exactly" : "NOT reproduced");
+  return 0;
+}
+
+// A model without adapters, grad's model file or a Hugging Face directory,
+// as a GGUF file and/or a Hugging Face directory.
+int export_model([[maybe_unused]] const ExportOptions& o) {
+  require_hf("tinylm export");
+  if (o.gguf.empty() && o.hf.empty())
+    throw cli::UsageError("--gguf, --hf: nothing to write (name a GGUF file, a Hugging Face directory, or both)");
+  if (o.f16 && o.gguf.empty()) throw cli::UsageError("--f16: it is the GGUF file's type; name one with --gguf");
+  if (!o.gguf.empty()) cli::check_output_file("--gguf", o.gguf, true);
+  if (!o.hf.empty()) check_output_dir("--hf", o.hf);
+#ifdef GRAD_TINYLM_HF
+  namespace hf = grad::hf;
+  const bool from_hf = std::filesystem::is_directory(o.in);
+  nn::LmConfig c;
+  if (from_hf) c = hf::read_config(o.in).config;
+  else if (std::string why = nn::read_lm_config(o.in, c); !why.empty()) throw std::runtime_error(why);
+  if (c.lora_rank > 0)
+    throw std::runtime_error("'" + o.in + "' has adapters (" + c.describe() + "): fold them in first (tinylm merge)");
+  grad::Tape<T> tp;
+  nn::Lm<T> model(tp, c, 1);
+  if (from_hf) hf::load_weights(o.in, model);
+  else check_saved(nn::load_lm(o.in, model));
+  if (!o.gguf.empty()) {
+    // The vocabulary: the directory's tokenizer.json, or grad's 256 bytes.
+    const hf::BpeVocab vocab =
+        from_hf ? hf::bpe_vocab(hf::Tokenizer::from_file(o.in + "/tokenizer.json", {.assume_nfc = true}), c.vocab)
+                : hf::byte_level_vocab();
+    check_saved(hf::write_gguf(o.gguf, model, vocab, {.type = o.f16 ? hf::GgufType::f16 : hf::GgufType::f32}));
+    std::printf("tinylm export: %s (%s) -> %s (GGUF, qwen2, %s, %zu tokens)\n", o.in.c_str(), c.describe().c_str(),
+                o.gguf.c_str(), o.f16 ? "F16" : "F32", vocab.tokens.size());
+  }
+  if (!o.hf.empty()) {
+    hf::SaveOptions save;
+    if (from_hf) save.copy_from = o.in;
+    hf::save_pretrained(o.hf, model, save);
+    std::printf("tinylm export: %s (%s) -> %s (Hugging Face directory, F32)\n", o.in.c_str(), c.describe().c_str(),
+                o.hf.c_str());
+  }
+#endif
   return 0;
 }
 
@@ -553,6 +757,7 @@ int main(int argc, char** argv) {
   MergeOptions merge_o;
   GenerateOptions generate_o;
   BenchOptions bench_o;
+  ExportOptions export_o;
   std::size_t threads = 1;
   auto* train_cmd = app.add_subcommand("train", "pretrain on a text file; write the model and its loss curve");
   auto* finetune_cmd = app.add_subcommand("finetune", "LoRA adapters until greedy decoding reproduces a text");
@@ -561,13 +766,16 @@ int main(int argc, char** argv) {
   auto* all_cmd =
       app.add_subcommand("all", "train (with train's options), then finetune, merge and generate on its model");
   auto* bench_cmd = app.add_subcommand("bench", "training and generation tokens/s at the default size");
+  auto* export_cmd =
+      app.add_subcommand("export", "write a model as GGUF for llama.cpp and/or as a Hugging Face directory");
   add_options(*train_cmd, train_o);
   add_options(*all_cmd, train_o);
   add_options(*finetune_cmd, finetune_o);
   add_options(*merge_cmd, merge_o);
   add_options(*generate_cmd, generate_o);
   add_options(*bench_cmd, bench_o);
-  for (CLI::App* cmd : {train_cmd, finetune_cmd, merge_cmd, generate_cmd, all_cmd, bench_cmd})
+  add_options(*export_cmd, export_o);
+  for (CLI::App* cmd : {train_cmd, finetune_cmd, merge_cmd, generate_cmd, all_cmd, bench_cmd, export_cmd})
     cmd->add_option("--threads", threads, "worker threads")->check(cli::range<std::size_t>(1, 256));
   if (auto status = cli::parse(app, argc, argv)) return *status;
 
@@ -579,6 +787,7 @@ int main(int argc, char** argv) {
     if (cmd == "merge") return merge(merge_o);
     if (cmd == "generate") return generate(generate_o);
     if (cmd == "bench") return bench(bench_o);
+    if (cmd == "export") return export_model(export_o);
     // all: each step reads the model the one before wrote; every path is checked before training.
     finetune_o.base = train_o.out;
     merge_o.in = finetune_o.out;
