@@ -31,6 +31,7 @@
 // when -Dhf found nlohmann-json and PCRE2); without it they say so and exit 2.
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <cmath>
 #include <cstdio>
@@ -226,7 +227,9 @@ void add_options(CLI::App& c, ExportOptions& o) {
                "write a GGUF file for llama.cpp (qwen2; the vocabulary: bytes, or the directory's tokenizer.json)")
       ->check(cli::output_file);
   c.add_flag("--f16", o.f16, "GGUF matrices in F16 (norms and biases stay F32)");
-  c.add_option("--hf", o.hf, "write a Hugging Face directory (config.json, model.safetensors, F32)")
+  c.add_option("--hf", o.hf,
+               "write a Hugging Face directory (config.json, model.safetensors, F32; the tokenizer files, or for "
+               "grad's model file a byte-level tokenizer.json)")
       ->check(output_file_or_dir);
 }
 
@@ -495,7 +498,10 @@ int finetune(const FinetuneOptions& o) {
   const std::vector<int> tokens = codec.encode(read_text(path));
   nn::LmConfig c;
 #ifdef GRAD_TINYLM_HF
-  if (hf) c = grad::hf::read_config(base, {.max_seq = std::max<std::size_t>(tokens.size(), 2)}).config;
+  if (hf) {  // max_seq: the text's tokens (the decoder's cache), at most max_position_embeddings
+    c = grad::hf::read_config(base).config;
+    c.max_seq = std::clamp<std::size_t>(tokens.size(), 2, c.max_seq);
+  }
 #endif
   if (!hf)
     if (std::string why = nn::read_lm_config(base, c); !why.empty()) throw std::runtime_error(why);
@@ -698,8 +704,14 @@ int export_model([[maybe_unused]] const ExportOptions& o) {
     hf::SaveOptions save;
     if (from_hf) save.copy_from = o.in;
     hf::save_pretrained(o.hf, model, save);
-    std::printf("tinylm export: %s (%s) -> %s (Hugging Face directory, F32)\n", o.in.c_str(), c.describe().c_str(),
-                o.hf.c_str());
+    if (!from_hf) {  // grad's bytes as a tokenizer.json: the directory is whole for --from and transformers
+      const std::string path = o.hf + "/tokenizer.json";
+      std::ofstream out(path, std::ios::binary);
+      out << hf::byte_level_tokenizer_json();
+      if (!out.flush()) throw std::runtime_error("cannot write '" + path + "'");
+    }
+    std::printf("tinylm export: %s (%s) -> %s (Hugging Face directory, F32, %s)\n", o.in.c_str(),
+                c.describe().c_str(), o.hf.c_str(), from_hf ? "its tokenizer files copied" : "byte-level tokenizer.json");
   }
 #endif
   return 0;

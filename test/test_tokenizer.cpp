@@ -418,3 +418,19 @@ TEST_CASE("bpe_vocab: a tokenizer.json as GGUF's vocabulary: spellings by id, me
   CHECK(again.merges == std::vector<std::string>{"l l", "he ll", G + " w", "h e"});
   CHECK(again.bos == std::optional<std::uint32_t>(264));
 }
+
+TEST_CASE("byte_level_tokenizer_json: grad's byte models' tokenizer.json encodes every byte as its id") {
+  const Tokenizer t = Tokenizer::from_json(grad::hf::byte_level_tokenizer_json(), "bytes.json");
+  CHECK(t.vocab_size() == 256);
+  CHECK(t.merges().empty());
+  std::mt19937 rng(7);
+  for (int round = 0; round < 50; ++round) {
+    std::string s(rng() % 40, '\0');
+    for (char& c : s) c = static_cast<char>(rng() % 256);
+    std::vector<int> bytes;
+    for (char c : s) bytes.push_back(static_cast<unsigned char>(c));
+    CAPTURE(round);
+    CHECK(t.encode(s) == bytes);
+    CHECK(t.decode(bytes) == s);
+  }
+}

@@ -835,6 +835,22 @@ bool Tokenizer::is_special(int id) const {
   return id >= 0 && std::size_t(id) < impl_->special.size() && impl_->special[id];
 }
 
+std::string byte_level_tokenizer_json() {
+  json vocab = json::object();
+  for (unsigned b = 0; b < 256; ++b) vocab[byte_to_symbol(static_cast<unsigned char>(b))] = b;
+  const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  return json{{"version", "1.0"},
+              {"truncation", nullptr},
+              {"padding", nullptr},
+              {"added_tokens", json::array()},
+              {"normalizer", nullptr},
+              {"pre_tokenizer", byte_level},
+              {"post_processor", nullptr},
+              {"decoder", byte_level},
+              {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"vocab", vocab}, {"merges", json::array()}}}}
+      .dump(2);
+}
+
 std::string byte_to_symbol(unsigned char b) {
   std::string s;
   append_utf8(s, byte_chars[b]);

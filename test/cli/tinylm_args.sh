@@ -74,6 +74,29 @@ tiny=(--steps 2 --seq 8 --batch 1 --d 8 --layers 1 --heads 2 --kv-heads 1 --ffn 
 expect 0 "saved tiny.model" train "${tiny[@]}" --out tiny.model --csv tiny.csv --svg tiny.svg
 [ -s tiny.csv ] && [ -s tiny.svg ] || { echo "FAIL: train did not write tiny.csv and tiny.svg"; fail=1; }
 expect 0 "tokens/s" generate --model tiny.model --prompt hi --count 5
+# The Hugging Face round trip (when tinylm has grad_hf): the tiny model as a
+# Hugging Face directory, LoRA from it until it recalls a text (PEFT
+# adapters), merged into a directory, generated from, exported as GGUF.
+if "$tinylm" export --in tiny.model 2>&1 | grep -qF "built without grad_hf"; then
+  echo "skipped: the Hugging Face round trip (tinylm built without grad_hf)"
+  expect 2 "built without grad_hf" generate --from adir
+else
+  printf 'grad and llama.cpp: the round trip.' >note.txt
+  expect 0 "saved small.model" train --steps 2 --seq 8 --batch 1 --d 16 --layers 1 --heads 2 --kv-heads 1 --ffn 16 \
+    --max-seq 64 --out small.model --csv '' --svg ''
+  expect 1 "saved small_lora.model" finetune --base small.model --text note.txt --out small_lora.model --steps 1 \
+    --csv '' --svg ''
+  expect 0 "byte-level tokenizer.json" export --in small.model --hf tinyhf
+  expect 0 "reproduces the rest" finetune --from tinyhf --text note.txt --out adapter --csv '' --svg '' --lr 0.05
+  [ -s adapter/adapter_config.json ] && [ -s adapter/adapter_model.safetensors ] ||
+    { echo "FAIL: finetune --from did not write PEFT's adapter files"; fail=1; }
+  expect 0 "the tokenizer files copied" merge --from tinyhf --in adapter --out merged
+  expect 0 "reproduced exactly" generate --from merged --prompt-file note.txt
+  expect 0 "(GGUF, qwen2, F16, 256 tokens)" export --in merged --gguf merged.gguf --f16
+  expect 1 "fold them in first" export --in small_lora.model --gguf x.gguf
+  expect 2 "--gguf, --hf: nothing to write" export --in merged
+  expect 2 "--base" finetune --from tinyhf --base small.model
+fi
 # A write that fails after the work is reported, with a non-zero status.
 expect 1 "cannot write /dev/full" train "${tiny[@]}" --out tiny2.model --csv /dev/full --svg ''
 exit $fail

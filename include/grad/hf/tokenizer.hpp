@@ -114,6 +114,13 @@ class Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
+// The tokenizer.json of grad's byte-level models (nn::ByteTokenizer): the
+// 256 byte symbols as ids 0 .. 255 in byte order, no merges, GPT-2's
+// ByteLevel pre-tokenizer and decoder. Loaded, it encodes any bytes as
+// nn::ByteTokenizer does; a Hugging Face directory written from a grad
+// model file carries it (tinylm export --hf).
+std::string byte_level_tokenizer_json();
+
 // GPT-2's byte <-> character map (ByteLevel): printable bytes stand for
 // themselves, the other 68 for U+0100 .. U+0143 in byte order. The UTF-8 of
 // byte b's character, and the inverse (nullopt for a character not in the map).
