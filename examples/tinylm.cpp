@@ -30,11 +30,11 @@
 // and ranges. --from and export need grad_hf (meson defines GRAD_TINYLM_HF
 // when -Dhf found nlohmann-json and PCRE2); without it they say so and exit 2.
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <cmath>
-#include <cstdio>
 #include <grad/grad.hpp>
 #include <grad/inspect.hpp>
 #include <grad/lm.hpp>
@@ -114,7 +114,8 @@ void add_options(CLI::App& c, TrainOptions& o) {
 }
 
 struct FinetuneOptions {
-  std::string from, base = "tinylm_base.model", text = GRAD_TINYLM_FINETUNE_TEXT, out = "tinylm_lora.model",
+  std::string from;  // a Hugging Face directory, instead of base
+  std::string base = "tinylm_base.model", text = GRAD_TINYLM_FINETUNE_TEXT, out = "tinylm_lora.model",
               csv = "tinylm_finetune.csv", svg = "tinylm_finetune.svg", targets = "all";
   std::size_t rank = 8;
   double scale = 2.0, lr = 1e-2;
@@ -260,8 +261,9 @@ void check_saved(const grad::ModelFileResult& r) {
 // option that asks for one is a usage error that says so.
 void require_hf([[maybe_unused]] const std::string& what) {
 #ifndef GRAD_TINYLM_HF
-  throw cli::UsageError(what + ": this tinylm was built without grad_hf (Hugging Face directories and GGUF); "
-                               "install nlohmann-json3-dev and libpcre2-dev and configure with -Dhf=auto or enabled");
+  throw cli::UsageError(what +
+                        ": this tinylm was built without grad_hf (Hugging Face directories and GGUF); "
+                        "install nlohmann-json3-dev and libpcre2-dev and configure with -Dhf=auto or enabled");
 #endif
 }
 
@@ -511,9 +513,7 @@ int finetune(const FinetuneOptions& o) {
   // The prompt: the tokens of the text's first 16 bytes (16 tokens for bytes).
   const std::size_t prompt_bytes = 16;
   std::size_t prompt = 0;
-  while (prompt < tokens.size() &&
-         codec.decode(std::span(tokens).first(prompt)).size() < prompt_bytes)
-    ++prompt;
+  while (prompt < tokens.size() && codec.decode(std::span(tokens).first(prompt)).size() < prompt_bytes) ++prompt;
   if (tokens.size() <= prompt + 1 || tokens.size() > c.max_seq)
     throw std::runtime_error("the finetune text '" + path + "' has " + std::to_string(tokens.size()) +
                              (hf ? " tokens" : " bytes") + "; expected more than " + std::to_string(prompt + 1) +
@@ -683,14 +683,18 @@ int export_model([[maybe_unused]] const ExportOptions& o) {
   namespace hf = grad::hf;
   const bool from_hf = std::filesystem::is_directory(o.in);
   nn::LmConfig c;
-  if (from_hf) c = hf::read_config(o.in).config;
-  else if (std::string why = nn::read_lm_config(o.in, c); !why.empty()) throw std::runtime_error(why);
+  if (from_hf)
+    c = hf::read_config(o.in).config;
+  else if (std::string why = nn::read_lm_config(o.in, c); !why.empty())
+    throw std::runtime_error(why);
   if (c.lora_rank > 0)
     throw std::runtime_error("'" + o.in + "' has adapters (" + c.describe() + "): fold them in first (tinylm merge)");
   grad::Tape<T> tp;
   nn::Lm<T> model(tp, c, 1);
-  if (from_hf) hf::load_weights(o.in, model);
-  else check_saved(nn::load_lm(o.in, model));
+  if (from_hf)
+    hf::load_weights(o.in, model);
+  else
+    check_saved(nn::load_lm(o.in, model));
   if (!o.gguf.empty()) {
     // The vocabulary: the directory's tokenizer.json, or grad's 256 bytes.
     const hf::BpeVocab vocab =
@@ -710,8 +714,8 @@ int export_model([[maybe_unused]] const ExportOptions& o) {
       out << hf::byte_level_tokenizer_json();
       if (!out.flush()) throw std::runtime_error("cannot write '" + path + "'");
     }
-    std::printf("tinylm export: %s (%s) -> %s (Hugging Face directory, F32, %s)\n", o.in.c_str(),
-                c.describe().c_str(), o.hf.c_str(), from_hf ? "its tokenizer files copied" : "byte-level tokenizer.json");
+    std::printf("tinylm export: %s (%s) -> %s (Hugging Face directory, F32, %s)\n", o.in.c_str(), c.describe().c_str(),
+                o.hf.c_str(), from_hf ? "its tokenizer files copied" : "byte-level tokenizer.json");
   }
 #endif
   return 0;

@@ -375,8 +375,9 @@ TEST_CASE("from_file reads the file and names it in errors") {
 
 TEST_CASE("bpe_vocab: a tokenizer.json as GGUF's vocabulary: spellings by id, merges by rank, added tokens typed") {
   using grad::hf::TokenType;
-  json j = make({{"h", "e"}, {"l", "l"}, {"he", "ll"}, {" ", "w"}}, byte_level());  // ids 256 .. 259
-  const int eot = 261, user = 263;  // 260 and 262 are gaps
+  // Merged tokens are ids 256 .. 259; 260 and 262 are gaps.
+  json j = make({{"h", "e"}, {"l", "l"}, {"he", "ll"}, {" ", "w"}}, byte_level());
+  const int eot = 261, user = 263;
   j["added_tokens"] = {{{"id", eot}, {"content", "<|endoftext|>"}, {"special", true}},
                        {{"id", user}, {"content", "<|user|>"}, {"special", false}}};
   const Tokenizer t = load(j);

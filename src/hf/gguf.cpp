@@ -102,7 +102,7 @@ BpeVocab bpe_vocab(const Tokenizer& tokenizer, std::size_t vocab) {
     const int id = static_cast<int>(i);
     const std::optional<std::string> t = tokenizer.id_to_token(id);
     v.tokens.push_back(t ? *t : "[PAD" + std::to_string(i) + "]");
-    v.token_types.push_back(!t                          ? TokenType::unused
+    v.token_types.push_back(!t                         ? TokenType::unused
                             : tokenizer.is_special(id) ? TokenType::control
                             : tokenizer.is_added(id)   ? TokenType::user_defined
                                                        : TokenType::normal);

@@ -838,7 +838,8 @@ bool Tokenizer::is_special(int id) const {
 std::string byte_level_tokenizer_json() {
   json vocab = json::object();
   for (unsigned b = 0; b < 256; ++b) vocab[byte_to_symbol(static_cast<unsigned char>(b))] = b;
-  const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  const json byte_level = {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
   return json{{"version", "1.0"},
               {"truncation", nullptr},
               {"padding", nullptr},

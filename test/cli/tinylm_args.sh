@@ -2,7 +2,9 @@
 # tinylm's command line refuses what it cannot do, before any work: each
 # case gives the arguments, the exit status expected and text the message
 # must contain (the flag and what it accepts). Then one tiny training run
-# and a generation from its model; a CSV that cannot be written fails it.
+# and a generation from its model; with grad_hf, the Hugging Face round trip
+# (export --hf, finetune/merge/generate --from, export --gguf); a CSV that
+# cannot be written fails it.
 #
 #   tinylm_args.sh PATH/TO/tinylm
 set -u

@@ -12,9 +12,9 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <grad/grad.hpp>
 #include <filesystem>
 #include <fstream>
+#include <grad/grad.hpp>
 #include <grad/hf/gguf.hpp>
 #include <grad/hf/model.hpp>
 #include <grad/hf/tokenizer.hpp>
@@ -292,23 +292,25 @@ std::string learned_tokenizer_json(const std::string& text, std::size_t count) {
   }
   const std::string qwen2_pattern =
       R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-  return json{{"version", "1.0"},
-              {"added_tokens", {{{"id", vocab.size()}, {"content", "<|endoftext|>"}, {"special", true}}}},
-              {"normalizer", nullptr},
-              {"pre_tokenizer",
-               {{"type", "Sequence"},
-                {"pretokenizers",
-                 {{{"type", "Split"}, {"pattern", {{"Regex", qwen2_pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
-                  {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}},
-              {"post_processor", nullptr},
-              {"decoder", {{"type", "ByteLevel"}}},
-              {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"vocab", vocab}, {"merges", merges}}}}
+  return json{
+      {"version", "1.0"},
+      {"added_tokens", {{{"id", vocab.size()}, {"content", "<|endoftext|>"}, {"special", true}}}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"}, {"pattern", {{"Regex", qwen2_pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"vocab", vocab}, {"merges", merges}}}}
       .dump(1);
 }
 
 }  // namespace
 
-TEST_CASE("end to end: a Qwen2 Hugging Face directory, LoRA-finetuned in grad, served by llama.cpp with its tokenizer") {
+TEST_CASE(
+    "end to end: a Qwen2 Hugging Face directory, LoRA-finetuned in grad, served by llama.cpp with its tokenizer") {
   // The text the model learns; its first tokens are the prompt. (No quote: --tokenize takes it in quotes.)
   const std::string text = "grad tunes the Qwen2 model, then llama.cpp greedily recalls the tuned text.";
   ScratchDir dir("llama_cpp");
@@ -392,8 +394,8 @@ TEST_CASE("end to end: a Qwen2 Hugging Face directory, LoRA-finetuned in grad, s
   CHECK_SAME_IDS(llama.tokens, rest);
   // llama.cpp's own tokenizer (qwen2's pattern, the exported merges) splits the texts as grad's.
   CHECK_SAME_IDS(llama.tokenized, tok.encode(probe));
-  MESSAGE("recalled after " << step + 1 << " LoRA steps; " << ids.size() << " tokens of " << tok.vocab_size()
-                            << " (" << saved_tok.merges().size() << " merges); llama.cpp continued '"
+  MESSAGE("recalled after " << step + 1 << " LoRA steps; " << ids.size() << " tokens of " << tok.vocab_size() << " ("
+                            << saved_tok.merges().size() << " merges); llama.cpp continued '"
                             << tok.decode(std::vector<int>(prompt.begin(), prompt.end())) << "' with '"
                             << tok.decode(llama.tokens) << "'");
 }
