@@ -319,9 +319,9 @@ class LoRALinear : public Module<T> {
 template <class T>
 class Dropout : public Module<T> {
  public:
-  Dropout(Tape<T>& tp, double p, SplitMix64& gen) : Module<T>(tp), p(p), seed(gen.next()) {
-    if (!(p >= 0 && p < 1))
-      throw std::invalid_argument("nn::Dropout: p = " + std::to_string(p) + " is out of range: expected 0 <= p < 1");
+  Dropout(Tape<T>& tp, double rate, SplitMix64& gen) : Module<T>(tp), p(rate), seed(gen.next()) {
+    if (!(rate >= 0 && rate < 1))
+      throw std::invalid_argument("nn::Dropout: p = " + std::to_string(rate) + " is out of range: expected 0 <= p < 1");
   }
   Var<T> operator()(Var<T> x) const {
     if (!this->training() || p == 0 || !x.valid()) return x;
