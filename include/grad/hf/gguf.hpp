@@ -104,8 +104,8 @@ inline BpeVocab byte_level_vocab(std::initializer_list<std::string> specials) {
 // with no token (a gap, or the rows a checkpoint pads its embedding with,
 // as Qwen2's 151936 for 151646 tokens) become unused tokens "[PAD<id>]",
 // as llama.cpp's converter writes them. eos is the first added token of
-// <|endoftext|>, <|end_of_text|>, </s>; bos the first of
-// <|begin_of_text|>, <s> (add_bos stays false: set it, and pre, for a
+// `<|endoftext|>`, `<|end_of_text|>`, `</s>`; bos the first of
+// `<|begin_of_text|>`, `<s>` (add_bos stays false: set it, and pre, for a
 // tokenizer that is not Qwen2's). A model with fewer ids than the tokenizer
 // is refused by write_gguf (check_vocab), naming both counts.
 BpeVocab bpe_vocab(const Tokenizer& tokenizer, std::size_t vocab = 0);
