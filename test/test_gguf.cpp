@@ -377,7 +377,7 @@ TEST_CASE(
   named(misshapen, "layers.0.k")->shape = {4, 8};
   refused(hf::write_gguf(path, c, misshapen, good), {"'layers.0.k' is [4, 8] (expected [8, 4])"});
   auto extra = list;
-  extra.push_back({"layers.0.q.lora_a", {8, 2}, list[2].values.first(16)});
+  extra.push_back({"layers.0.q.lora_a", {8, 2}, named(list, "layers.0.q")->values.first(16)});  // 16 of q's values
   refused(hf::write_gguf(path, c, extra, good), {"'layers.0.q.lora_a' is not part of a qwen2 model"});
   auto twice = list;
   twice.push_back(list[0]);
