@@ -33,7 +33,8 @@
 //   2. Clipping (when max_norm > 0) looks at the RAW gradients, before L2,
 //      as torch.nn.utils.clip_grad_norm_ followed by an optimizer's
 //      weight_decay does. Sum of squares in one order: each parameter's
-//      g*g summed in the order of every full reduction (sum_fixed,
+//      g*g summed in the order of every full reduction, each square added
+//      by one fma, acc = fma(g, g, acc) (sum_fixed with Square,
 //      grad/numerics/fixed_order.hpp: 32 lanes, a fixed tree), then those per-parameter
 //      sums in add order, acc = acc + s starting from zero; then
 //      norm = sqrt(acc); scale = max_norm / norm if norm > max_norm, else 1.
@@ -565,7 +566,10 @@ class Optimizer {
     for (const Entry& e : entries_)
       if (tape_->has_grad(e.var)) {
         const View<T> g = tape_->grad(e.var);
-        acc = ClipRule::accumulate(acc, ClipRule::squares(g.data.data(), g.size()));
+        T share = T(0);
+        // In the best instruction set's copy: each fma one vfmadd, not a libm call.
+        with_best_isa([&] { share = ClipRule::squares(g.data.data(), g.size()); });
+        acc = ClipRule::accumulate(acc, share);
       }
     return ClipRule::scale(acc, clip_);
   }

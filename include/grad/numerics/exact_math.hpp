@@ -1,9 +1,13 @@
-// exp, tanh, sigmoid and log written with + - * / only, so that they round
-// the same way on every backend: host code is built with -ffp-contract=off and
-// device code with --fmad=false, and IEEE + - * / are correctly rounded on
-// both. No libm call, no fma, no lookup table, no branch on data (bit-mask
-// blends), so a GPU thread and a vector lane compute the very same bits. This
-// is what moves exp, tanh, sigmoid and log into the exact tier.
+// exp, tanh, sigmoid and log written with + - * / and explicit fused
+// multiply-adds only, so that they round the same way on every backend: host
+// code is built with -ffp-contract=off and device code with --fmad=false, IEEE
+// + - * / are correctly rounded on both, and so is an fma (fma_hd: a vfmadd in
+// the AVX2 / AVX-512 copies, __fma_rn on CUDA, libm's correctly rounded fma
+// elsewhere). The polynomials' steps and the final correction terms are those
+// fmas, written where they stand. No libm transcendental, no lookup table, no
+// branch on data (bit-mask blends), so a GPU thread and a vector lane compute
+// the very same bits. This is what moves exp, tanh, sigmoid and log into the
+// exact tier.
 //
 // Every function is written once for T = float or double and for
 // simd::Pack<T, Bytes> (grad/numerics/simd.hpp): the host loops run them on whole
@@ -51,17 +55,19 @@ GRAD_HD GRAD_INLINE constexpr T power(T x) {
   }
 }
 
-// c[0] + c[1] x + ... + c[N-1] x^(N-1) by Estrin's scheme: low half plus
-// x^m times high half, recursively. The order is fixed here, so every
-// backend rounds alike; its dependency chain is O(log N) long instead of
-// Horner's N, which is what bounds a vectorised loop of these.
+// c[0] + c[1] x + ... + c[N-1] x^(N-1) by Estrin's scheme: x^m times the
+// high half plus the low half, recursively, each step one fma (a single
+// rounding: fma_hd on a T, simd::fma_hd on a pack, found by argument-dependent
+// lookup). The order is fixed here, so every backend rounds alike; its
+// dependency chain is O(log N) long instead of Horner's N, which is what
+// bounds a vectorised loop of these.
 template <std::size_t N, class T, class C>
-GRAD_HD GRAD_INLINE constexpr T estrin(T x, const C* c) {
+GRAD_HD GRAD_INLINE inline T estrin(T x, const C* c) {
   if constexpr (N == 1) {
     return T(c[0]);
   } else {
     constexpr std::size_t m = std::bit_floor(N - 1);
-    return estrin<m>(x, c) + power<m>(x) * estrin<N - m>(x, c + m);
+    return fma_hd(power<m>(x), estrin<N - m>(x, c + m), estrin<m>(x, c));
   }
 }
 
@@ -199,7 +205,7 @@ GRAD_HD GRAD_INLINE constexpr T pow2(T k) {
 
 // (e^r - 1 - r) / r^2 on |r| <= ln2/2: relative error 2^-58 (double), 2^-28 (float).
 template <class T>
-GRAD_HD GRAD_INLINE constexpr T exp_tail(T r) {
+GRAD_HD GRAD_INLINE inline T exp_tail(T r) {
   if constexpr (std::is_same_v<simd::element_t<T>, double>) {
     const double c[] = {0x1.0000000000000p-1,  0x1.5555555555557p-3,  0x1.555555555554ep-5,  0x1.11111111100ebp-7,
                         0x1.6c16c16c1a07fp-10, 0x1.a01a01abe0ceap-13, 0x1.a01a01905fb43p-16, 0x1.71de024587b95p-19,
@@ -214,7 +220,7 @@ GRAD_HD GRAD_INLINE constexpr T exp_tail(T r) {
 // (tanh(x)/x - 1) / x^2 as a function of z = x^2 on [0, 0.625^2]: relative
 // error 2^-56 (double), 2^-27 (float).
 template <class T>
-GRAD_HD GRAD_INLINE constexpr T tanh_tail(T z) {
+GRAD_HD GRAD_INLINE inline T tanh_tail(T z) {
   if constexpr (std::is_same_v<simd::element_t<T>, double>) {
     const double c[] = {-0x1.5555555555555p-2,  0x1.11111111110a8p-3,  -0x1.ba1ba1ba0f149p-5,  0x1.664f487e0b227p-6,
                         -0x1.226e3473f8991p-7,  0x1.d6d39ae8b74e8p-9,  -0x1.7d9f6f7067b06p-10, 0x1.3526ecc6fea05p-11,
@@ -238,7 +244,7 @@ struct ExpParts {
 };
 
 template <class T>
-GRAD_HD GRAD_INLINE constexpr ExpParts<T> exp_parts(T x) {
+GRAD_HD GRAD_INLINE inline ExpParts<T> exp_parts(T x) {
   using F = Format<T>;
   const T n = round_to_integer<T>(x * F::log2e);
   const T r_hi = x - n * F::ln2_hi;  // exact
@@ -261,7 +267,7 @@ struct SplitExp {
 };
 
 template <class T>
-GRAD_HD GRAD_INLINE constexpr SplitExp<T> split_exp(T x) {
+GRAD_HD GRAD_INLINE inline SplitExp<T> split_exp(T x) {
   const ExpParts<T> e = exp_parts<T>(x);
   const T n_half = round_to_integer<T>(e.n * T(0.5));
   const T scale_a = pow2<T>(n_half), scale_b = pow2<T>(e.n - n_half);
@@ -271,7 +277,7 @@ GRAD_HD GRAD_INLINE constexpr SplitExp<T> split_exp(T x) {
 // (2 atanh(s) / s - 2) / s^2 as a function of z = s^2 on [0, 0.1716^2]:
 // relative error 2^-51 (double), 2^-21 (float); it enters log scaled by s^3.
 template <class T>
-GRAD_HD GRAD_INLINE constexpr T log_tail(T z) {
+GRAD_HD GRAD_INLINE inline T log_tail(T z) {
   if constexpr (std::is_same_v<simd::element_t<T>, double>) {
     const double c[] = {0x1.5555555555558p-1, 0x1.9999999995290p-2, 0x1.2492492df97bap-2, 0x1.c71c62dbdc1d9p-3,
                         0x1.7462b739ffa32p-3, 0x1.39fe106dc50e4p-3, 0x1.2b5bf2ff5647ap-3};
@@ -287,7 +293,7 @@ GRAD_HD GRAD_INLINE constexpr T log_tail(T z) {
 // e^x. |x| is clamped (sign kept) to where e^x has long overflowed or
 // underflowed; NaN passes the clamp and every operation after it.
 template <ScalarOrPack T>
-GRAD_HD GRAD_INLINE constexpr T exact_exp(T x) {
+GRAD_HD GRAD_INLINE inline T exact_exp(T x) {
   using namespace exact_math_detail;
   return split_exp<T>(with_sign_of<T>(at_most<T>(magnitude_of<T>(x), Format<T>::exp_limit), x)).hi;
 }
@@ -295,11 +301,11 @@ GRAD_HD GRAD_INLINE constexpr T exact_exp(T x) {
 namespace exact_math_detail {
 
 // tanh's two arms for a = |x|, and how their results are put together.
-// Small a: a + a * (a^2 * t(a^2)).
+// Small a: a + a * (a^2 * t(a^2)), the last step one fma.
 template <class T>
-GRAD_HD GRAD_INLINE constexpr T tanh_near(T a) {
+GRAD_HD GRAD_INLINE inline T tanh_near(T a) {
   const T z = a * a;
-  return a + a * (z * tanh_tail<T>(z));
+  return fma_hd(a, z * tanh_tail<T>(z), a);
 }
 
 // Otherwise 1 - d with d = 2 / (E + 1), E = e^2a = hi + lo: E + 1 and 1 - d
@@ -308,7 +314,7 @@ GRAD_HD GRAD_INLINE constexpr T tanh_near(T a) {
 // result remain. a is capped where 1 - d has long rounded to 1, so that E
 // stays finite.
 template <class T>
-GRAD_HD GRAD_INLINE constexpr T tanh_far(T a) {
+GRAD_HD GRAD_INLINE inline T tanh_far(T a) {
   using F = Format<T>;
   const T a_far = blend<T>(less_mask<T>(F::tanh_saturated, a), F::tanh_saturated, a);
   const ExpParts<T> e = exp_parts<T>(a_far + a_far);  // n <= 58: one exact scaling
@@ -320,7 +326,7 @@ GRAD_HD GRAD_INLINE constexpr T tanh_far(T a) {
   const T w = T(1) - q;
   // d = 2 / (s + s_low) ~ q - q * s_low / s, and 1 / s ~ q / 2 is plenty for
   // a term this small (one division fewer).
-  return w + (((T(1) - w) - q) + q * (s_low * (q * T(0.5))));  // (1 - w) - q: exact
+  return w + fma_hd(q, s_low * (q * T(0.5)), (T(1) - w) - q);  // (1 - w) - q: exact
 }
 
 // All ones where a takes the near arm.
@@ -341,7 +347,7 @@ GRAD_HD GRAD_INLINE constexpr T tanh_finish(T x, T magnitude) {
 // both computed and one kept by a bit blend (a GPU thread and a vector lane
 // alike). For NaN x the mask is arbitrary: the result is replaced.
 template <ScalarOrPack T>
-GRAD_HD GRAD_INLINE constexpr T exact_tanh(T x) {
+GRAD_HD GRAD_INLINE inline T exact_tanh(T x) {
   using namespace exact_math_detail;
   const T a = magnitude_of(x);
   return tanh_finish<T>(x, blend<T>(tanh_near_mask<T>(a), tanh_near<T>(a), tanh_far<T>(a)));
@@ -424,7 +430,7 @@ inline void exact_tanh_array(const T* __restrict x, T* __restrict y, std::size_t
 // subnormals instead of hitting 0 where e^-x overflows. 1 + e keeps its
 // rounding error and e its low part; the quotient is corrected to first order.
 template <ScalarOrPack T>
-GRAD_HD GRAD_INLINE constexpr T exact_sigmoid(T x) {
+GRAD_HD GRAD_INLINE inline T exact_sigmoid(T x) {
   using namespace exact_math_detail;
   using Bits = typename Format<T>::Bits;
   const T magnitude = magnitude_of<T>(x);
@@ -439,7 +445,7 @@ GRAD_HD GRAD_INLINE constexpr T exact_sigmoid(T x) {
   // The correction divides by den; 1 / den is q itself for x >= 0 and
   // 1 - q for x < 0 (1/(1+e) = 1 - e/(1+e)), close enough for a term this small.
   const T inv_den = blend<T>(negative, T(1) - q, q);
-  return blend<T>(nan_mask<T>(x), x + x, q + (num_low - q * den_low) * inv_den);
+  return blend<T>(nan_mask<T>(x), x + x, fma_hd(fma_hd(-q, den_low, num_low), inv_den, q));
 }
 
 // ln x. x = 2^k m with m in [sqrt(1/2), sqrt(2)), read off the bits (after
@@ -448,7 +454,7 @@ GRAD_HD GRAD_INLINE constexpr T exact_sigmoid(T x) {
 // terms are formed from f directly and only R is approximated. k ln2 is
 // added in two parts, the high one exactly.
 template <ScalarOrPack T>
-GRAD_HD GRAD_INLINE constexpr T exact_log(T x) {
+GRAD_HD GRAD_INLINE inline T exact_log(T x) {
   using namespace exact_math_detail;
   using F = Format<T>;
   using Bits = typename F::Bits;
@@ -475,7 +481,7 @@ GRAD_HD GRAD_INLINE constexpr T exact_log(T x) {
   const T z = s * s;
   const T half_f2 = T(0.5) * (f * f);
   const T r = z * log_tail<T>(z);
-  const T y = k * F::ln2_hi + (f - (half_f2 - (s * (half_f2 + r) + k * F::ln2_lo)));
+  const T y = k * F::ln2_hi + (f - (half_f2 - fma_hd(s, half_f2 + r, k * F::ln2_lo)));
 
   // ln(+inf) = inf and NaN stays NaN (x + x); negative x gives NaN; ln(+-0) = -inf.
   const Bits magnitude = to_bits<T>(x) & ~F::sign_mask;

@@ -5,7 +5,8 @@
 // length n, never on threads, vector width or instruction set:
 //
 //   lanes32(v, n):  lane j (0 <= j < 32) sums v[j], v[j+32], v[j+64], ...
-//                   ascending from zero (acc = acc + v[i]); then the 32 lane
+//                   ascending from zero (acc = acc + v[i]; the clip norm's
+//                   squares acc = fma(v[i], v[i], acc)); then the 32 lane
 //                   sums are combined by a fixed binary tree: for w = 16, 8,
 //                   4, 2, 1: lane[j] = lane[j] + lane[j + w] for j < w; the
 //                   result is lane[0].
@@ -38,17 +39,18 @@ inline constexpr std::size_t lanes = 32;
 inline constexpr std::size_t chunk = 4096;  // a multiple of lanes
 inline constexpr int max_levels = 4;        // levels above the input; the top one takes any count
 
-// Element transforms a reduction applies before adding (clip norms sum g*g).
+// How a reduction adds an element to a lane's sum: acc + x, or for the clip
+// norm's sum of squares acc + x*x as one fma (a single rounding).
 struct Identity {
   template <class T>
-  GRAD_HD T operator()(T x) const {
-    return x;
+  GRAD_HD T operator()(T acc, T x) const {
+    return acc + x;
   }
 };
 struct Square {
   template <class T>
-  GRAD_HD T operator()(T x) const {
-    return x * x;
+  GRAD_HD T operator()(T acc, T x) const {
+    return fma_hd(x, x, acc);
   }
 };
 
@@ -64,7 +66,7 @@ GRAD_HD inline T combine_lanes(T* acc) {
 template <class T, class F = Identity>
 GRAD_HD inline T lane_sum(const T* x, std::size_t n, std::size_t lane, F f = {}) {
   T acc = T(0);
-  for (std::size_t i = lane; i < n; i += lanes) acc = acc + f(x[i]);
+  for (std::size_t i = lane; i < n; i += lanes) acc = f(acc, x[i]);
   return acc;
 }
 
@@ -78,8 +80,8 @@ GRAD_HD inline T lanes32(const T* x, std::size_t n, F f = {}) {
   for (std::size_t j = 0; j < lanes; ++j) acc[j] = T(0);
   std::size_t i = 0;
   for (; i + lanes <= n; i += lanes)
-    for (std::size_t j = 0; j < lanes; ++j) acc[j] = acc[j] + f(x[i + j]);
-  for (std::size_t j = 0; i + j < n; ++j) acc[j] = acc[j] + f(x[i + j]);
+    for (std::size_t j = 0; j < lanes; ++j) acc[j] = f(acc[j], x[i + j]);
+  for (std::size_t j = 0; i + j < n; ++j) acc[j] = f(acc[j], x[i + j]);
   return combine_lanes(acc);
 }
 
@@ -136,7 +138,8 @@ GRAD_HD inline std::size_t chunk_length(std::size_t n, std::size_t c) {
 
 }  // namespace fixed_order
 
-// The documented sum of f(x[i]) over x[0, n) (see the top of this file).
+// The documented sum over x[0, n) (see the top of this file), each element
+// added by f: Identity, or Square for a sum of squares.
 template <class T, class F = fixed_order::Identity>
 GRAD_HD inline T sum_fixed(const T* x, std::size_t n, F f = {}) {
   using namespace fixed_order;

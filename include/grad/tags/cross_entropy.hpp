@@ -138,17 +138,20 @@ struct CrossEntropy {
       dx[w] = T(0);
   }
 
-  // ---- host loops: the same bodies; backward counts once and splits rows over the pool ----
+  // ---- host loops: the same bodies, in the best instruction set's copy (exp's
+  // fmas one vfmadd each); backward counts once and splits rows over the pool ----
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
-    forward_item(x, y, 0);
+    with_best_isa([&] { forward_item(x, y, 0); });
   }
   template <int In, class T>
   static void backward_tensor(const NodeArgs<T>& x, const T*, const T* g, T* dx) {
     if constexpr (In == 0) {
       const std::size_t count = counted(x), n = x.a.dims[1];
       parallel_ranges(x.a.dims[0], row_grain(n), [&](std::size_t lo, std::size_t hi) {
-        for (std::size_t r = lo; r < hi; ++r) backward_row(x, g, dx, r, count);
+        with_best_isa([&] {
+          for (std::size_t r = lo; r < hi; ++r) backward_row(x, g, dx, r, count);
+        });
       });
     } else {
       for (std::size_t i = 0, n = x.b.dims.size(); i < n; ++i) dx[i] = T(0);

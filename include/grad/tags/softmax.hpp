@@ -1,8 +1,11 @@
 // softmax along one axis. Per lane: max, exp(x - max), a sum in ascending
-// index, then one division per element. Backward: dx = y * (g - <g, y>).
+// index, then one division per element. Backward: dx = y * (g - <g, y>),
+// the dot product in ascending index, one fma per term.
 #pragma once
 
+#include <cstddef>
 #include <string_view>
+#include <type_traits>
 
 #include "grad/numerics/exact_math.hpp"
 #include "grad/tags/family.hpp"
@@ -33,7 +36,7 @@ struct Softmax : ItemLoops<Softmax> {
   template <class T>
   GRAD_HD static void backward_lane(const T* y, const T* g, T* dx, std::size_t n, std::size_t stride) {
     T dot = T(0);
-    for (std::size_t i = 0; i < n; ++i) dot = dot + g[i * stride] * y[i * stride];
+    for (std::size_t i = 0; i < n; ++i) dot = fma_hd(g[i * stride], y[i * stride], dot);
     for (std::size_t i = 0; i < n; ++i) dx[i * stride] = y[i * stride] * (g[i * stride] - dot);
   }
 
@@ -65,6 +68,88 @@ struct Softmax : ItemLoops<Softmax> {
   GRAD_HD static void backward_item(const NodeArgs<T>& x, const T* y, const T* g, T* dx, std::size_t w) {
     const Lane l = lane(x, w);
     backward_lane(y + l.base, g + l.base, dx + l.base, l.n, l.stride);
+  }
+
+  // ---- host loops: lanes split over the pool; a contiguous lane's
+  // element-wise passes (exp, the division, backward's product) run on the
+  // best instruction set's packs, its sums stay serial and ascending: each
+  // element sees forward_lane's / backward_lane's operations in their order,
+  // so the bits are theirs. ----
+  template <class T>
+  static void forward_tensor(const NodeArgs<T>& x, T* y) {
+    const std::size_t lanes = forward_items(x), n = x.out.d[x.axis];
+    parallel_ranges(lanes, row_grain(n), [&](std::size_t lo, std::size_t hi) {
+      with_best_isa([&](auto width) {
+        using P = pack_for<T, decltype(width)>;
+        for (std::size_t w = lo; w < hi; ++w) {
+          const Lane l = lane(x, w);
+          if (l.stride == 1)
+            forward_row<P>(x.a.data + l.base, y + l.base, n);
+          else
+            forward_lane(x.a.data + l.base, y + l.base, l.n, l.stride);
+        }
+      });
+    });
+  }
+  template <int In, class T>
+  static void backward_tensor(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
+    const std::size_t lanes = forward_items(x), n = x.out.d[x.axis];
+    parallel_ranges(lanes, row_grain(n), [&](std::size_t lo, std::size_t hi) {
+      with_best_isa([&](auto width) {
+        using P = pack_for<T, decltype(width)>;
+        for (std::size_t w = lo; w < hi; ++w) {
+          const Lane l = lane(x, w);
+          if (l.stride == 1)
+            backward_row<P>(y + l.base, g + l.base, dx + l.base, n);
+          else
+            backward_lane(y + l.base, g + l.base, dx + l.base, l.n, l.stride);
+        }
+      });
+    });
+  }
+
+ private:
+  // f(i, pack) over [0, n) in packs of P, then f(i, element) for the tail.
+  template <class P, class T, class F>
+  GRAD_INLINE static void in_packs(std::size_t n, F&& f) {
+    constexpr std::size_t L = sizeof(P) / sizeof(T);
+    std::size_t i = 0;
+    if constexpr (L > 1)
+      for (; i + L <= n; i += L) f(i, P{});
+    for (; i < n; ++i) f(i, T{});
+  }
+  template <class V, class T>
+  GRAD_INLINE static V load(const T* p) {
+    if constexpr (std::is_same_v<V, T>)
+      return *p;
+    else
+      return V::load(p);
+  }
+  template <class V, class T>
+  GRAD_INLINE static void store(V v, T* p) {
+    if constexpr (std::is_same_v<V, T>)
+      *p = v;
+    else
+      v.store(p);
+  }
+
+  template <class P, class T>
+  GRAD_INLINE static void forward_row(const T* x, T* y, std::size_t n) {
+    T hi = x[0];
+    for (std::size_t i = 1; i < n; ++i) hi = x[i] > hi ? x[i] : hi;
+    in_packs<P, T>(n, [&](std::size_t i, auto v) { store(exact_exp(load<decltype(v)>(x + i) - decltype(v)(hi)), y + i); });
+    T total = T(0);
+    for (std::size_t i = 0; i < n; ++i) total = total + y[i];
+    in_packs<P, T>(n, [&](std::size_t i, auto v) { store(load<decltype(v)>(y + i) / decltype(v)(total), y + i); });
+  }
+  template <class P, class T>
+  GRAD_INLINE static void backward_row(const T* y, const T* g, T* dx, std::size_t n) {
+    T dot = T(0);
+    for (std::size_t i = 0; i < n; ++i) dot = fma_hd(g[i], y[i], dot);
+    in_packs<P, T>(n, [&](std::size_t i, auto v) {
+      using V = decltype(v);
+      store(load<V>(y + i) * (load<V>(g + i) - V(dot)), dx + i);
+    });
   }
 };
 

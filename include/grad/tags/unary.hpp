@@ -80,7 +80,7 @@ struct Tanh : Unary<Tanh> {
   }
   template <class T>
   GRAD_HD GRAD_INLINE static T backward(T, T y, T g, T) {
-    return g * (T(1) - y * y);
+    return g * fma_hd(-y, y, T(1));  // 1 - y^2, one rounding
   }
 };
 
@@ -94,7 +94,7 @@ struct Gelu : Unary<Gelu> {
   static constexpr bool packs = true;
   template <class T>
   GRAD_HD GRAD_INLINE static T inner(T x) {
-    return T(0.7978845608028654) * (x + T(0.044715) * (x * x * x));
+    return T(0.7978845608028654) * fma_hd(T(0.044715), x * x * x, x);
   }
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T x, T) {
@@ -103,8 +103,8 @@ struct Gelu : Unary<Gelu> {
   template <class T>
   GRAD_HD GRAD_INLINE static T backward(T x, T, T g, T) {
     const T t = exact_tanh(inner(x));
-    const T slope = T(0.7978845608028654) * (T(1) + T(0.134145) * (x * x));
-    return g * (T(0.5) * (T(1) + t) + T(0.5) * x * ((T(1) - t * t) * slope));
+    const T slope = T(0.7978845608028654) * fma_hd(T(0.134145), x * x, T(1));
+    return g * fma_hd(T(0.5) * x, fma_hd(-t, t, T(1)) * slope, T(0.5) * (T(1) + t));
   }
 };
 
