@@ -286,6 +286,25 @@ Var<T> rope_heads(Var<T> h, Var<T> cos, Var<T> sin, std::size_t N, std::size_t t
   return h * cos + rotated * sin;
 }
 
+// nn::attention's recording, for operands it has checked (nn::Lm's, whose
+// config is checked once; it records under its own "attention" scope).
+template <class T>
+Var<T> causal_attention(Var<T> q, Var<T> k, Var<T> v, std::size_t batch, std::size_t t, std::size_t heads,
+                        std::size_t kv_heads, std::size_t head_dim, Var<T> cos, Var<T> sin) {
+  const bool rotary = cos.valid();
+  const std::size_t group = heads / kv_heads, N = batch * kv_heads;
+  Var<T> q3 = heads_major(q, batch, t, heads, head_dim);
+  if (rotary) q3 = rope_heads(q3, cos, sin, batch * heads, t, head_dim);
+  Var<T> k3 = heads_major(k, batch, t, kv_heads, head_dim);
+  if (rotary) k3 = rope_heads(k3, cos, sin, N, t, head_dim);
+  Var<T> v3 = heads_major(v, batch, t, kv_heads, head_dim);
+  const T scale = T(1) / std::sqrt(static_cast<T>(head_dim));
+  // [batch*heads, t, hd] is [N, group*t, hd]: a group's query heads are consecutive.
+  Var<T> probs = causal_attention_probs(reshape(q3, {N, group * t, head_dim}), k3, scale);
+  Var<T> context = reshape(attention_context(probs, v3), {batch * heads, t, head_dim});
+  return rows_major(context, batch, t, heads, head_dim);
+}
+
 }  // namespace detail
 
 // Causal attention over a batch of sequences, multi-head (kv_heads ==
@@ -331,17 +350,7 @@ Var<T> attention(Var<T> q, Var<T> k, Var<T> v, std::size_t batch, std::size_t he
                         detail::num(t) + ", " + detail::num(head_dim) + "]");
   }
   NameScope<T> scope(tp, "attention");
-  const std::size_t group = heads / kv_heads, N = batch * kv_heads;
-  Var<T> q3 = detail::heads_major(q, batch, t, heads, head_dim);
-  if (rotary) q3 = detail::rope_heads(q3, cos, sin, batch * heads, t, head_dim);
-  Var<T> k3 = detail::heads_major(k, batch, t, kv_heads, head_dim);
-  if (rotary) k3 = detail::rope_heads(k3, cos, sin, N, t, head_dim);
-  Var<T> v3 = detail::heads_major(v, batch, t, kv_heads, head_dim);
-  const T scale = T(1) / std::sqrt(static_cast<T>(head_dim));
-  // [batch*heads, t, hd] is [N, group*t, hd]: a group's query heads are consecutive.
-  Var<T> probs = causal_attention_probs(reshape(q3, {N, group * t, head_dim}), k3, scale);
-  Var<T> context = reshape(attention_context(probs, v3), {batch * heads, t, head_dim});
-  return detail::rows_major(context, batch, t, heads, head_dim);
+  return detail::causal_attention(q, k, v, batch, t, heads, kv_heads, head_dim, cos, sin);
 }
 
 // Mean over rows of -log(softmax(logits)[target]) with one-hot targets, both

@@ -456,8 +456,8 @@ class Lm {
       }
       {
         NameScope<T> scope(tp, "attention");
-        Var<T> ctx = nn::attention(proj(L, Proj::q, h), proj(L, Proj::k, h), proj(L, Proj::v, h), B, c_.heads,
-                                   c_.kv_heads, cos, sin);
+        Var<T> ctx = nn::detail::causal_attention(proj(L, Proj::q, h), proj(L, Proj::k, h), proj(L, Proj::v, h), B, t,
+                                                  c_.heads, c_.kv_heads, c_.head_dim(), cos, sin);
         attended = proj(L, Proj::o, ctx);
       }
       x = x + attended;
