@@ -21,7 +21,7 @@
 //     never is the max, its exact_exp is exactly 0, and adding an exact 0
 //     changes no sum, so leaving it out gives the same bits (this assumes
 //     |scores| far below 1e9, as any real attention has);
-//   - backward to q: softmax's dot <g, p> ascending, ds = p * (g - dot)
+//   - backward to q: softmax's dot `<g, p>` ascending, ds = p * (g - dot)
 //     (mul_scalar's backward then scales it), and bmm's inner products
 //     ascending over the key positions; a masked ds is +-0 and
 //     fma(+-0, x, acc) == acc for finite x, so masked terms are skipped;
@@ -137,7 +137,7 @@ struct CausalAttentionProbs {
     for (std::size_t j = 0; j <= last; ++j) p[j] = p[j] / total;
   }
 
-  // Softmax's dot <g, p> of one row, ascending.
+  // Softmax's dot `<g, p>` of one row, ascending.
   template <class T>
   GRAD_HD static T row_dot(const T* p, const T* g, std::size_t last) {
     T dot = T(0);
