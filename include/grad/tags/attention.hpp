@@ -67,6 +67,31 @@ GRAD_HD void add_head(T& total, T part, std::size_t n) {
   total = n == 0 ? part : total + part;
 }
 
+// The host loops' one inner kernel: y[e] = fma(a_k, b_k[e], y[e]) for
+// k = 0, 1, ..., n-1 in that order, for each e < len (a_k = a[k * a_step],
+// b_k = b + k * b_step). Each element gets its terms in ascending k, as the
+// per-item bodies add them; four terms ride on each pass over y, so y is
+// loaded and stored a quarter as often (the same bits as one per pass).
+template <class T>
+inline void add_products(T* __restrict y, std::size_t len, const T* a, std::size_t a_step, const T* b,
+                         std::size_t b_step, std::size_t n) {
+  std::size_t k = 0;
+  for (; k + 4 <= n; k += 4) {
+    const T a0 = a[k * a_step], a1 = a[(k + 1) * a_step], a2 = a[(k + 2) * a_step], a3 = a[(k + 3) * a_step];
+    const T* __restrict b0 = b + k * b_step;
+    const T* __restrict b1 = b0 + b_step;
+    const T* __restrict b2 = b1 + b_step;
+    const T* __restrict b3 = b2 + b_step;
+    for (std::size_t e = 0; e < len; ++e)
+      y[e] = fma_hd(a3, b3[e], fma_hd(a2, b2[e], fma_hd(a1, b1[e], fma_hd(a0, b0[e], y[e]))));
+  }
+  for (; k < n; ++k) {
+    const T ak = a[k * a_step];
+    const T* __restrict bk = b + k * b_step;
+    for (std::size_t e = 0; e < len; ++e) y[e] = fma_hd(ak, bk[e], y[e]);
+  }
+}
+
 // Shape rule shared by both tags: a [N, G*t, a2], b [N, t, b2].
 inline std::string grouped_dims(const Dims& a, const Dims& b, std::string_view a_name, std::string_view b_name,
                                  bool a_width_is_t, bool same_width) {
@@ -190,10 +215,9 @@ struct CausalAttentionProbs {
     }
   }
 
-  // The host loops: the same operations per element. Forward reads k
-  // transposed, so a score's terms (still ascending) interleave with its
-  // neighbours' and the inner loop runs over keys; backward to k computes
-  // each row's dot once and walks rows outermost.
+  // The host loops: the same operations in the same order per element
+  // (add_products). Forward reads k transposed, so the inner loop runs over
+  // keys; backward computes each row's dot once.
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
     const auto z = sizes(x);
@@ -205,14 +229,9 @@ struct CausalAttentionProbs {
           for (std::size_t c = 0; c < z.width; ++c) kt[c * z.t + j] = k[j * z.width + c];
         for (std::size_t r = 0; r < z.rows; ++r) {
           const std::size_t w = s * z.rows + r, last = r % z.t;
-          const T* q = x.a.data + w * z.width;
           T* p = y + w * z.t;
           std::fill(p, p + last + 1, T(0));
-          for (std::size_t c = 0; c < z.width; ++c) {
-            const T qc = q[c];
-            const T* kc = kt.data() + c * z.t;
-            for (std::size_t j = 0; j <= last; ++j) p[j] = fma_hd(qc, kc[j], p[j]);
-          }
+          attention_detail::add_products(p, last + 1, x.a.data + w * z.width, 1, kt.data(), z.t, z.width);
           for (std::size_t j = 0; j <= last; ++j) p[j] = p[j] * x.scalar + T(0);
           softmax_row(p, last);
           std::fill(p + last + 1, p + z.t, T(0));
@@ -223,12 +242,22 @@ struct CausalAttentionProbs {
   template <int In, class T>
   static void backward_tensor(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
     const auto z = sizes(x);
-    if constexpr (In == 0) {
+    if constexpr (In == 0) {  // dq row = sum over its keys of ds * k row
+      std::vector<T> ds(z.t);
       with_best_isa([&] {
-        for (std::size_t w = 0; w < z.slices * z.rows; ++w) backward_item<0>(x, y, g, dx, w);
+        for (std::size_t w = 0; w < z.slices * z.rows; ++w) {
+          const std::size_t last = w % z.rows % z.t;
+          const T *p = y + w * z.t, *gr = g + w * z.t;
+          const T dot = row_dot(p, gr, last);
+          for (std::size_t j = 0; j <= last; ++j) ds[j] = score_gradient(p[j], gr[j], dot, x.scalar);
+          T* d = dx + w * z.width;
+          std::fill(d, d + z.width, T(0));
+          attention_detail::add_products(d, z.width, ds.data(), 1, x.b.data + w / z.rows * z.t * z.width, z.width,
+                                         last + 1);
+        }
       });
-    } else {
-      std::vector<T> dots(z.rows), head(z.t * z.width);
+    } else {  // dk row j = per head, sum over the rows at or after j of ds * q row; then the heads
+      std::vector<T> dots(z.rows), ds_t(z.t * z.t), head(z.t * z.width);  // ds_t: one head's ds, transposed
       with_best_isa([&] {
         for (std::size_t s = 0; s < z.slices; ++s) {
           const T *ys = y + s * z.rows * z.t, *gs = g + s * z.rows * z.t, *qs = x.a.data + s * z.rows * z.width;
@@ -236,16 +265,15 @@ struct CausalAttentionProbs {
           for (std::size_t r = 0; r < z.rows; ++r) dots[r] = row_dot(ys + r * z.t, gs + r * z.t, r % z.t);
           for (std::size_t n = 0; n < z.group; ++n) {
             const std::size_t first = attention_detail::head_in_sum_order(n, z.group) * z.t;
-            std::fill(head.begin(), head.end(), T(0));
             for (std::size_t i = 0; i < z.t; ++i) {
               const std::size_t r = first + i;
-              const T* q = qs + r * z.width;
-              for (std::size_t j = 0; j <= i; ++j) {
-                const T ds = score_gradient(ys[r * z.t + j], gs[r * z.t + j], dots[r], x.scalar);
-                T* h = head.data() + j * z.width;
-                for (std::size_t c = 0; c < z.width; ++c) h[c] = fma_hd(q[c], ds, h[c]);
-              }
+              for (std::size_t j = 0; j <= i; ++j)
+                ds_t[j * z.t + i] = score_gradient(ys[r * z.t + j], gs[r * z.t + j], dots[r], x.scalar);
             }
+            std::fill(head.begin(), head.end(), T(0));
+            for (std::size_t j = 0; j < z.t; ++j)
+              attention_detail::add_products(head.data() + j * z.width, z.width, ds_t.data() + j * z.t + j, 1,
+                                             qs + (first + j) * z.width, z.width, z.t - j);
             for (std::size_t e = 0; e < z.t * z.width; ++e) attention_detail::add_head(d[e], head[e], n);
           }
         }
@@ -311,26 +339,25 @@ struct AttentionContext {
     }
   }
 
-  // The host loops: the same inner products, each element's terms still
-  // ascending, ordered so the inner loops run over contiguous memory.
+  // The host loops: the same inner products, each element's terms in the
+  // same ascending order (add_products), the inner loops over contiguous
+  // memory (v read transposed for the gradient of p).
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
     const auto z = sizes(x);
     with_best_isa([&] {
       for (std::size_t row = 0; row < z.slices * z.rows; ++row) {
-        const T* p = x.a.data + row * z.t;
-        const T* v = x.b.data + row / z.rows * z.t * z.width;
         T* out = y + row * z.width;
         std::fill(out, out + z.width, T(0));
-        for (std::size_t j = 0; j < z.t; ++j)
-          for (std::size_t c = 0; c < z.width; ++c) out[c] = fma_hd(p[j], v[j * z.width + c], out[c]);
+        attention_detail::add_products(out, z.width, x.a.data + row * z.t, 1, x.b.data + row / z.rows * z.t * z.width,
+                                       z.width, z.t);
       }
     });
   }
   template <int In, class T>
   static void backward_tensor(const NodeArgs<T>& x, const T*, const T* g, T* dx) {
     const auto z = sizes(x);
-    if constexpr (In == 0) {  // v read transposed, as forward_tensor reads k above
+    if constexpr (In == 0) {
       std::vector<T> vt(z.width * z.t);
       with_best_isa([&] {
         for (std::size_t s = 0; s < z.slices; ++s) {
@@ -338,14 +365,9 @@ struct AttentionContext {
           for (std::size_t j = 0; j < z.t; ++j)
             for (std::size_t c = 0; c < z.width; ++c) vt[c * z.t + j] = v[j * z.width + c];
           for (std::size_t row = s * z.rows; row < (s + 1) * z.rows; ++row) {
-            const T* G = g + row * z.width;
             T* d = dx + row * z.t;
             std::fill(d, d + z.t, T(0));
-            for (std::size_t c = 0; c < z.width; ++c) {
-              const T gc = G[c];
-              const T* vc = vt.data() + c * z.t;
-              for (std::size_t j = 0; j < z.t; ++j) d[j] = fma_hd(gc, vc[j], d[j]);
-            }
+            attention_detail::add_products(d, z.t, g + row * z.width, 1, vt.data(), z.t, z.width);
           }
         }
       });
@@ -357,14 +379,9 @@ struct AttentionContext {
           for (std::size_t n = 0; n < z.group; ++n) {
             const std::size_t first = s * z.rows + attention_detail::head_in_sum_order(n, z.group) * z.t;
             std::fill(head.begin(), head.end(), T(0));
-            for (std::size_t i = 0; i < z.t; ++i) {
-              const T* p = x.a.data + (first + i) * z.t;
-              const T* G = g + (first + i) * z.width;
-              for (std::size_t j = 0; j < z.t; ++j) {
-                T* h = head.data() + j * z.width;
-                for (std::size_t c = 0; c < z.width; ++c) h[c] = fma_hd(p[j], G[c], h[c]);
-              }
-            }
+            for (std::size_t j = 0; j < z.t; ++j)
+              attention_detail::add_products(head.data() + j * z.width, z.width, x.a.data + first * z.t + j, z.t,
+                                             g + first * z.width, z.width, z.t);
             for (std::size_t e = 0; e < z.t * z.width; ++e) attention_detail::add_head(d[e], head[e], n);
           }
         }
