@@ -251,6 +251,14 @@ std::vector<OpCase<T>> op_cases() {
   // emitted code must spell as an unsigned literal (last: a new case draws
   // its inputs after every earlier case's, which keep theirs)
   add("dropout", {r({4, 5})}, [](Tp, V v) { return dropout(v[0], 0.3, 0xfedcba9876543210u); });
+  // causal attention: GQA (3 query heads per key head) and MHA; the context
+  // of a group's heads with the one v
+  add("causal_attention_probs, groups of 3", {r({2, 12, 3}), r({2, 4, 3})},
+      [](Tp, V v) { return causal_attention_probs(v[0], v[1], T(0.7)); });
+  add("causal_attention_probs, one head per key head", {r({3, 5, 2}), r({3, 5, 2})},
+      [](Tp, V v) { return causal_attention_probs(v[0] * T(2), v[1], T(1.3)); });
+  add("attention_context, groups of 2", {r({2, 6, 3}), r({2, 3, 4})},
+      [](Tp, V v) { return attention_context(v[0], v[1]); });
   return t;
 }
 

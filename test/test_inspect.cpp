@@ -432,10 +432,10 @@ TEST_CASE("Lm names its parts: every node and parameter under block / part scope
   CHECK(tp.scope_name(m.embed().index()) == "embed");
   CHECK(tp.scope_name(r.logits.index()) == "head");
   CHECK(tp.scope_name(r.loss.index()) == "loss");
-  // Each block's softmax is its attention's; its rmsnorms are the norms'.
+  // Each block's attention probabilities are its attention's; its rmsnorms are the norms'.
   std::vector<std::string> softmax_scopes, sqrt_scopes;
   for (std::size_t i = 0; i < tp.size(); ++i) {
-    if (tp.nodes()[i].op == op_code<Softmax>) softmax_scopes.push_back(tp.scope_name(i));
+    if (tp.nodes()[i].op == op_code<CausalAttentionProbs>) softmax_scopes.push_back(tp.scope_name(i));
     if (tp.nodes()[i].op == op_code<Sqrt>) sqrt_scopes.push_back(tp.scope_name(i));
   }
   CHECK(softmax_scopes == std::vector<std::string>{"layers.0.attention", "layers.1.attention", "layers.2.attention"});

@@ -178,6 +178,127 @@ TEST_CASE("gqa_attention: the first position attends only to itself, so its cont
     for (std::size_t j = 0; j < hd; ++j) CHECK(c[h * hd + j] == vv[j]);
 }
 
+// The recording nn::attention replaced (nn::Lm's before the fused ops): k
+// and v repeated once per query head of their group by concat, the scores
+// plus nn::causal_mask, softmax, bmm.
+template <class T>
+Var<T> unfused_attention(Var<T> q, Var<T> k, Var<T> v, std::size_t B, std::size_t H, std::size_t KV, Var<T> cos,
+                         Var<T> sin) {
+  Tape<T>& tp = *q.tape();
+  const std::size_t hd = tp.dims(q)[1] / H, t = tp.dims(q)[0] / B, group = H / KV;
+  Var<T> q3 = nn::detail::heads_major(q, B, t, H, hd);
+  if (cos.valid()) q3 = nn::detail::rope_heads(q3, cos, sin, B * H, t, hd);
+  Var<T> k3 = nn::detail::heads_major(k, B, t, KV, hd);
+  if (cos.valid()) k3 = nn::detail::rope_heads(k3, cos, sin, B * KV, t, hd);
+  Var<T> v3 = nn::detail::heads_major(v, B, t, KV, hd);
+  if (group > 1) {
+    auto repeat = [&](Var<T> m) {
+      Var<T> one = reshape(m, {B * KV, 1, t * hd}), all = one;
+      for (std::size_t g = 1; g < group; ++g) all = concat(all, one, 1);
+      return reshape(all, {B * H, t, hd});
+    };
+    k3 = repeat(k3);
+    v3 = repeat(v3);
+  }
+  const T scale = T(1) / std::sqrt(static_cast<T>(hd));
+  Var<T> scores = bmm(q3, transpose(k3)) * scale + tp.constant(nn::causal_mask<T>(t));
+  return nn::detail::rows_major(bmm(softmax(scores, -1), v3), B, t, H, hd);
+}
+
+// Records nn::attention (fused) or the unfused path on the same inputs and
+// returns the context and the gradients of q, k and v.
+template <class T>
+std::vector<std::vector<T>> attention_run(bool fused, const std::vector<Tensor<T>>& inputs, std::size_t B,
+                                          std::size_t H, std::size_t KV, const nn::RopeTables<T>* rope) {
+  Tape<T> tp;
+  auto q = tp.param(inputs[0]), k = tp.param(inputs[1]), v = tp.param(inputs[2]);
+  Var<T> cos, sin;
+  if (rope) {
+    cos = tp.constant(rope->cos);
+    sin = tp.constant(rope->sin);
+  }
+  Var<T> ctx = fused ? nn::attention(q, k, v, B, H, KV, cos, sin) : unfused_attention(q, k, v, B, H, KV, cos, sin);
+  REQUIRE(tp.ok());
+  tp.backward(weighted_sum(ctx));
+  auto copy = [](View<T> view) { return std::vector<T>(view.begin(), view.end()); };
+  return {copy(tp.value(ctx)), copy(tp.grad(q)), copy(tp.grad(k)), copy(tp.grad(v))};
+}
+
+template <class T>
+void check_attention_bits(std::size_t B, std::size_t H, std::size_t KV, std::size_t t, bool rotary) {
+  const std::size_t hd = 6;
+  CAPTURE(B);
+  CAPTURE(H);
+  CAPTURE(KV);
+  CAPTURE(t);
+  CAPTURE(rotary);
+  Rng rng(1000 * B + 100 * H + 10 * KV + t);
+  const std::vector<Tensor<T>> inputs{random_tensor<T>({B * t, H * hd}, rng, -2, 2),
+                                      random_tensor<T>({B * t, KV * hd}, rng, -2, 2),
+                                      random_tensor<T>({B * t, KV * hd}, rng, -2, 2)};
+  const auto tables = nn::rope_tables<T>(t, hd, T(10000));
+  const auto fused = attention_run<T>(true, inputs, B, H, KV, rotary ? &tables : nullptr);
+  const auto unfused = attention_run<T>(false, inputs, B, H, KV, rotary ? &tables : nullptr);
+  const char* what[] = {"context", "dq", "dk", "dv"};
+  for (std::size_t i = 0; i < fused.size(); ++i) {
+    CAPTURE(what[i]);
+    CHECK(bitwise_equal<T>(fused[i], unfused[i]));
+  }
+}
+
+TEST_CASE("attention (fused causal probabilities, no mask, no repeated k/v) gives the unfused path's bits, gradients "
+          "included") {
+  struct Heads {
+    std::size_t H, KV;
+  };
+  for (const Heads h : {Heads{2, 2}, Heads{4, 2}, Heads{7, 1}})  // MHA, GQA with groups of 2 and 7
+    for (const std::size_t t : {1, 5, 33})
+      for (const std::size_t B : {1, 2}) {
+        check_attention_bits<double>(B, h.H, h.KV, t, true);
+        check_attention_bits<float>(B, h.H, h.KV, t, true);
+      }
+  check_attention_bits<double>(2, 4, 2, 5, false);  // without RoPE
+  check_attention_bits<float>(2, 7, 1, 33, false);
+}
+
+TEST_CASE("causal_attention_probs: rows sum to 1, keys after the query's position get exactly 0") {
+  const std::size_t N = 2, G = 3, t = 4, hd = 2;
+  Rng rng(12);
+  Tape<double> tp;
+  auto p = causal_attention_probs(tp.constant(random_tensor<double>({N, G * t, hd}, rng)),
+                                  tp.constant(random_tensor<double>({N, t, hd}, rng)), 0.5);
+  REQUIRE(tp.ok());
+  const View<double> pv = tp.value(p);
+  for (std::size_t r = 0; r < N * G * t; ++r) {
+    double total = 0;
+    for (std::size_t j = 0; j < t; ++j) {
+      const double x = pv[r * t + j];
+      if (j > r % t) CHECK(x == 0.0);
+      total += x;
+    }
+    CHECK(total == doctest::Approx(1.0).epsilon(1e-15));
+  }
+}
+
+TEST_CASE("attention matches central differences in q, k and v (MHA and GQA, with and without RoPE)") {
+  const std::size_t B = 2, t = 3, hd = 4;
+  const auto tables = nn::rope_tables<double>(t, hd, 10000.0);
+  for (const bool rotary : {true, false})
+    for (const std::size_t KV : {std::size_t{1}, std::size_t{2}}) {
+      Rng rng(20 + KV);
+      check_fd({random_tensor<double>({B * t, 2 * hd}, rng), random_tensor<double>({B * t, KV * hd}, rng),
+                random_tensor<double>({B * t, KV * hd}, rng)},
+               [&](Tp tp, V v) {
+                 Var<double> cos, sin;
+                 if (rotary) {
+                   cos = tp.constant(tables.cos);
+                   sin = tp.constant(tables.sin);
+                 }
+                 return weighted_sum(nn::attention(v[0], v[1], v[2], B, 2, KV, cos, sin));
+               });
+    }
+}
+
 TEST_CASE("cross_entropy and cross_entropy_rows match central differences and -log softmax at the target") {
   Rng rng(10);
   const Tensor<double> targets = onehot_rows({2, 0, 3}, 4);
@@ -492,6 +613,47 @@ TEST_CASE("bad input: gqa_attention with projections of the wrong width") {
   nn::gqa_attention(q, kv, kv, tp.constant(tables.cos), tp.constant(tables.sin),
                     tp.constant(nn::causal_mask<double>(4)), 4, 2, 2);
   check_poisoned(tp, "nn::gqa_attention", {"q [4, 8]", "k [4, 6]", "expected q [t, 8], k and v [t, 4]"});
+}
+
+TEST_CASE("bad input: causal_attention_probs and attention_context with operands that do not fit") {
+  auto poisoned = [](const char* op, std::initializer_list<std::string> mentions, auto record) {
+    Tape<double> tp;
+    record(tp);
+    check_poisoned(tp, op, mentions);
+  };
+  auto c = [](Tape<double>& tp, Shape s) { return tp.constant(Tensor<double>(std::move(s))); };
+  poisoned("causal_attention_probs", {"rank-3", "q [6, 4]", "k [1, 3, 4]"},
+           [&](Tape<double>& tp) { causal_attention_probs(c(tp, {6, 4}), c(tp, {1, 3, 4}), 1.0); });
+  poisoned("causal_attention_probs", {"head width", "q [1, 6, 4]", "k [1, 3, 2]"},
+           [&](Tape<double>& tp) { causal_attention_probs(c(tp, {1, 6, 4}), c(tp, {1, 3, 2}), 1.0); });
+  poisoned("causal_attention_probs", {"whole number G", "q [1, 7, 4]", "k [1, 3, 4]"},
+           [&](Tape<double>& tp) { causal_attention_probs(c(tp, {1, 7, 4}), c(tp, {1, 3, 4}), 1.0); });
+  poisoned("causal_attention_probs", {"leading size N", "q [2, 6, 4]", "k [1, 3, 4]"},
+           [&](Tape<double>& tp) { causal_attention_probs(c(tp, {2, 6, 4}), c(tp, {1, 3, 4}), 1.0); });
+  poisoned("attention_context", {"p [N, G*t, t]", "p [1, 6, 2]", "v [1, 3, 4]"},
+           [&](Tape<double>& tp) { attention_context(c(tp, {1, 6, 2}), c(tp, {1, 3, 4})); });
+  poisoned("attention_context", {"whole number G", "p [1, 5, 3]", "v [1, 3, 4]"},
+           [&](Tape<double>& tp) { attention_context(c(tp, {1, 5, 3}), c(tp, {1, 3, 4})); });
+}
+
+TEST_CASE("bad input: attention with heads that do not divide, rows that are not whole sequences, or bad RoPE") {
+  Tape<double> tp;
+  auto q = tp.constant(Tensor<double>({4, 12})), kv = tp.constant(Tensor<double>({4, 6}));
+  nn::attention(q, kv, kv, 1, 6, 4);
+  check_poisoned(tp, "nn::attention", {"heads 6", "kv_heads 4", "dividing"});
+  Tape<double> rows;
+  auto q2 = rows.constant(Tensor<double>({5, 8})), kv2 = rows.constant(Tensor<double>({5, 4}));
+  nn::attention(q2, kv2, kv2, 2, 4, 2);
+  check_poisoned(rows, "nn::attention", {"q [5, 8]", "batch 2", "expected q [batch*t, heads*head_dim]"});
+  Tape<double> width;
+  auto q3 = width.constant(Tensor<double>({4, 8})), k3 = width.constant(Tensor<double>({4, 6}));
+  nn::attention(q3, k3, k3, 1, 4, 2);
+  check_poisoned(width, "nn::attention", {"k [4, 6]", "k and v [batch*t, kv_heads*head_dim]"});
+  Tape<double> rope;
+  const auto tables = nn::rope_tables<double>(3, 2, 10000.0);
+  auto q4 = rope.constant(Tensor<double>({4, 8})), kv4 = rope.constant(Tensor<double>({4, 4}));
+  nn::attention(q4, kv4, kv4, 1, 4, 2, rope.constant(tables.cos), rope.constant(tables.sin));
+  check_poisoned(rope, "nn::attention", {"cos [3, 2]", "expected an even head_dim and cos and sin [4, 2]"});
 }
 
 TEST_CASE("bad input: rope on an odd head dimension") {

@@ -65,6 +65,7 @@
 #include "grad/numerics/fixed_order.hpp"
 #include "grad/tags/contract.hpp"
 // Every op tag (the tags of grad/tags/op_list.hpp, without its Boost.Mp11 list).
+#include "grad/tags/attention.hpp"
 #include "grad/tags/cross_entropy.hpp"
 #include "grad/tags/dropout.hpp"
 #include "grad/tags/elementwise.hpp"

@@ -15,9 +15,10 @@
 //   h = rmsnorm(x, mlp_norm);  x = x + down(silu(gate(h)) * up(h))
 // and logits = rmsnorm(x, final_norm) . head (embed^T under
 // LmConfig::tied_embeddings). Attention
-// runs batched: heads become the leading axis of bmm (reshape/transpose),
-// RoPE in the NEOX half split, GQA by repeating each key/value head for its
-// group of query heads, the causal mask of nn::causal_mask.
+// runs batched (nn::attention): heads become the leading axis
+// (reshape/transpose), RoPE in the NEOX half split, then the fused
+// causal_attention_probs and attention_context ops: no mask and no repeated
+// keys/values for GQA, with the bits of the repeat-and-mask recording.
 //
 // Weights are [in, out] (x . w). Every projection p in LmConfig::lora_targets
 // gets an adapter when lora_rank > 0: p(h) = h.w0 + lora_scale * (h.A).B

@@ -265,6 +265,94 @@ Var<T> gqa_attention(Var<T> q, Var<T> k, Var<T> v, Var<T> cos, Var<T> sin, Var<T
   return tp.ok() ? context : tp.rejected();
 }
 
+namespace detail {
+
+// [B*t, n*hd] -> [B*n, t, hd] (heads lead) and back.
+template <class T>
+Var<T> heads_major(Var<T> m, std::size_t B, std::size_t t, std::size_t n, std::size_t hd) {
+  Var<T> x = transpose(reshape(m, {B, t, n * hd}));  // [B, n*hd, t]
+  return transpose(reshape(x, {B * n, hd, t}));      // [B*n, t, hd]
+}
+template <class T>
+Var<T> rows_major(Var<T> c, std::size_t B, std::size_t t, std::size_t n, std::size_t hd) {
+  Var<T> x = transpose(reshape(transpose(c), {B, n * hd, t}));  // [B, t, n*hd]
+  return reshape(x, {B * t, n * hd});
+}
+// nn::rope over [N, t, hd]: h * cos + rotate_half(h) * sin.
+template <class T>
+Var<T> rope_heads(Var<T> h, Var<T> cos, Var<T> sin, std::size_t N, std::size_t t, std::size_t hd) {
+  const std::size_t half = hd / 2;
+  Var<T> rotated = concat(-slice(h, {0, 0, half}, {N, t, hd}), slice(h, {0, 0, 0}, {N, t, half}), -1);
+  return h * cos + rotated * sin;
+}
+
+// nn::attention's recording, for operands it has checked (nn::Lm's, whose
+// config is checked once; it records under its own "attention" scope).
+template <class T>
+Var<T> causal_attention(Var<T> q, Var<T> k, Var<T> v, std::size_t batch, std::size_t t, std::size_t heads,
+                        std::size_t kv_heads, std::size_t head_dim, Var<T> cos, Var<T> sin) {
+  const bool rotary = cos.valid();
+  const std::size_t group = heads / kv_heads, N = batch * kv_heads;
+  Var<T> q3 = heads_major(q, batch, t, heads, head_dim);
+  if (rotary) q3 = rope_heads(q3, cos, sin, batch * heads, t, head_dim);
+  Var<T> k3 = heads_major(k, batch, t, kv_heads, head_dim);
+  if (rotary) k3 = rope_heads(k3, cos, sin, N, t, head_dim);
+  Var<T> v3 = heads_major(v, batch, t, kv_heads, head_dim);
+  const T scale = T(1) / std::sqrt(static_cast<T>(head_dim));
+  // [batch*heads, t, hd] is [N, group*t, hd]: a group's query heads are consecutive.
+  Var<T> probs = causal_attention_probs(reshape(q3, {N, group * t, head_dim}), k3, scale);
+  Var<T> context = reshape(attention_context(probs, v3), {batch * heads, t, head_dim});
+  return rows_major(context, batch, t, heads, head_dim);
+}
+
+}  // namespace detail
+
+// Causal attention over a batch of sequences, multi-head (kv_heads ==
+// heads) or grouped-query (each key/value head serves heads / kv_heads
+// consecutive query heads): q [batch*t, heads*head_dim], k and v
+// [batch*t, kv_heads*head_dim], rows batch-major; returns the heads'
+// contexts side by side, [batch*t, heads*head_dim]. With cos and sin
+// ([t, head_dim], rope_tables) q and k are rotated first; pass
+// default-constructed Vars for no RoPE. Scale 1 / sqrt(head_dim).
+//
+// Recorded fused: one causal_attention_probs node (the probabilities are
+// the only [heads, t, t] tensor kept; no mask, no repeated keys or values)
+// and one attention_context node. The bits are those of the unfused
+// recording it replaced (softmax(bmm(q, k^T) * scale + causal_mask) . v
+// with k and v repeated per query head by concat), gradients included.
+template <class T>
+Var<T> attention(Var<T> q, Var<T> k, Var<T> v, std::size_t batch, std::size_t heads, std::size_t kv_heads,
+                 Var<T> cos = {}, Var<T> sin = {}) {
+  Tape<T>& tp = grad::detail::tape_of("nn::attention", q);
+  const bool rotary = cos.valid() || sin.valid();
+  if (!(rotary ? tp.accept("nn::attention", {q, k, v, cos, sin}) : tp.accept("nn::attention", {q, k, v})))
+    return tp.rejected();
+  const std::string_view layer = "nn::attention: ";
+  if (batch == 0 || heads == 0 || kv_heads == 0 || heads % kv_heads != 0)
+    return tp.invalid(std::string(layer) + "batch " + detail::num(batch) + ", heads " + detail::num(heads) +
+                      ", kv_heads " + detail::num(kv_heads) +
+                      ": expected batch >= 1 and kv_heads >= 1 dividing heads (each key/value head serves a whole "
+                      "group of query heads)");
+  const Dims &qd = tp.dims(q), &kd = tp.dims(k), &vd = tp.dims(v);
+  const std::size_t rows = qd.rank == 2 ? qd[0] : 0, head_dim = qd.rank == 2 ? qd[1] / heads : 0;
+  const std::size_t t = rows / batch;
+  if (!detail::is_matrix(qd) || rows == 0 || rows % batch != 0 || head_dim == 0 || qd[1] % heads != 0 ||
+      !detail::is_matrix(kd, rows, kv_heads * head_dim) || !(vd == kd))
+    return tp.invalid(std::string(layer) + "q " + shape_string(qd) + ", k " + shape_string(kd) + ", v " +
+                      shape_string(vd) + " with batch " + detail::num(batch) + ", " + detail::num(heads) + " heads, " +
+                      detail::num(kv_heads) + " kv heads: expected q [batch*t, heads*head_dim] with head_dim >= 1, " +
+                      "k and v [batch*t, kv_heads*head_dim]");
+  if (rotary) {
+    const Dims &cd = tp.dims(cos), &sd = tp.dims(sin);
+    if (head_dim % 2 != 0 || !detail::is_matrix(cd, t, head_dim) || !(sd == cd))
+      return tp.invalid(std::string(layer) + "cos " + shape_string(cd) + ", sin " + shape_string(sd) +
+                        " with head_dim " + detail::num(head_dim) + ": expected an even head_dim and cos and sin [" +
+                        detail::num(t) + ", " + detail::num(head_dim) + "]");
+  }
+  NameScope<T> scope(tp, "attention");
+  return detail::causal_attention(q, k, v, batch, t, heads, kv_heads, head_dim, cos, sin);
+}
+
 // Mean over rows of -log(softmax(logits)[target]) with one-hot targets, both
 // [rows, V]. Computed as -log(row_sum(softmax(logits) * onehot)): the
 // softmax op subtracts the row maximum, so large logits cannot overflow. The

@@ -333,6 +333,26 @@ Var<T> log_softmax(Var<T> a, std::ptrdiff_t axis = -1) {
   return record_op<LogSoftmax>(a, {}, OpAttrs{axis, {}, {}});
 }
 
+// ---- causal attention (attention.hpp) ----
+// N = batch * key/value heads; the G query heads of one key/value head are
+// stacked along the rows (query row r is at position r % t).
+
+// q [N, G*t, hd], k [N, t, hd] -> [N, G*t, t]: per query row the softmax of
+// scale * q.k over the keys at or before its position (later keys get
+// exactly 0), with the bits of softmax(bmm(q, transpose(k)) * scale + mask)
+// for k repeated G times and nn::causal_mask.
+template <class T>
+Var<T> causal_attention_probs(Var<T> q, Var<T> k, std::type_identity_t<T> scale) {
+  return record_op<CausalAttentionProbs>(q, k, {}, scale);
+}
+
+// p [N, G*t, t], v [N, t, hd] -> [N, G*t, hd]: every query head of a group
+// times the group's one v, with the bits of bmm with v repeated G times.
+template <class T>
+Var<T> attention_context(Var<T> p, Var<T> v) {
+  return record_op<AttentionContext>(p, v);
+}
+
 // ---- token ids (embedding.hpp, cross_entropy.hpp) ----
 // Ids are a constant (tape.constant) of exact integers held in T, refreshed
 // per batch like any input (Program::set_input on a device). These two ops

@@ -436,7 +436,7 @@ class Lm {
                          std::to_string(c_.max_seq) + " (the model's rotary tables and KV cache stop there)"),
               tp.rejected()};
     const Tables& tb = tables(t);
-    const Var<T> cos = tp.constant(tb.rope.cos), sin = tp.constant(tb.rope.sin), mask = tp.constant(tb.mask);
+    const Var<T> cos = tp.constant(tb.rope.cos), sin = tp.constant(tb.rope.sin);
     Var<T> x;
     {
       NameScope<T> scope(tp, "embed");
@@ -456,7 +456,8 @@ class Lm {
       }
       {
         NameScope<T> scope(tp, "attention");
-        Var<T> ctx = attention(proj(L, Proj::q, h), proj(L, Proj::k, h), proj(L, Proj::v, h), cos, sin, mask, B, t);
+        Var<T> ctx = nn::detail::causal_attention(proj(L, Proj::q, h), proj(L, Proj::k, h), proj(L, Proj::v, h), B, t,
+                                                  c_.heads, c_.kv_heads, c_.head_dim(), cos, sin);
         attended = proj(L, Proj::o, ctx);
       }
       x = x + attended;
@@ -501,50 +502,13 @@ class Lm {
  private:
   struct Tables {
     RopeTables<T> rope;
-    Tensor<T> mask;
   };
   const Tables& tables(std::size_t t) {
     auto it = tables_.find(t);
     if (it == tables_.end())
-      it = tables_.emplace(t, Tables{rope_tables<T>(t, c_.head_dim(), static_cast<T>(c_.rope_base)), causal_mask<T>(t)})
+      it = tables_.emplace(t, Tables{rope_tables<T>(t, c_.head_dim(), static_cast<T>(c_.rope_base))})
                .first;
     return it->second;
-  }
-
-  // [B*t, n*hd] -> [B*n, t, hd] (heads lead) and back.
-  static Var<T> heads_major(Var<T> m, std::size_t B, std::size_t t, std::size_t n, std::size_t hd) {
-    Var<T> x = transpose(reshape(m, {B, t, n * hd}));  // [B, n*hd, t]
-    return transpose(reshape(x, {B * n, hd, t}));      // [B*n, t, hd]
-  }
-  static Var<T> rows_major(Var<T> c, std::size_t B, std::size_t t, std::size_t n, std::size_t hd) {
-    Var<T> x = transpose(reshape(transpose(c), {B, n * hd, t}));  // [B, t, n*hd]
-    return reshape(x, {B * t, n * hd});
-  }
-  // nn::rope over [N, t, hd]: h * cos + rotate_half(h) * sin.
-  static Var<T> rope3(Var<T> h, Var<T> cos, Var<T> sin, std::size_t N, std::size_t t, std::size_t hd) {
-    const std::size_t half = hd / 2;
-    Var<T> rotated = concat(-slice(h, {0, 0, half}, {N, t, hd}), slice(h, {0, 0, 0}, {N, t, half}), -1);
-    return h * cos + rotated * sin;
-  }
-
-  Var<T> attention(Var<T> q, Var<T> k, Var<T> v, Var<T> cos, Var<T> sin, Var<T> mask, std::size_t B,
-                   std::size_t t) const {
-    const std::size_t H = c_.heads, KV = c_.kv_heads, hd = c_.head_dim(), group = H / KV;
-    Var<T> q3 = rope3(heads_major(q, B, t, H, hd), cos, sin, B * H, t, hd);
-    Var<T> k3 = rope3(heads_major(k, B, t, KV, hd), cos, sin, B * KV, t, hd);
-    Var<T> v3 = heads_major(v, B, t, KV, hd);
-    if (group > 1) {  // each key/value head once per query head of its group
-      auto repeat = [&](Var<T> m) {
-        Var<T> one = reshape(m, {B * KV, 1, t * hd}), all = one;
-        for (std::size_t g = 1; g < group; ++g) all = concat(all, one, 1);
-        return reshape(all, {B * H, t, hd});
-      };
-      k3 = repeat(k3);
-      v3 = repeat(v3);
-    }
-    const T scale = T(1) / std::sqrt(static_cast<T>(hd));
-    Var<T> scores = bmm(q3, transpose(k3)) * scale + mask;
-    return rows_major(bmm(softmax(scores, -1), v3), B, t, H, hd);
   }
 
   Tape<T>* tp_;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "grad/tags/attention.hpp"
 #include "grad/tags/cross_entropy.hpp"
 #include "grad/tags/dropout.hpp"
 #include "grad/tags/elementwise.hpp"
@@ -44,7 +45,8 @@ using OpList = boost::mp11::mp_list<Param, Const,                               
                                     Embedding, CrossEntropy,                                //
                                     Abs, ClampMin, ClampMax, PowScalar, Pow, Maximum, Minimum, WhereTrue, WhereFalse,
                                     AxisMax, AxisMin, LogSoftmax,                           //
-                                    Dropout>;
+                                    Dropout,                                                //
+                                    CausalAttentionProbs, AttentionContext>;
 
 inline constexpr std::size_t op_count = boost::mp11::mp_size<OpList>::value;
 static_assert(op_count <= 256, "op codes are one byte");

@@ -1,0 +1,393 @@
+// Causal attention without a materialised mask or repeated keys/values.
+//
+// CausalAttentionProbs: a = q [N, G*t, hd], b = k [N, t, hd], the node's
+// scalar the scale; output p [N, G*t, t], per row the softmax of
+// scale * q.k over the key positions up to the query's own. N is batch *
+// key/value heads; the G query heads of one key/value group are stacked
+// along the rows (the heads-major query [N*G, t, hd] reshaped), so query
+// row r sits at position r % t and every head of the group reads the one k.
+//
+// AttentionContext: a = p [N, G*t, t], b = v [N, t, hd]: the context
+// p . v [N, G*t, hd] (every head of a group reads the one v).
+//
+// Both give the bits of the unfused sequence they replace:
+//   scores = bmm(q, transpose(k)) * scale + mask   (mask: 0, or -1e9 above the diagonal)
+//   p = softmax(scores, -1);  context = bmm(p, v)
+// with k and v repeated once per query head of the group by concat:
+//   - a score is the inner product from zero in ascending index (fma_hd),
+//     times the scale, plus the mask's 0 (which turns -0 into +0);
+//   - softmax's max, exact_exp(x - max), the sum in ascending index and the
+//     division, over the unmasked positions: a masked score (about -1e9)
+//     never is the max, its exact_exp is exactly 0, and adding an exact 0
+//     changes no sum, so leaving it out gives the same bits (this assumes
+//     |scores| far below 1e9, as any real attention has);
+//   - backward to q: softmax's dot `<g, p>` ascending, ds = p * (g - dot)
+//     (mul_scalar's backward then scales it), and bmm's inner products
+//     ascending over the key positions; a masked ds is +-0 and
+//     fma(+-0, x, acc) == acc for finite x, so masked terms are skipped;
+//   - backward to k (and to v): each head's inner products ascending over
+//     its rows, as bmm gave them per repeated head, then the group's heads
+//     summed in the order the tape added the repeat's concat contributions:
+//     heads G-1, G-2, ..., 2, then 0, then 1 (backward.hpp: consumers in
+//     descending index, operand a before operand b).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "grad/numerics/exact_math.hpp"
+#include "grad/numerics/isa.hpp"
+#include "grad/tags/contract.hpp"
+
+namespace grad {
+
+namespace attention_detail {
+
+// The sizes of a grouped attention node: N slices of `rows` = group * t
+// query rows, t key positions, `width` columns of operand b.
+struct Sizes {
+  std::size_t slices, rows, t, width, group;
+};
+
+// Which head of the group the n-th contribution to a key/value gradient
+// comes from: G-1, G-2, ..., 2, then 0, then 1 (see the file comment).
+GRAD_HD inline std::size_t head_in_sum_order(std::size_t n, std::size_t group) {
+  if (group == 1) return 0;
+  if (n + 2 < group) return group - 1 - n;
+  return n + 2 - group;
+}
+
+// Adds one head's contribution `part` to a gradient: stored as is when it
+// is the first (n == 0), as the tape stores a first contribution.
+template <class T>
+GRAD_HD void add_head(T& total, T part, std::size_t n) {
+  total = n == 0 ? part : total + part;
+}
+
+// The host loops' one inner kernel: y[e] = fma(a_k, b_k[e], y[e]) for
+// k = 0, 1, ..., n-1 in that order, for each e < len (a_k = a[k * a_step],
+// b_k = b + k * b_step). Each element gets its terms in ascending k, as the
+// per-item bodies add them; four terms ride on each pass over y, so y is
+// loaded and stored a quarter as often (the same bits as one per pass).
+template <class T>
+inline void add_products(T* __restrict y, std::size_t len, const T* a, std::size_t a_step, const T* b,
+                         std::size_t b_step, std::size_t n) {
+  std::size_t k = 0;
+  for (; k + 4 <= n; k += 4) {
+    const T a0 = a[k * a_step], a1 = a[(k + 1) * a_step], a2 = a[(k + 2) * a_step], a3 = a[(k + 3) * a_step];
+    const T* __restrict b0 = b + k * b_step;
+    const T* __restrict b1 = b0 + b_step;
+    const T* __restrict b2 = b1 + b_step;
+    const T* __restrict b3 = b2 + b_step;
+    for (std::size_t e = 0; e < len; ++e)
+      y[e] = fma_hd(a3, b3[e], fma_hd(a2, b2[e], fma_hd(a1, b1[e], fma_hd(a0, b0[e], y[e]))));
+  }
+  for (; k < n; ++k) {
+    const T ak = a[k * a_step];
+    const T* __restrict bk = b + k * b_step;
+    for (std::size_t e = 0; e < len; ++e) y[e] = fma_hd(ak, bk[e], y[e]);
+  }
+}
+
+// Shape rule shared by both tags: a [N, G*t, a2], b [N, t, b2].
+inline std::string grouped_dims(const Dims& a, const Dims& b, std::string_view a_name, std::string_view b_name,
+                                 bool a_width_is_t, bool same_width) {
+  const std::string got = ", got " + std::string(a_name) + " " + shape_string(a) + " and " + std::string(b_name) +
+                          " " + shape_string(b);
+  if (a.rank != 3 || b.rank != 3) return "expected rank-3 operands" + got;
+  if (a[0] != b[0]) return "expected the same leading size N (batch * key/value heads)" + got;
+  if (b[1] == 0 || a[1] == 0 || a[1] % b[1] != 0)
+    return "expected " + std::string(a_name) + "'s rows to be a whole number G of " + std::string(b_name) +
+           "'s t rows (G query heads per key/value head)" + got;
+  if (a_width_is_t && a[2] != b[1]) return "expected " + std::string(a_name) + " [N, G*t, t]" + got;
+  if (same_width && a[2] != b[2]) return "expected the same head width (last axis)" + got;
+  return {};
+}
+
+}  // namespace attention_detail
+
+struct CausalAttentionProbs {
+  static constexpr std::string_view name = "causal_attention_probs";
+  static constexpr std::string_view torch =
+      "torch.softmax((a.reshape(a.shape[0], -1, b.shape[1], a.shape[2]) @ b.unsqueeze(1).transpose(-1, -2) * s)"
+      ".masked_fill(torch.ones(b.shape[1], b.shape[1], dtype=torch.bool).triu(1), float('-inf')), -1)"
+      ".reshape(dims)";
+  static constexpr int arity = 2;
+  static std::string output_dims(const Dims& a, const Dims& b, OpAttrs&, Dims& out) {
+    const std::string why = attention_detail::grouped_dims(a, b, "q", "k", false, true);
+    if (!why.empty()) return why + " (q [N, G*t, hd], k [N, t, hd])";
+    out = Dims::of(std::array<std::size_t, 3>{a[0], a[1], b[1]});
+    return {};
+  }
+
+  template <class T>
+  GRAD_HD static attention_detail::Sizes sizes(const NodeArgs<T>& x) {
+    const std::size_t t = x.b.dims.d[1];
+    return {x.a.dims.d[0], x.a.dims.d[1], t, x.a.dims.d[2], x.a.dims.d[1] / t};
+  }
+
+  // Item w: query row w (all its probabilities).
+  template <class T>
+  GRAD_HD static std::size_t forward_items(const NodeArgs<T>& x) {
+    return x.a.dims.d[0] * x.a.dims.d[1];
+  }
+  template <class T>
+  GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t w) {
+    const auto z = sizes(x);
+    const std::size_t last = w % z.rows % z.t;  // the query's position: keys 0..last are seen
+    const T* q = x.a.data + w * z.width;
+    const T* k = x.b.data + w / z.rows * z.t * z.width;
+    T* p = y + w * z.t;
+    for (std::size_t j = 0; j <= last; ++j) {
+      T acc = T(0);
+      for (std::size_t c = 0; c < z.width; ++c) acc = fma_hd(q[c], k[j * z.width + c], acc);
+      p[j] = acc * x.scalar + T(0);  // + T(0): the mask's zero
+    }
+    softmax_row(p, last);
+    for (std::size_t j = last + 1; j < z.t; ++j) p[j] = T(0);
+  }
+  // Softmax's lane body over the scores p[0..last], in place.
+  template <class T>
+  GRAD_HD static void softmax_row(T* p, std::size_t last) {
+    T hi = p[0];
+    for (std::size_t j = 1; j <= last; ++j) hi = p[j] > hi ? p[j] : hi;
+    T total = T(0);
+    for (std::size_t j = 0; j <= last; ++j) {
+      p[j] = exact_exp(p[j] - hi);
+      total = total + p[j];
+    }
+    for (std::size_t j = 0; j <= last; ++j) p[j] = p[j] / total;
+  }
+
+  // Softmax's dot `<g, p>` of one row, ascending.
+  template <class T>
+  GRAD_HD static T row_dot(const T* p, const T* g, std::size_t last) {
+    T dot = T(0);
+    for (std::size_t j = 0; j <= last; ++j) dot = dot + g[j] * p[j];
+    return dot;
+  }
+  // The gradient of a scaled score: softmax's backward, then mul_scalar's.
+  template <class T>
+  GRAD_HD static T score_gradient(T p, T g, T dot, T scale) {
+    return (p * (g - dot)) * scale;
+  }
+
+  // Backward items: In 0, query row w (hd elements); In 1, element w of k,
+  // which sums over every query row of its group (the host loop below
+  // shares the rows' dots instead of recomputing them per element).
+  template <int In, class T>
+  GRAD_HD static std::size_t backward_items(const NodeArgs<T>& x) {
+    if constexpr (In == 0)
+      return x.a.dims.d[0] * x.a.dims.d[1];
+    else
+      return x.b.dims.size();
+  }
+  template <int In, class T>
+  GRAD_HD static void backward_item(const NodeArgs<T>& x, const T* y, const T* g, T* dx, std::size_t w) {
+    const auto z = sizes(x);
+    if constexpr (In == 0) {
+      const std::size_t last = w % z.rows % z.t;
+      const T *p = y + w * z.t, *gr = g + w * z.t, *k = x.b.data + w / z.rows * z.t * z.width;
+      T* d = dx + w * z.width;
+      const T dot = row_dot(p, gr, last);
+      for (std::size_t c = 0; c < z.width; ++c) d[c] = T(0);
+      for (std::size_t j = 0; j <= last; ++j) {
+        const T ds = score_gradient(p[j], gr[j], dot, x.scalar);
+        for (std::size_t c = 0; c < z.width; ++c) d[c] = fma_hd(ds, k[j * z.width + c], d[c]);
+      }
+    } else {
+      const std::size_t s = w / (z.t * z.width), j = w % (z.t * z.width) / z.width, c = w % z.width;
+      T total = T(0);
+      for (std::size_t n = 0; n < z.group; ++n) {
+        const std::size_t first = s * z.rows + attention_detail::head_in_sum_order(n, z.group) * z.t;
+        T acc = T(0);
+        for (std::size_t i = j; i < z.t; ++i) {  // rows before position j do not see key j
+          const std::size_t r = first + i;
+          const T ds = score_gradient(y[r * z.t + j], g[r * z.t + j], row_dot(y + r * z.t, g + r * z.t, i), x.scalar);
+          acc = fma_hd(x.a.data[r * z.width + c], ds, acc);
+        }
+        attention_detail::add_head(total, acc, n);
+      }
+      dx[w] = total;
+    }
+  }
+
+  // The host loops: the same operations in the same order per element
+  // (add_products). Forward reads k transposed, so the inner loop runs over
+  // keys; backward computes each row's dot once.
+  template <class T>
+  static void forward_tensor(const NodeArgs<T>& x, T* y) {
+    const auto z = sizes(x);
+    std::vector<T> kt(z.width * z.t);
+    with_best_isa([&] {
+      for (std::size_t s = 0; s < z.slices; ++s) {
+        const T* k = x.b.data + s * z.t * z.width;
+        for (std::size_t j = 0; j < z.t; ++j)
+          for (std::size_t c = 0; c < z.width; ++c) kt[c * z.t + j] = k[j * z.width + c];
+        for (std::size_t r = 0; r < z.rows; ++r) {
+          const std::size_t w = s * z.rows + r, last = r % z.t;
+          T* p = y + w * z.t;
+          std::fill(p, p + last + 1, T(0));
+          attention_detail::add_products(p, last + 1, x.a.data + w * z.width, 1, kt.data(), z.t, z.width);
+          for (std::size_t j = 0; j <= last; ++j) p[j] = p[j] * x.scalar + T(0);
+          softmax_row(p, last);
+          std::fill(p + last + 1, p + z.t, T(0));
+        }
+      }
+    });
+  }
+  template <int In, class T>
+  static void backward_tensor(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
+    const auto z = sizes(x);
+    if constexpr (In == 0) {  // dq row = sum over its keys of ds * k row
+      std::vector<T> ds(z.t);
+      with_best_isa([&] {
+        for (std::size_t w = 0; w < z.slices * z.rows; ++w) {
+          const std::size_t last = w % z.rows % z.t;
+          const T *p = y + w * z.t, *gr = g + w * z.t;
+          const T dot = row_dot(p, gr, last);
+          for (std::size_t j = 0; j <= last; ++j) ds[j] = score_gradient(p[j], gr[j], dot, x.scalar);
+          T* d = dx + w * z.width;
+          std::fill(d, d + z.width, T(0));
+          attention_detail::add_products(d, z.width, ds.data(), 1, x.b.data + w / z.rows * z.t * z.width, z.width,
+                                         last + 1);
+        }
+      });
+    } else {  // dk row j = per head, sum over the rows at or after j of ds * q row; then the heads
+      std::vector<T> dots(z.rows), ds_t(z.t * z.t), head(z.t * z.width);  // ds_t: one head's ds, transposed
+      with_best_isa([&] {
+        for (std::size_t s = 0; s < z.slices; ++s) {
+          const T *ys = y + s * z.rows * z.t, *gs = g + s * z.rows * z.t, *qs = x.a.data + s * z.rows * z.width;
+          T* d = dx + s * z.t * z.width;
+          for (std::size_t r = 0; r < z.rows; ++r) dots[r] = row_dot(ys + r * z.t, gs + r * z.t, r % z.t);
+          for (std::size_t n = 0; n < z.group; ++n) {
+            const std::size_t first = attention_detail::head_in_sum_order(n, z.group) * z.t;
+            for (std::size_t i = 0; i < z.t; ++i) {
+              const std::size_t r = first + i;
+              for (std::size_t j = 0; j <= i; ++j)
+                ds_t[j * z.t + i] = score_gradient(ys[r * z.t + j], gs[r * z.t + j], dots[r], x.scalar);
+            }
+            std::fill(head.begin(), head.end(), T(0));
+            for (std::size_t j = 0; j < z.t; ++j)
+              attention_detail::add_products(head.data() + j * z.width, z.width, ds_t.data() + j * z.t + j, 1,
+                                             qs + (first + j) * z.width, z.width, z.t - j);
+            for (std::size_t e = 0; e < z.t * z.width; ++e) attention_detail::add_head(d[e], head[e], n);
+          }
+        }
+      });
+    }
+  }
+};
+
+struct AttentionContext {
+  static constexpr std::string_view name = "attention_context";
+  static constexpr std::string_view torch =
+      "(a.reshape(a.shape[0], -1, b.shape[1], b.shape[1]) @ b.unsqueeze(1)).reshape(dims)";
+  static constexpr int arity = 2;
+  static std::string output_dims(const Dims& a, const Dims& b, OpAttrs&, Dims& out) {
+    const std::string why = attention_detail::grouped_dims(a, b, "p", "v", true, false);
+    if (!why.empty()) return why + " (p [N, G*t, t], v [N, t, hd])";
+    out = Dims::of(std::array<std::size_t, 3>{a[0], a[1], b[2]});
+    return {};
+  }
+
+  template <class T>
+  GRAD_HD static attention_detail::Sizes sizes(const NodeArgs<T>& x) {
+    const std::size_t t = x.b.dims.d[1];
+    return {x.a.dims.d[0], x.a.dims.d[1], t, x.b.dims.d[2], x.a.dims.d[1] / t};
+  }
+
+  // Output element w: bmm's inner product over all t positions, ascending
+  // (a masked probability is an exact 0, its fma changes nothing, and bmm
+  // did it too).
+  template <class T>
+  GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t w) {
+    const auto z = sizes(x);
+    const std::size_t row = w / z.width, c = w % z.width;
+    const T* p = x.a.data + row * z.t;
+    const T* v = x.b.data + row / z.rows * z.t * z.width + c;
+    T acc = T(0);
+    for (std::size_t j = 0; j < z.t; ++j) acc = fma_hd(p[j], v[j * z.width], acc);
+    y[w] = acc;
+  }
+  // In 0: element w of p, bmm's dA; In 1: element w of v, each head's bmm
+  // dB summed over the group in the repeat's order.
+  template <int In, class T>
+  GRAD_HD static void backward_item(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
+    const auto z = sizes(x);
+    if constexpr (In == 0) {
+      const std::size_t row = w / z.t, j = w % z.t;
+      const T* G = g + row * z.width;
+      const T* v = x.b.data + row / z.rows * z.t * z.width + j * z.width;
+      T acc = T(0);
+      for (std::size_t c = 0; c < z.width; ++c) acc = fma_hd(G[c], v[c], acc);
+      dx[w] = acc;
+    } else {
+      const std::size_t s = w / (z.t * z.width), j = w % (z.t * z.width) / z.width, c = w % z.width;
+      T total = T(0);
+      for (std::size_t n = 0; n < z.group; ++n) {
+        const std::size_t first = s * z.rows + attention_detail::head_in_sum_order(n, z.group) * z.t;
+        T acc = T(0);
+        for (std::size_t i = 0; i < z.t; ++i)
+          acc = fma_hd(x.a.data[(first + i) * z.t + j], g[(first + i) * z.width + c], acc);
+        attention_detail::add_head(total, acc, n);
+      }
+      dx[w] = total;
+    }
+  }
+
+  // The host loops: the same inner products, each element's terms in the
+  // same ascending order (add_products), the inner loops over contiguous
+  // memory (v read transposed for the gradient of p).
+  template <class T>
+  static void forward_tensor(const NodeArgs<T>& x, T* y) {
+    const auto z = sizes(x);
+    with_best_isa([&] {
+      for (std::size_t row = 0; row < z.slices * z.rows; ++row) {
+        T* out = y + row * z.width;
+        std::fill(out, out + z.width, T(0));
+        attention_detail::add_products(out, z.width, x.a.data + row * z.t, 1, x.b.data + row / z.rows * z.t * z.width,
+                                       z.width, z.t);
+      }
+    });
+  }
+  template <int In, class T>
+  static void backward_tensor(const NodeArgs<T>& x, const T*, const T* g, T* dx) {
+    const auto z = sizes(x);
+    if constexpr (In == 0) {
+      std::vector<T> vt(z.width * z.t);
+      with_best_isa([&] {
+        for (std::size_t s = 0; s < z.slices; ++s) {
+          const T* v = x.b.data + s * z.t * z.width;
+          for (std::size_t j = 0; j < z.t; ++j)
+            for (std::size_t c = 0; c < z.width; ++c) vt[c * z.t + j] = v[j * z.width + c];
+          for (std::size_t row = s * z.rows; row < (s + 1) * z.rows; ++row) {
+            T* d = dx + row * z.t;
+            std::fill(d, d + z.t, T(0));
+            attention_detail::add_products(d, z.t, g + row * z.width, 1, vt.data(), z.t, z.width);
+          }
+        }
+      });
+    } else {
+      std::vector<T> head(z.t * z.width);
+      with_best_isa([&] {
+        for (std::size_t s = 0; s < z.slices; ++s) {
+          T* d = dx + s * z.t * z.width;
+          for (std::size_t n = 0; n < z.group; ++n) {
+            const std::size_t first = s * z.rows + attention_detail::head_in_sum_order(n, z.group) * z.t;
+            std::fill(head.begin(), head.end(), T(0));
+            for (std::size_t j = 0; j < z.t; ++j)
+              attention_detail::add_products(head.data() + j * z.width, z.width, x.a.data + first * z.t + j, z.t,
+                                             g + first * z.width, z.width, z.t);
+            for (std::size_t e = 0; e < z.t * z.width; ++e) attention_detail::add_head(d[e], head[e], n);
+          }
+        }
+      });
+    }
+  }
+};
+
+}  // namespace grad
