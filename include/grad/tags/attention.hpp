@@ -166,7 +166,7 @@ struct CausalAttentionProbs {
   template <class T>
   GRAD_HD static T row_dot(const T* p, const T* g, std::size_t last) {
     T dot = T(0);
-    for (std::size_t j = 0; j <= last; ++j) dot = dot + g[j] * p[j];
+    for (std::size_t j = 0; j <= last; ++j) dot = fma_hd(g[j], p[j], dot);
     return dot;
   }
   // The gradient of a scaled score: softmax's backward, then mul_scalar's.
