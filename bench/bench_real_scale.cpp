@@ -11,7 +11,8 @@
 // token ids are the same formula in all three (token_at), so every
 // implementation sees the same prompt and targets. Each repetition is one
 // Google Benchmark iteration (one Adam step; one prefill and decode),
-// after one untimed warm-up that sizes the tape's arenas and the caches.
+// after one untimed warm-up (a step, which sizes the tape's arenas; a short
+// generation of 16 prompt and 4 new tokens, which touches every weight).
 // Besides the figures, each program prints lines the driver checks:
 // "loss STEP HEX" (every step's loss, hexadecimal float: the same bits at
 // 1 and 2 threads is grad's contract) and "tokens ..." (the greedy ids, which
@@ -159,7 +160,7 @@ class Finetune {
 // Prefill: the prompt's tokens fed one at a time (KvDecoder has no batched
 // prefill) up to the logits of the first new token; decode: the remaining
 // new_tokens - 1 steps, each feeding the previous greedy token. Loaded and
-// warmed up (one whole run) when constructed.
+// warmed up (a short run: 16 prompt tokens, 4 new) when constructed.
 class Generate {
  public:
   explicit Generate(const Options& o)
@@ -167,20 +168,21 @@ class Generate {
     hf::load_weights(o.model, model_);
     dec_ = std::make_unique<nn::KvDecoder<T>>(model_);
     for (std::size_t i = 0; i < o.prompt; ++i) prompt_.push_back(token_at(i, model_.config().vocab));
-    run();
+    run(std::min<std::size_t>(o.prompt, 16), 4);  // warm-up: a short run touches every weight and buffer
   }
   struct Seconds {
     double prefill, decode;
   };
-  Seconds run() {
+  // The first `prompt` tokens of the prompt, then new_tokens greedy ones.
+  Seconds run(std::size_t prompt, std::size_t new_tokens) {
     dec_->reset();
     tokens_.clear();
     const auto t0 = Clock::now();
     std::span<const T> logits;
-    for (const int t : prompt_) logits = dec_->step(t);
+    for (std::size_t i = 0; i < prompt; ++i) logits = dec_->step(prompt_[i]);
     tokens_.push_back(nn::argmax_token(logits));
     const auto t1 = Clock::now();
-    for (std::size_t n = 1; n < o_.new_tokens; ++n) tokens_.push_back(nn::argmax_token(dec_->step(tokens_.back())));
+    for (std::size_t n = 1; n < new_tokens; ++n) tokens_.push_back(nn::argmax_token(dec_->step(tokens_.back())));
     return {std::chrono::duration<double>(t1 - t0).count(), seconds_since(t1)};
   }
   const std::vector<int>& tokens() const { return tokens_; }
@@ -250,7 +252,7 @@ int main(int argc, char** argv) {
       b = benchmark::RegisterBenchmark("L2_generate", [&](benchmark::State& s) {
         double prefill = 0, decode = 0;
         for (auto _ : s) {
-          const Generate::Seconds t = gen->run();
+          const Generate::Seconds t = gen->run(o.prompt, o.new_tokens);
           prefill += t.prefill;
           decode += t.decode;
         }

@@ -6,8 +6,8 @@
 //
 // Prefill: the prompt in one batch (llama.cpp's own batching, its default
 // batch size), up to the first greedy token; decode: the remaining new - 1
-// tokens one at a time through the KV cache (F32, as grad's). One warm-up
-// run, then R timed ones, each on a cleared context. The prompt is
+// tokens one at a time through the KV cache (F32, as grad's). One short
+// warm-up run (16 prompt tokens, 4 new), then R timed ones, each on a cleared context. The prompt is
 // bench_real_scale's token_at formula. Prints "tokens ..." and one line
 // "result {json}" that bench/real_scale.sh reads.
 import { getLlama, LlamaLogLevel } from "node-llama-cpp";
@@ -39,13 +39,13 @@ const greedy = { temperature: 0 };
 
 function tokenAt(i, v) { return (i * 7919 + 13) % v; }
 
-async function run(prompt) {
+async function run(prompt, count) {
   await sequence.clearHistory();
   const t0 = performance.now();
   let input = prompt.map((t, i) => i + 1 < prompt.length ? t : [t, { generateNext: { token: true, options: greedy } }]);
   const tokens = [];
   let t1 = 0;
-  for (let n = 0; n < o.new; n++) {
+  for (let n = 0; n < count; n++) {
     const results = await sequence.controlledEvaluate(input);
     const next = results[results.length - 1]?.next;
     if (next?.token == null) throw new Error(`no token at step ${n}`);
@@ -54,16 +54,16 @@ async function run(prompt) {
     input = [[next.token, { generateNext: { token: true, options: greedy } }]];
   }
   const t2 = performance.now();
-  return { prefill: prompt.length / ((t1 - t0) / 1000), decode: (o.new - 1) / ((t2 - t1) / 1000), tokens };
+  return { prefill: prompt.length / ((t1 - t0) / 1000), decode: (count - 1) / ((t2 - t1) / 1000), tokens };
 }
 
 const v = o.vocab;
 const prompt = Array.from({ length: o.prompt }, (_, i) => tokenAt(i, v));
-await run(prompt);  // warm-up
+await run(prompt.slice(0, 16), 4);  // warm-up: a short run, as bench_real_scale's
 const result = { prefill_tok_s: [], decode_tok_s: [], threads: o.threads, vocab: v };
 let last;
 for (let r = 0; r < o.reps; r++) {
-  last = await run(prompt);
+  last = await run(prompt, o.new);
   result.prefill_tok_s.push(last.prefill);
   result.decode_tok_s.push(last.decode);
 }

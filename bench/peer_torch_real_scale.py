@@ -13,7 +13,8 @@ zero at first) on every projection, the base frozen, torch.optim.Adam over the
 adapters, one step per repetition. generate: the prompt in one batch (only its
 last position's logits, as llama.cpp and transformers' generate compute), then
 greedy tokens one at a time through a preallocated KV cache. One warm-up
-before the timed repetitions, as bench_real_scale. The token ids are
+before the timed repetitions, as bench_real_scale (finetune: a step;
+generate: 16 prompt tokens and 4 new ones). The token ids are
 bench_real_scale's token_at formula. Prints "loss STEP VALUE" / "tokens ...",
 then one line "result {json}" that bench/real_scale.sh reads.
 """
@@ -179,21 +180,21 @@ def generate(a):
     cache = (torch.zeros(shape), torch.zeros(shape))
     prefill, decode = [], []
 
-    def run():
+    def run(n_prompt, n_new):
         with torch.inference_mode():
             t0 = time.perf_counter()
-            h = m.hidden(prompt, 0, cache)
+            h = m.hidden(prompt[:n_prompt], 0, cache)
             tokens = [int(torch.argmax(m.logits(h[-1])))]
             t1 = time.perf_counter()
-            for n in range(1, a.new):
-                h = m.hidden(torch.tensor([tokens[-1]]), a.prompt + n - 1, cache)
+            for n in range(1, n_new):
+                h = m.hidden(torch.tensor([tokens[-1]]), n_prompt + n - 1, cache)
                 tokens.append(int(torch.argmax(m.logits(h[-1]))))
             t2 = time.perf_counter()
-        return a.prompt / (t1 - t0), (a.new - 1) / (t2 - t1), tokens
+        return n_prompt / (t1 - t0), (n_new - 1) / (t2 - t1), tokens
 
-    run()  # warm-up
+    run(min(a.prompt, 16), 4)  # warm-up: a short run, as bench_real_scale's
     for _ in range(a.reps):
-        p, d, tokens = run()
+        p, d, tokens = run(a.prompt, a.new)
         prefill.append(p)
         decode.append(d)
     print("tokens " + " ".join(map(str, tokens)))

@@ -27,7 +27,9 @@ def configs(logs):
     out = {}
     for p in glob.glob(os.path.join(logs, "*.r*.out")):
         m = re.match(r"(.*)\.r(\d+)\.out$", os.path.basename(p))
-        out.setdefault(m.group(1), []).append(int(m.group(2)))
+        time_file = p[:-len(".out")] + ".time"  # /usr/bin/time -o creates it at the start, fills it at the end
+        if os.path.exists(time_file) and "Maximum resident" in read(time_file):  # a round cut short is left out
+            out.setdefault(m.group(1), []).append(int(m.group(2)))
     return {k: sorted(v) for k, v in out.items()}
 
 
