@@ -42,7 +42,7 @@ src=$(cd "$(dirname "$0")" && pwd)
 if [ $small = 1 ]; then seq=64 prompt=64 new=16 size=small; else seq=512 prompt=512 new=128 size=full; fi
 model=$scratch/model-$size logs=$scratch/logs-$size
 mkdir -p "$model" "$logs"
-rm -f "$logs"/*.txt "$logs"/*.json
+rm -f "$logs"/*.out "$logs"/*.time "$logs"/*.json  # a previous run's rounds
 
 echo "== building bench_real_scale and membw in $build (one job)"
 ninja -C "$build" -j1 bench/bench_real_scale bench/membw >/dev/null
