@@ -1,0 +1,278 @@
+// The real-scale workloads of issue 27 on grad's side: a Qwen2.5-0.5B-sized
+// model (or a tiny one of the same kind) with random weights, read from a
+// Hugging Face directory through grad::hf.
+//
+//   bench_real_scale write    --out DIR [--small]              config.json, model.safetensors, model.gguf (F32)
+//   bench_real_scale finetune --model DIR --threads N --reps R  L1: LoRA rank 16 on every projection, Adam
+//   bench_real_scale generate --model DIR --threads N --reps R  L2: prefill 512 tokens, 128 greedy tokens
+//
+// bench/real_scale.sh runs these beside PyTorch (bench/peer_torch_real_scale.py)
+// and llama.cpp (bench/peer_llama_real_scale.mjs) and prints the table. The
+// token ids are the same formula in all three (token_at), so every
+// implementation sees the same prompt and targets. Each repetition is one
+// Google Benchmark iteration (one Adam step; one prefill and decode),
+// after one untimed warm-up (a step, which sizes the tape's arenas; a short
+// generation of 16 prompt and 4 new tokens, which touches every weight).
+// Besides the figures, each program prints lines the driver checks:
+// "loss STEP HEX" (every step's loss, hexadecimal float: the same bits at
+// 1 and 2 threads is grad's contract) and "tokens ..." (the greedy ids, which
+// the peers should mostly agree with).
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstdio>
+#include <grad/grad.hpp>
+#include <grad/hf/gguf.hpp>
+#include <grad/hf/model.hpp>
+#include <grad/inspect.hpp>
+#include <grad/lm.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench_cli.hpp"
+
+namespace {
+
+using T = float;
+namespace nn = grad::nn;
+namespace hf = grad::hf;
+using Clock = std::chrono::steady_clock;
+
+// Qwen2.5-0.5B's shape (its config.json), or --small: the same head layout
+// (14 query and 2 key-value heads of width 64, q/k/v biases, tied
+// embeddings) at hidden 128, 2 layers, MLP 512 and vocabulary 2000.
+// (--hidden changes the small model's width: llama.cpp's qwen2 loader
+// accepts only 14 x 64 = 896, the full model's.)
+nn::LmConfig qwen_config(bool small, std::size_t small_hidden) {
+  nn::LmConfig c;
+  c.vocab = small ? 2000 : 151936;
+  c.d_model = small ? small_hidden : 896;
+  c.layers = small ? 2 : 24;
+  c.heads = 14;
+  c.kv_heads = 2;
+  c.head_width = 64;
+  c.ffn = small ? 512 : 4864;
+  c.max_seq = 1024;
+  c.rope_base = 1e6;
+  c.eps = 1e-6;
+  c.qkv_bias = true;
+  c.tied_embeddings = true;
+  return c;
+}
+
+// The i-th token of the benchmark's text: a fixed scramble of the vocabulary
+// (bench/peer_torch_real_scale.py and peer_llama_real_scale.mjs use the same).
+int token_at(std::size_t i, std::size_t vocab) { return static_cast<int>((i * 7919 + 13) % vocab); }
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+int write_checkpoint(const std::string& dir, bool small, std::size_t small_hidden) {
+  const nn::LmConfig c = qwen_config(small, small_hidden);
+  grad::Tape<T> tp;
+  nn::Lm<T> model(tp, c, 2027);  // seeded uniform weights (nn::Lm's initialisation); norms 1
+  // nn::Lm starts its q/k/v biases at zero; Qwen2's are not, so give them values too.
+  grad::SplitMix64 rng(7);
+  for (std::size_t l = 0; l < c.layers; ++l)
+    for (const nn::Proj p : {nn::Proj::q, nn::Proj::k, nn::Proj::v})
+      for (T& b : tp.leaf_value(model.layer(l).bias[static_cast<std::size_t>(p)]))
+        b = static_cast<T>(rng.uniform(-0.1, 0.1));
+  std::printf("model: %s, %zu parameters\n", c.describe().c_str(), model.parameter_count());
+  const auto t0 = Clock::now();
+  hf::save_pretrained(dir, model);
+  std::printf("wrote %s/config.json and model.safetensors (F32) in %.1f s\n", dir.c_str(), seconds_since(t0));
+  // llama.cpp needs a vocabulary: the 256 bytes, an end-of-text token, then
+  // unused "[PAD<id>]" tokens up to the model's vocabulary, as llama.cpp's
+  // converter writes a checkpoint's padding rows.
+  hf::BpeVocab vocab = hf::byte_level_vocab({"<|endoftext|>"});
+  for (std::size_t id = vocab.tokens.size(); id < c.vocab; ++id) {
+    vocab.tokens.push_back("[PAD" + std::to_string(id) + "]");
+    vocab.token_types.push_back(hf::TokenType::unused);
+  }
+  const auto t1 = Clock::now();
+  if (auto r = hf::write_gguf(dir + "/model.gguf", model, vocab); !r.ok()) {
+    std::fprintf(stderr, "%s\n", r.error.c_str());
+    return 1;
+  }
+  std::printf("wrote %s/model.gguf (F32) in %.1f s\n", dir.c_str(), seconds_since(t1));
+  return 0;
+}
+
+struct Options {
+  std::string model;
+  std::size_t threads = 1, reps = 5, seq = 512, prompt = 512, new_tokens = 128, rank = 16;
+  std::string profile;  // finetune: print grad's profile of one step (by op and by scope) and write a Chrome trace here
+};
+
+// L1: LoRA finetuning, batch 1 x seq; step() is one Adam step. The model
+// is loaded and one warm-up step (which sizes the tape's arenas) taken when
+// constructed, once per process: every repetition reuses them.
+class Finetune {
+ public:
+  explicit Finetune(const Options& o) : o_(o), model_(tp_, config(o), 1, nn::Lm<T>::Train::lora), opt_(T(1e-4)) {
+    hf::load_weights(o.model, model_);
+    for (const auto& p : model_.trainable()) opt_.add(p.var);
+    const std::size_t vocab = model_.config().vocab;
+    for (std::size_t i = 0; i < o.seq; ++i) {
+      in_.push_back(token_at(i, vocab));
+      out_.push_back(token_at(i + 1, vocab));
+    }
+    mark_ = tp_.mark();
+    if (!step()) throw std::runtime_error(tp_.error());
+  }
+  // false when the tape refused the step (tp.error() says why).
+  bool step(bool profiled = false) {
+    tp_.profile(profiled);
+    auto r = model_.forward(model_.ids(in_, 1, o_.seq), model_.ids(out_, o_.seq, 0));
+    if (!tp_.backward(r.loss) || !opt_.step()) return false;
+    std::printf("loss %d %a\n", ++steps_, static_cast<double>(tp_.scalar(r.loss)));
+    if (profiled) {
+      tp_.profile(false);
+      std::printf("profile of one step (forward and backward; Adam not timed), by op:\n%s",
+                  grad::profile_table(grad::profile_by_op(tp_)).c_str());
+      std::printf("by part of the model (nn::Lm's name scopes):\n%s",
+                  grad::profile_table(grad::profile_by_scope(tp_)).c_str());
+      grad::write_chrome_trace(tp_, o_.profile);
+    }
+    tp_.reset_to(mark_);
+    return true;
+  }
+  const std::string& error() const { return tp_.error(); }
+
+ private:
+  static nn::LmConfig config(const Options& o) {
+    nn::LmConfig c = hf::read_config(o.model, {.max_seq = o.seq}).config;
+    c.lora_rank = o.rank;
+    c.lora_scale = 32.0 / static_cast<double>(o.rank);  // lora_alpha 32: PEFT's scale alpha / r
+    c.lora_targets = nn::all_projections;
+    return c;
+  }
+  const Options& o_;
+  grad::Tape<T> tp_;
+  nn::Lm<T> model_;
+  grad::Adam<T> opt_;
+  std::vector<int> in_, out_;
+  grad::Tape<T>::Mark mark_{};
+  int steps_ = 0;
+};
+
+// L2: the prompt through grad's KV-cache decoder, then greedy tokens.
+// Prefill: the prompt's tokens fed one at a time (KvDecoder has no batched
+// prefill) up to the logits of the first new token; decode: the remaining
+// new_tokens - 1 steps, each feeding the previous greedy token. Loaded and
+// warmed up (a short run: 16 prompt tokens, 4 new) when constructed.
+class Generate {
+ public:
+  explicit Generate(const Options& o)
+      : o_(o), model_(tp_, hf::read_config(o.model, {.max_seq = o.prompt + o.new_tokens}).config, 1) {
+    hf::load_weights(o.model, model_);
+    dec_ = std::make_unique<nn::KvDecoder<T>>(model_);
+    for (std::size_t i = 0; i < o.prompt; ++i) prompt_.push_back(token_at(i, model_.config().vocab));
+    run(std::min<std::size_t>(o.prompt, 16), 4);  // warm-up: a short run touches every weight and buffer
+  }
+  struct Seconds {
+    double prefill, decode;
+  };
+  // The first `prompt` tokens of the prompt, then new_tokens greedy ones.
+  Seconds run(std::size_t prompt, std::size_t new_tokens) {
+    dec_->reset();
+    tokens_.clear();
+    const auto t0 = Clock::now();
+    std::span<const T> logits;
+    for (std::size_t i = 0; i < prompt; ++i) logits = dec_->step(prompt_[i]);
+    tokens_.push_back(nn::argmax_token(logits));
+    const auto t1 = Clock::now();
+    for (std::size_t n = 1; n < new_tokens; ++n) tokens_.push_back(nn::argmax_token(dec_->step(tokens_.back())));
+    return {std::chrono::duration<double>(t1 - t0).count(), seconds_since(t1)};
+  }
+  const std::vector<int>& tokens() const { return tokens_; }
+
+ private:
+  const Options& o_;
+  grad::Tape<T> tp_;
+  nn::Lm<T> model_;
+  std::unique_ptr<nn::KvDecoder<T>> dec_;
+  std::vector<int> prompt_, tokens_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bench_real_scale: issue 27's L1 (LoRA finetune) and L2 (prefill, decode) on grad", "bench_real_scale"};
+  cli::allow_benchmark_flags(app);
+  app.require_subcommand(1);
+  std::string out;
+  bool small = false;
+  std::size_t small_hidden = 128;
+  auto* write_cmd = app.add_subcommand("write", "write the random-weight checkpoint (Hugging Face directory + GGUF)");
+  write_cmd->add_option("--out", out, "the directory to write")->required();
+  write_cmd->add_flag("--small", small, "the tiny model of the same kind (hidden 128, 2 layers, vocabulary 2000)");
+  write_cmd->add_option("--hidden", small_hidden, "the small model's hidden size")
+      ->check(cli::range<std::size_t>(2, 4096));
+  Options o;
+  auto* finetune_cmd = app.add_subcommand("finetune", "L1: LoRA finetune steps (batch 1) with Adam");
+  auto* generate_cmd = app.add_subcommand("generate", "L2: prefill a prompt, then greedy tokens with the KV cache");
+  for (CLI::App* cmd : {finetune_cmd, generate_cmd}) {
+    cmd->add_option("--model", o.model, "the Hugging Face directory (bench_real_scale write)")->required();
+    cmd->add_option("--threads", o.threads, "grad's worker threads")->check(cli::range<std::size_t>(1, 256));
+    cmd->add_option("--reps", o.reps, "timed repetitions after one warm-up")->check(cli::range<std::size_t>(1, 1000));
+  }
+  finetune_cmd->add_option("--seq", o.seq, "tokens per step")->check(cli::range<std::size_t>(2, 32768));
+  finetune_cmd->add_option("--rank", o.rank, "LoRA rank")->check(cli::range<std::size_t>(1, 4096));
+  finetune_cmd->add_option("--profile", o.profile,
+                           "after the timed steps, profile one more and write its Chrome trace to this file");
+  generate_cmd->add_option("--prompt", o.prompt, "prompt tokens")->check(cli::range<std::size_t>(1, 32768));
+  generate_cmd->add_option("--new", o.new_tokens, "greedy tokens")->check(cli::range<std::size_t>(2, 32768));
+  for (CLI::App* cmd : {finetune_cmd, generate_cmd}) cmd->allow_extras();
+  CLI11_PARSE(app, argc, argv);
+  // Google Benchmark's flags are what the subcommand left.
+  std::vector<std::string> rest = (finetune_cmd->parsed() ? finetune_cmd : generate_cmd)->remaining();
+  std::vector<char*> bench_argv = {argv[0]};
+  for (std::string& a : rest) bench_argv.push_back(a.data());
+  int bench_argc = static_cast<int>(bench_argv.size());
+  benchmark::Initialize(&bench_argc, bench_argv.data());
+  if (benchmark::ReportUnrecognizedArguments(bench_argc, bench_argv.data())) return 2;
+  try {
+    if (write_cmd->parsed()) return write_checkpoint(out, small, small_hidden);
+    grad::set_num_threads(o.threads);
+    // One process per configuration: the model loaded once, each
+    // repetition a single iteration (a full-size step takes seconds).
+    std::unique_ptr<Finetune> tune;
+    std::unique_ptr<Generate> gen;
+    benchmark::internal::Benchmark* b = nullptr;
+    if (finetune_cmd->parsed()) {
+      tune = std::make_unique<Finetune>(o);
+      b = benchmark::RegisterBenchmark("L1_finetune", [&](benchmark::State& s) {
+        for (auto _ : s)
+          if (!tune->step()) s.SkipWithError(tune->error().c_str());
+        s.SetItemsProcessed(static_cast<std::int64_t>(s.iterations() * o.seq));
+      });
+    } else {
+      gen = std::make_unique<Generate>(o);
+      b = benchmark::RegisterBenchmark("L2_generate", [&](benchmark::State& s) {
+        double prefill = 0, decode = 0;
+        for (auto _ : s) {
+          const Generate::Seconds t = gen->run(o.prompt, o.new_tokens);
+          prefill += t.prefill;
+          decode += t.decode;
+        }
+        const auto n = static_cast<double>(s.iterations());
+        s.counters["prefill_tok_s"] = static_cast<double>(o.prompt) * n / prefill;
+        s.counters["decode_tok_s"] = static_cast<double>(o.new_tokens - 1) * n / decode;
+      });
+    }
+    b->Iterations(1)->Repetitions(static_cast<int>(o.reps))->Unit(benchmark::kSecond)->UseRealTime();
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    if (gen) {
+      std::printf("tokens");
+      for (const int t : gen->tokens()) std::printf(" %d", t);
+      std::printf("\n");
+    }
+    if (tune && !o.profile.empty() && !tune->step(true)) throw std::runtime_error(tune->error());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_real_scale: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
