@@ -76,6 +76,7 @@
 #include "grad/tags/power.hpp"
 #include "grad/tags/reduce.hpp"
 #include "grad/tags/reduce_axis.hpp"
+#include "grad/tags/rms_norm.hpp"
 #include "grad/tags/row_sum.hpp"
 #include "grad/tags/softmax.hpp"
 #include "grad/tags/unary.hpp"

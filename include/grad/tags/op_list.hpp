@@ -18,6 +18,7 @@
 #include "grad/tags/power.hpp"
 #include "grad/tags/reduce.hpp"
 #include "grad/tags/reduce_axis.hpp"
+#include "grad/tags/rms_norm.hpp"
 #include "grad/tags/row_sum.hpp"
 #include "grad/tags/softmax.hpp"
 #include "grad/tags/unary.hpp"
@@ -44,7 +45,8 @@ using OpList = boost::mp11::mp_list<Param, Const,                               
                                     Embedding, CrossEntropy,                                //
                                     Abs, ClampMin, ClampMax, PowScalar, Pow, Maximum, Minimum, WhereTrue, WhereFalse,
                                     AxisMax, AxisMin, LogSoftmax,                           //
-                                    Dropout>;
+                                    Dropout,                                                //
+                                    MatmulNt, RmsNorm>;
 
 inline constexpr std::size_t op_count = boost::mp11::mp_size<OpList>::value;
 static_assert(op_count <= 256, "op codes are one byte");
