@@ -261,6 +261,11 @@ std::vector<OpCase<T>> op_cases() {
   add("rms_norm rank 3, large eps", {r({2, 3, 4}), r({4})}, [](Tp, V v) { return rms_norm(v[0], v[1], T(0.5)); });
   add("rms_norm one row", {r({1, 6}), pos({6})}, [](Tp, V v) { return rms_norm(v[0] * T(3), v[1], T(1e-5)); });
   add_large("rms_norm large", {r({300, 131}), pos({131})}, [](Tp, V v) { return rms_norm(v[0], v[1], T(1e-6)); });
+  // layer norm's normalisation: rows, a rank-3 x with a large eps, one row, threads
+  add("layer_norm", {r({3, 5})}, [](Tp, V v) { return layer_norm(v[0], T(1e-5)); });
+  add("layer_norm rank 3, large eps", {r({2, 3, 4})}, [](Tp, V v) { return layer_norm(v[0], T(0.5)); });
+  add("layer_norm one row", {r({1, 6})}, [](Tp, V v) { return layer_norm(v[0] * T(3), T(1e-5)); });
+  add_large("layer_norm large", {r({300, 131})}, [](Tp, V v) { return layer_norm(v[0], T(1e-5)); });
   return t;
 }
 

@@ -191,7 +191,52 @@ void check_rms_norm_bits() {
   set_num_threads(1);
 }
 
+// nn::layernorm as it was: eleven nodes.
+template <class T>
+Var<T> layernorm_composite(Var<T> x, Var<T> w, Var<T> b, T eps) {
+  const T cols = static_cast<T>(x.tape()->dims(x).back());
+  Var<T> centered = x - row_sum(x) / cols;
+  Var<T> variance = row_sum(centered * centered) / cols;
+  return centered / grad::sqrt(variance + eps) * w + b;
+}
+
+template <class T>
+void check_layer_norm_bits() {
+  Rng rng(34);
+  auto check = [&](std::size_t rows, std::size_t cols, T eps) {
+    CAPTURE(rows);
+    CAPTURE(cols);
+    const Tensor<T> x = random_tensor<T>({rows, cols}, rng, -2, 3), w = random_tensor<T>({cols}, rng, 0.5, 1.5);
+    const Tensor<T> bias = random_tensor<T>({cols}, rng);
+    auto run = [&](bool fused) {
+      Tape<T> tp;
+      Var<T> vx = tp.param(x), vw = tp.param(w), vb = tp.param(bias);
+      Var<T> y = fused ? nn::layernorm(vx, vw, vb, eps) : layernorm_composite(vx, vw, vb, eps);
+      REQUIRE(tp.backward(weighted_sum(y)));
+      std::vector<T> out;
+      for (Var<T> v : {y, vx, vw, vb})
+        for (T e : v.index() == y.index() ? tp.value(v) : tp.grad(v)) out.push_back(e);
+      return out;
+    };
+    CHECK(bitwise_equal<T>(run(true), run(false)));
+  };
+  for (std::size_t threads : {1, 3}) {
+    set_num_threads(threads);
+    for (const auto& [rows, cols, unused] : product_shapes(rng))
+      for (const T eps : {T(1e-5), T(0.25)}) check(rows, cols, eps);
+  }
+  set_num_threads(3);
+  check(300, 131, T(1e-5));
+  check(3, 5000, T(1e-5));
+  set_num_threads(1);
+}
+
 }  // namespace
+
+TEST_CASE("layernorm's one layer_norm node (then * w + b) gives the bits of the composite: value and every gradient") {
+  check_layer_norm_bits<double>();
+  check_layer_norm_bits<float>();
+}
 
 TEST_CASE("matmul_nt gives the bits of matmul(a, transpose(b)): value and both gradients, f64 and f32") {
   check_matmul_nt_bits<double>();

@@ -423,6 +423,9 @@ class Generator {
           const std::size_t w = g.param({g.dims(g.values_[a]).back()});
           g.binary_at(a, w, "rms_norm", [](Var<T> x, Var<T> y) { return rms_norm(x, y, T(0.1)); });
         },
+        [](Generator& g) {  // layer_norm over the last axis; eps 0.1 keeps a nearly constant row tame
+          g.unary_at(g.pick(), "layer_norm", [](Var<T> x) { return layer_norm(x, T(0.1)); });
+        },
     };
     return all;
   }

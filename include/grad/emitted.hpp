@@ -69,6 +69,7 @@
 #include "grad/tags/dropout.hpp"
 #include "grad/tags/elementwise.hpp"
 #include "grad/tags/embedding.hpp"
+#include "grad/tags/layer_norm.hpp"
 #include "grad/tags/layout.hpp"
 #include "grad/tags/linalg.hpp"
 #include "grad/tags/log_softmax.hpp"

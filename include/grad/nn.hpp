@@ -102,7 +102,9 @@ Var<T> rmsnorm(Var<T> x, Var<T> w, std::type_identity_t<T> eps) {
 }
 
 // (x - mean) / sqrt(var + eps) * w + b over each row (biased variance, as
-// torch.nn.LayerNorm), with w and b [cols].
+// torch.nn.LayerNorm), with w and b [cols]: one layer_norm node for the
+// normalisation (the bits of its nine-op composite; tags/layer_norm.hpp),
+// then * w + b.
 template <class T>
 Var<T> layernorm(Var<T> x, Var<T> w, Var<T> b, std::type_identity_t<T> eps) {
   Tape<T>& tp = grad::detail::tape_of("nn::layernorm", x);
@@ -111,11 +113,8 @@ Var<T> layernorm(Var<T> x, Var<T> w, Var<T> b, std::type_identity_t<T> eps) {
   if (!detail::is_matrix(xd) || !detail::is_vector(wd, xd[1]) || !detail::is_vector(bd, xd[1]))
     return tp.invalid("nn::layernorm: x " + shape_string(xd) + ", weight " + shape_string(wd) + " and bias " +
                       shape_string(bd) + ": expected x [rows, cols], weight [cols] and bias [cols]");
-  const T cols = static_cast<T>(xd[1]);
   NameScope<T> scope(tp, "layernorm");
-  Var<T> centered = x - row_sum(x) / cols;
-  Var<T> variance = row_sum(centered * centered) / cols;
-  return centered / grad::sqrt(variance + eps) * w + b;
+  return layer_norm(x, eps) * w + b;
 }
 
 // x * sigmoid(x)

@@ -260,6 +260,14 @@ Var<T> rms_norm(Var<T> x, Var<T> w, std::type_identity_t<T> eps) {
   return record_op<RmsNorm>(x, w, {}, eps);
 }
 
+// Layer norm's normalisation over the last axis as one node: (x - mean) /
+// sqrt(var + eps), biased variance (tags/layer_norm.hpp: the bits of that
+// composite); nn::layernorm applies the weight and bias.
+template <class T>
+Var<T> layer_norm(Var<T> x, std::type_identity_t<T> eps) {
+  return record_op<LayerNorm>(x, {}, {}, eps);
+}
+
 // The largest (smallest) element along `axis` (negative: from the end), as
 // torch.amax / torch.amin: keep_axis (the default, as row_sum) leaves the
 // axis as size 1, else it is dropped (a vector's becomes shape [1]). Tied

@@ -11,6 +11,7 @@
 #include "grad/tags/dropout.hpp"
 #include "grad/tags/elementwise.hpp"
 #include "grad/tags/embedding.hpp"
+#include "grad/tags/layer_norm.hpp"
 #include "grad/tags/layout.hpp"
 #include "grad/tags/linalg.hpp"
 #include "grad/tags/log_softmax.hpp"
@@ -46,7 +47,7 @@ using OpList = boost::mp11::mp_list<Param, Const,                               
                                     Abs, ClampMin, ClampMax, PowScalar, Pow, Maximum, Minimum, WhereTrue, WhereFalse,
                                     AxisMax, AxisMin, LogSoftmax,                           //
                                     Dropout,                                                //
-                                    MatmulNt, RmsNorm>;
+                                    MatmulNt, RmsNorm, LayerNorm>;
 
 inline constexpr std::size_t op_count = boost::mp11::mp_size<OpList>::value;
 static_assert(op_count <= 256, "op codes are one byte");
