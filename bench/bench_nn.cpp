@@ -7,6 +7,11 @@
 // replaced (same bits), forward + backward, f32, with RoPE, at one
 // Qwen2.5-0.5B layer (14 query / 2 key-value heads of width 64) and smaller;
 // the counter arena_MiB is the tape's high-water mark.
+// Then the fused nodes of issue 27 against the composites they replace, at a
+// Qwen2.5-0.5B width (f32): rms_norm at [512, 896] (forward + backward to x
+// and w) and the tied head [512, 896] x [151936, 896]^T (forward + backward
+// to x), each with the bytes its episode adds to the tape (values and
+// gradients) as a counter.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -123,12 +128,83 @@ void attention_sizes(benchmark::internal::Benchmark* b) {
 BENCHMARK(attention_step<false>)->Apply(attention_sizes);
 BENCHMARK(attention_step<true>)->Apply(attention_sizes);
 
+// Bytes of values and gradients the nodes from `first` on hold.
+template <class T>
+double episode_bytes(const Tape<T>& tp, std::size_t first) {
+  std::size_t n = 0;
+  for (std::size_t i = first; i < tp.size(); ++i) {
+    const grad::Node<T>& node = tp.nodes()[i];
+    n += node.dims.size() * sizeof(T) * (node.grad ? 2 : 1);
+  }
+  return static_cast<double>(n);
+}
+
+Tensor<float> filled_f32(grad::Shape shape, float start) {
+  Tensor<float> t(std::move(shape));
+  for (std::size_t i = 0; i < t.size(); ++i) t[i] = start + 0.001f * static_cast<float>(i % 97);
+  return t;
+}
+
+Var<float> rmsnorm_composite(Var<float> x, Var<float> w) {
+  const float cols = static_cast<float>(x.tape()->dims(x).back());
+  return x / grad::sqrt(grad::row_sum(x * x) / cols + 1e-6f) * w;
+}
+Var<float> rmsnorm_fused(Var<float> x, Var<float> w) { return grad::rms_norm(x, w, 1e-6f); }
+
+template <Var<float> (*Norm)(Var<float>, Var<float>)>
+void rmsnorm_qwen(benchmark::State& state) {
+  const std::size_t rows = 512, cols = 896;
+  Tape<float> tp;
+  Var<float> x = tp.param(filled_f32({rows, cols}, -0.3f));
+  Var<float> w = tp.param(filled_f32({cols}, 0.9f));
+  const auto m = tp.mark();
+  double bytes = 0;
+  for (auto _ : state) {
+    const std::size_t first = tp.size();
+    Var<float> y = Norm(x, w);
+    tp.backward(grad::sum(y));
+    benchmark::DoNotOptimize(tp.grad(x).data.data());
+    bytes = episode_bytes(tp, first);
+    tp.reset_to(m);
+  }
+  state.counters["tape_bytes"] = bytes;
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * rows * cols));
+}
+
+Var<float> head_composite(Var<float> x, Var<float> embed) { return grad::matmul(x, grad::transpose(embed)); }
+Var<float> head_fused(Var<float> x, Var<float> embed) { return grad::matmul_nt(x, embed); }
+
+// The tied output layer: the embedding a constant, so backward reaches x only.
+template <Var<float> (*Head)(Var<float>, Var<float>)>
+void tied_head_qwen(benchmark::State& state) {
+  const std::size_t rows = 512, d = 896, vocab = 151936;
+  Tape<float> tp;
+  Var<float> x = tp.param(filled_f32({rows, d}, -0.3f));
+  Var<float> embed = tp.constant(filled_f32({vocab, d}, -0.05f));
+  const auto m = tp.mark();
+  double bytes = 0;
+  for (auto _ : state) {
+    const std::size_t first = tp.size();
+    Var<float> logits = Head(x, embed);
+    if (state.range(0)) tp.backward(grad::sum(logits));
+    benchmark::DoNotOptimize(tp.value(logits).data.data());
+    bytes = episode_bytes(tp, first);
+    tp.reset_to(m);
+  }
+  state.counters["tape_bytes"] = bytes;
+}
+
 void sizes(benchmark::internal::Benchmark* b) { b->Args({8, 64})->Args({64, 256})->Args({256, 1024}); }
 
 BENCHMARK(row_mean_step<row_mean_by_matmul>)->Apply(sizes);
 BENCHMARK(row_mean_step<row_mean_by_op>)->Apply(sizes);
 BENCHMARK(rmsnorm_step<row_mean_by_matmul>)->Apply(sizes);
 BENCHMARK(rmsnorm_step<row_mean_by_op>)->Apply(sizes);
+BENCHMARK(rmsnorm_qwen<rmsnorm_composite>)->Unit(benchmark::kMillisecond);
+BENCHMARK(rmsnorm_qwen<rmsnorm_fused>)->Unit(benchmark::kMillisecond);
+// Arg: 0 forward only, 1 forward + backward to x.
+BENCHMARK(tied_head_qwen<head_composite>)->Arg(0)->Arg(1)->Iterations(2)->Unit(benchmark::kMillisecond);
+BENCHMARK(tied_head_qwen<head_fused>)->Arg(0)->Arg(1)->Iterations(2)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -259,6 +259,21 @@ std::vector<OpCase<T>> op_cases() {
       [](Tp, V v) { return causal_attention_probs(v[0] * T(2), v[1], T(1.3)); });
   add("attention_context, groups of 2", {r({2, 6, 3}), r({2, 3, 4})},
       [](Tp, V v) { return attention_context(v[0], v[1]); });
+  // a . b^T with b [n, k]; a batched a; one row; shapes off every vector width
+  add("matmul_nt", {r({3, 4}), r({5, 4})}, [](Tp, V v) { return matmul_nt(v[0], v[1]); });
+  add("matmul_nt batched a", {r({2, 3, 5}), r({4, 5})}, [](Tp, V v) { return matmul_nt(v[0], v[1]); });
+  add("matmul_nt one row", {r({1, 7}), r({3, 7})}, [](Tp, V v) { return matmul_nt(v[0], v[1]); });
+  add_large("matmul_nt large", {r({37, 41}), r({29, 41})}, [](Tp, V v) { return matmul_nt(v[0], v[1]); });
+  // RMS norm: rows, a rank-3 x, one row; a large eps; rows long and many enough for the threads
+  add("rms_norm", {r({3, 5}), pos({5})}, [](Tp, V v) { return rms_norm(v[0], v[1], T(1e-6)); });
+  add("rms_norm rank 3, large eps", {r({2, 3, 4}), r({4})}, [](Tp, V v) { return rms_norm(v[0], v[1], T(0.5)); });
+  add("rms_norm one row", {r({1, 6}), pos({6})}, [](Tp, V v) { return rms_norm(v[0] * T(3), v[1], T(1e-5)); });
+  add_large("rms_norm large", {r({300, 131}), pos({131})}, [](Tp, V v) { return rms_norm(v[0], v[1], T(1e-6)); });
+  // layer norm's normalisation: rows, a rank-3 x with a large eps, one row, threads
+  add("layer_norm", {r({3, 5})}, [](Tp, V v) { return layer_norm(v[0], T(1e-5)); });
+  add("layer_norm rank 3, large eps", {r({2, 3, 4})}, [](Tp, V v) { return layer_norm(v[0], T(0.5)); });
+  add("layer_norm one row", {r({1, 6})}, [](Tp, V v) { return layer_norm(v[0] * T(3), T(1e-5)); });
+  add_large("layer_norm large", {r({300, 131})}, [](Tp, V v) { return layer_norm(v[0], T(1e-5)); });
   return t;
 }
 

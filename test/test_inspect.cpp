@@ -432,17 +432,17 @@ TEST_CASE("Lm names its parts: every node and parameter under block / part scope
   CHECK(tp.scope_name(m.embed().index()) == "embed");
   CHECK(tp.scope_name(r.logits.index()) == "head");
   CHECK(tp.scope_name(r.loss.index()) == "loss");
-  // Each block's attention probabilities are its attention's; its rmsnorms are the norms'.
-  std::vector<std::string> softmax_scopes, sqrt_scopes;
+  // Each block's attention probabilities are its attention's; its rms_norm nodes are the norms'.
+  std::vector<std::string> softmax_scopes, norm_scopes;
   for (std::size_t i = 0; i < tp.size(); ++i) {
     if (tp.nodes()[i].op == op_code<CausalAttentionProbs>) softmax_scopes.push_back(tp.scope_name(i));
-    if (tp.nodes()[i].op == op_code<Sqrt>) sqrt_scopes.push_back(tp.scope_name(i));
+    if (tp.nodes()[i].op == op_code<RmsNorm>) norm_scopes.push_back(tp.scope_name(i));
   }
   CHECK(softmax_scopes == std::vector<std::string>{"layers.0.attention", "layers.1.attention", "layers.2.attention"});
-  REQUIRE(sqrt_scopes.size() == 7);
-  CHECK(sqrt_scopes[2] == "layers.1.attn_norm.rmsnorm");
-  CHECK(sqrt_scopes[3] == "layers.1.mlp_norm.rmsnorm");
-  CHECK(sqrt_scopes[6] == "final_norm.rmsnorm");
+  REQUIRE(norm_scopes.size() == 7);
+  CHECK(norm_scopes[2] == "layers.1.attn_norm.rmsnorm");
+  CHECK(norm_scopes[3] == "layers.1.mlp_norm.rmsnorm");
+  CHECK(norm_scopes[6] == "final_norm.rmsnorm");
 
   const Summary s = summarize(tp);
   CHECK(s.trainable == m.parameter_count());  // every parameter counted, in its part

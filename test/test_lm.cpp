@@ -299,6 +299,37 @@ TEST_CASE("the KV-cache decoder's logits are bitwise the tape's at every positio
   }
 }
 
+TEST_CASE("tied embeddings: the head is one matmul_nt node on the embedding, and the decoder reads it in place, bitwise") {
+  Tape<double> tp;
+  nn::LmConfig c = small_config();
+  c.tied_embeddings = true;
+  nn::Lm<double> m(tp, c, 17);
+  const std::size_t t = 12, B = 2;
+  const std::vector<int> in = some_tokens(B * t, 21);
+  auto r = m.forward(m.ids(in, B, t), m.ids(some_tokens(B * t, 22), B * t, 0));
+  REQUIRE(tp.ok());
+  REQUIRE(tp.backward(r.loss));
+  const Node<double>& head = tp.nodes()[r.logits.index()];
+  CHECK(head.op == op_code<MatmulNt>);
+  CHECK(head.b == m.embed().index());  // no transposed copy between them
+  // The node against the composite it replaces, on the same operands.
+  Tape<double> ref;
+  const Node<double>& norm = tp.nodes()[head.a];
+  Var<double> normed = ref.param(
+      Tensor<double>(norm.dims.shape(), std::vector<double>(norm.value, norm.value + norm.dims.size())));
+  Var<double> embed = ref.param(tp.value(m.embed()).tensor());
+  CHECK(same_bits(tp.value(r.logits).data, ref.value(matmul(normed, transpose(embed))).data));
+  nn::KvDecoder<double> dec(m);
+  for (std::size_t b = 0; b < B; ++b) {
+    dec.reset();
+    for (std::size_t p = 0; p < t; ++p) {
+      CAPTURE(b);
+      CAPTURE(p);
+      CHECK(same_bits(dec.step(in[b * t + p]), tp.value(r.logits).data.subspan((b * t + p) * 256, 256)));
+    }
+  }
+}
+
 TEST_CASE("merge folds every adapter into its base weight: logits within 1e-12 relative at f64") {
   Tape<double> tp;
   nn::Lm<double> lora(tp, small_config(4), 13, nn::Lm<double>::Train::lora);

@@ -7,9 +7,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -96,6 +98,185 @@ TEST_CASE("rmsnorm rows have unit root mean square and layernorm rows zero mean,
     CHECK(std::abs(mean) < 1e-15);
     CHECK(var == doctest::Approx(1).epsilon(1e-14));
   }
+}
+
+// ---------------------------------------- fused nodes against their composites --
+
+namespace {
+
+// One loss through `op` on a fresh tape: the output's value and the two operands' gradients.
+template <class T>
+struct Bits {
+  std::vector<T> value, grad_a, grad_b;
+};
+template <class T, class Op>
+Bits<T> bits_of(const Tensor<T>& a, const Tensor<T>& b, Op op) {
+  Tape<T> tp;
+  Var<T> va = tp.param(a), vb = tp.param(b);
+  Var<T> y = op(va, vb);
+  REQUIRE(tp.backward(weighted_sum(y)));
+  auto copy = [](View<T> v) { return std::vector<T>(v.begin(), v.end()); };
+  return {copy(tp.value(y)), copy(tp.grad(va)), copy(tp.grad(vb))};
+}
+template <class T>
+void check_same_bits(const Bits<T>& got, const Bits<T>& want) {
+  CHECK(bitwise_equal<T>(got.value, want.value));
+  CHECK(bitwise_equal<T>(got.grad_a, want.grad_a));
+  CHECK(bitwise_equal<T>(got.grad_b, want.grad_b));
+}
+
+// Shapes {m, k, n}: one element, one row, lengths off every vector width, then random ones.
+std::vector<std::array<std::size_t, 3>> product_shapes(Rng& rng) {
+  std::vector<std::array<std::size_t, 3>> s = {{1, 1, 1}, {1, 7, 3}, {1, 33, 17}, {5, 17, 9}, {19, 70, 33}};
+  for (int i = 0; i < 6; ++i) s.push_back({1 + rng.next() % 40, 1 + rng.next() % 90, 1 + rng.next() % 50});
+  return s;
+}
+
+template <class T>
+void check_matmul_nt_bits() {
+  Rng rng(31);
+  for (std::size_t threads : {1, 3}) {
+    set_num_threads(threads);
+    for (const auto& [m, k, n] : product_shapes(rng)) {
+      CAPTURE(m);
+      CAPTURE(k);
+      CAPTURE(n);
+      CAPTURE(threads);
+      const Tensor<T> a = random_tensor<T>({m, k}, rng), b = random_tensor<T>({n, k}, rng);
+      check_same_bits(bits_of(a, b, [](Var<T> x, Var<T> w) { return matmul_nt(x, w); }),
+                      bits_of(a, b, [](Var<T> x, Var<T> w) { return matmul(x, transpose(w)); }));
+    }
+  }
+  set_num_threads(1);
+  // A batched a is matmul over its rows.
+  const Tensor<T> a = random_tensor<T>({2, 3, 5}, rng), b = random_tensor<T>({4, 5}, rng);
+  check_same_bits(bits_of(a, b, [](Var<T> x, Var<T> w) { return matmul_nt(x, w); }),
+                  bits_of(a, b, [](Var<T> x, Var<T> w) {
+                    return reshape(matmul(reshape(x, {6, 5}), transpose(w)), {2, 3, 4});
+                  }));
+}
+
+// nn::rmsnorm as it was: seven nodes.
+template <class T>
+Var<T> rmsnorm_composite(Var<T> x, Var<T> w, T eps) {
+  const T cols = static_cast<T>(x.tape()->dims(x).back());
+  Var<T> mean_square = row_sum(x * x) / cols;
+  return x / grad::sqrt(mean_square + eps) * w;
+}
+
+template <class T>
+void check_rms_norm_bits() {
+  Rng rng(32);
+  for (std::size_t threads : {1, 3}) {
+    set_num_threads(threads);
+    for (const auto& [rows, cols, unused] : product_shapes(rng)) {
+      for (const T eps : {T(1e-6), T(0.25)}) {
+        CAPTURE(rows);
+        CAPTURE(cols);
+        CAPTURE(threads);
+        const Tensor<T> x = random_tensor<T>({rows, cols}, rng, -2, 2), w = random_tensor<T>({cols}, rng, 0.5, 1.5);
+        check_same_bits(bits_of(x, w, [eps](Var<T> a, Var<T> b) { return nn::rmsnorm(a, b, eps); }),
+                        bits_of(x, w, [eps](Var<T> a, Var<T> b) { return rmsnorm_composite(a, b, eps); }));
+      }
+    }
+  }
+  // Rows many and long enough for the threaded host loops (and a row past
+  // one 4096-element chunk of the fixed-order sum).
+  for (const Shape& s : {Shape{300, 131}, Shape{3, 5000}}) {
+    set_num_threads(3);
+    const Tensor<T> x = random_tensor<T>(s, rng, -2, 2), w = random_tensor<T>({s[1]}, rng, 0.5, 1.5);
+    check_same_bits(bits_of(x, w, [](Var<T> a, Var<T> b) { return nn::rmsnorm(a, b, T(1e-6)); }),
+                    bits_of(x, w, [](Var<T> a, Var<T> b) { return rmsnorm_composite(a, b, T(1e-6)); }));
+  }
+  set_num_threads(1);
+}
+
+// nn::layernorm as it was: eleven nodes.
+template <class T>
+Var<T> layernorm_composite(Var<T> x, Var<T> w, Var<T> b, T eps) {
+  const T cols = static_cast<T>(x.tape()->dims(x).back());
+  Var<T> centered = x - row_sum(x) / cols;
+  Var<T> variance = row_sum(centered * centered) / cols;
+  return centered / grad::sqrt(variance + eps) * w + b;
+}
+
+template <class T>
+void check_layer_norm_bits() {
+  Rng rng(34);
+  auto check = [&](std::size_t rows, std::size_t cols, T eps) {
+    CAPTURE(rows);
+    CAPTURE(cols);
+    const Tensor<T> x = random_tensor<T>({rows, cols}, rng, -2, 3), w = random_tensor<T>({cols}, rng, 0.5, 1.5);
+    const Tensor<T> bias = random_tensor<T>({cols}, rng);
+    auto run = [&](bool fused) {
+      Tape<T> tp;
+      Var<T> vx = tp.param(x), vw = tp.param(w), vb = tp.param(bias);
+      Var<T> y = fused ? nn::layernorm(vx, vw, vb, eps) : layernorm_composite(vx, vw, vb, eps);
+      REQUIRE(tp.backward(weighted_sum(y)));
+      std::vector<T> out;
+      for (Var<T> v : {y, vx, vw, vb})
+        for (T e : v.index() == y.index() ? tp.value(v) : tp.grad(v)) out.push_back(e);
+      return out;
+    };
+    CHECK(bitwise_equal<T>(run(true), run(false)));
+  };
+  for (std::size_t threads : {1, 3}) {
+    set_num_threads(threads);
+    for (const auto& [rows, cols, unused] : product_shapes(rng))
+      for (const T eps : {T(1e-5), T(0.25)}) check(rows, cols, eps);
+  }
+  set_num_threads(3);
+  check(300, 131, T(1e-5));
+  check(3, 5000, T(1e-5));
+  set_num_threads(1);
+}
+
+}  // namespace
+
+TEST_CASE("layernorm's one layer_norm node (then * w + b) gives the bits of the composite: value and every gradient") {
+  check_layer_norm_bits<double>();
+  check_layer_norm_bits<float>();
+}
+
+TEST_CASE("matmul_nt gives the bits of matmul(a, transpose(b)): value and both gradients, f64 and f32") {
+  check_matmul_nt_bits<double>();
+  check_matmul_nt_bits<float>();
+}
+
+TEST_CASE("rmsnorm's one rms_norm node gives the bits of the seven-op composite: value, dx and dw, f64 and f32") {
+  check_rms_norm_bits<double>();
+  check_rms_norm_bits<float>();
+}
+
+TEST_CASE("rms_norm with a later consumer of x: the same gradient terms, x's three added once instead of one by one") {
+  // The residual stream's case: x feeds the norm and a later add. The tape
+  // sums x's contributions in descending consumer order; the composite adds
+  // its three (div, then x*x's two operands) one by one after the add's, the
+  // node adds their sum once. So dx = add's + (the node's dx alone), exactly.
+  Rng rng(33);
+  const Tensor<double> x = random_tensor<double>({7, 45}, rng, -2, 2), w = random_tensor<double>({45}, rng, 0.5, 1.5);
+  const Bits<double> alone = bits_of(x, w, [](Var<double> a, Var<double> b) { return nn::rmsnorm(a, b, 1e-6); });
+  const Bits<double> residual =
+      bits_of(x, w, [](Var<double> a, Var<double> b) { return nn::rmsnorm(a, b, 1e-6) + a; });
+  const Bits<double> composite =
+      bits_of(x, w, [](Var<double> a, Var<double> b) { return rmsnorm_composite(a, b, 1e-6) + a; });
+  // The add's contribution to x is weighted_sum's weights (the add passes them on).
+  Tape<double> tp;
+  Var<double> ones = tp.param(Tensor<double>::zeros({7, 45}));
+  REQUIRE(tp.backward(weighted_sum(ones)));
+  const View<double> add = tp.grad(ones);
+  std::size_t differ = 0;
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    CHECK(residual.grad_a[i] == add[i] + alone.grad_a[i]);
+    differ += residual.grad_a[i] != composite.grad_a[i];
+    worst = std::max(worst, std::abs(residual.grad_a[i] - composite.grad_a[i]) / std::abs(composite.grad_a[i]));
+  }
+  MESSAGE("x with a later consumer: " << differ << " of " << x.size() << " gradient elements differ from the "
+                                      << "composite's, worst relative difference " << worst);
+  CHECK(worst <= 4 * std::numeric_limits<double>::epsilon());
+  CHECK(bitwise_equal<double>(residual.value, composite.value));
+  CHECK(bitwise_equal<double>(residual.grad_b, composite.grad_b));
 }
 
 TEST_CASE("silu, swiglu and softmax match central differences") {
@@ -736,6 +917,24 @@ TEST_CASE("bad input: rmsnorm and layernorm with a weight of the wrong size") {
   nn::layernorm(tl.constant(Tensor<double>({2, 3})), tl.constant(Tensor<double>({3})), tl.constant(Tensor<double>({2})),
                 1e-5);
   check_poisoned(tl, "nn::layernorm", {"bias [2]", "bias [cols]"});
+}
+
+TEST_CASE("bad input: matmul_nt and rms_norm name the op, the shapes and what they expect") {
+  Tape<double> tp;
+  matmul_nt(tp.constant(Tensor<double>({2, 3})), tp.constant(Tensor<double>({4, 2})));
+  check_poisoned(tp, "matmul_nt", {"[2, 3] x [4, 2]", "expected [..., m, k] x [n, k]"});
+  Tape<double> tv;
+  matmul_nt(tv.constant(Tensor<double>({3})), tv.constant(Tensor<double>({4, 3})));
+  check_poisoned(tv, "matmul_nt", {"[3] x [4, 3]"});
+  Tape<double> tb;
+  matmul_nt(tb.constant(Tensor<double>({2, 3})), tb.constant(Tensor<double>({1, 4, 3})));
+  check_poisoned(tb, "matmul_nt", {"[2, 3] x [1, 4, 3]"});
+  Tape<double> tr;
+  rms_norm(tr.constant(Tensor<double>({2, 3})), tr.constant(Tensor<double>({2})), 1e-6);
+  check_poisoned(tr, "rms_norm", {"x [2, 3]", "weight [2]", "weight [cols]"});
+  Tape<double> tw;
+  rms_norm(tw.constant(Tensor<double>({2, 3})), tw.constant(Tensor<double>({1, 3})), 1e-6);
+  check_poisoned(tw, "rms_norm", {"weight [1, 3]"});
 }
 
 TEST_CASE("bad input: swiglu with gate and up of different shapes") {

@@ -412,6 +412,20 @@ class Generator {
           const auto axis = static_cast<std::ptrdiff_t>(g.rng_.next() % g.dims(g.values_[a]).rank);
           g.unary_at(a, "log_softmax axis " + std::to_string(axis), [axis](Var<T> x) { return log_softmax(x, axis); });
         },
+        // ---- the fused ops of issue 27 ----
+        [](Generator& g) {  // matmul_nt against a new [n, k] parameter
+          const std::size_t a = g.as_matrix(g.pick());
+          const std::size_t b = g.param({g.dim(), g.dims(g.values_[a])[1]});
+          g.binary_at(a, b, "matmul_nt", [](Var<T> x, Var<T> y) { return matmul_nt(x, y); });
+        },
+        [](Generator& g) {  // rms_norm over the last axis with a new weight; eps 0.1 keeps a row near zero tame
+          const std::size_t a = g.pick();
+          const std::size_t w = g.param({g.dims(g.values_[a]).back()});
+          g.binary_at(a, w, "rms_norm", [](Var<T> x, Var<T> y) { return rms_norm(x, y, T(0.1)); });
+        },
+        [](Generator& g) {  // layer_norm over the last axis; eps 0.1 keeps a nearly constant row tame
+          g.unary_at(g.pick(), "layer_norm", [](Var<T> x) { return layer_norm(x, T(0.1)); });
+        },
     };
     return all;
   }

@@ -85,7 +85,10 @@ Var<T> lora_linear(Var<T> x, Var<T> w0, Var<T> a, Var<T> b, std::type_identity_t
   return matmul(x, w0) + matmul(matmul(x, a), b) * scale;
 }
 
-// x / sqrt(mean(x^2 over the row) + eps) * w, with w [cols].
+// x / sqrt(mean(x^2 over the row) + eps) * w, with w [cols]: one rms_norm
+// node (tags/rms_norm.hpp), the bits of row_sum(x * x) / cols + eps, sqrt,
+// x / r, * w as separate ops (its gradients too, unless x has a later
+// consumer: then the association of x's gradient sum differs, see there).
 template <class T>
 Var<T> rmsnorm(Var<T> x, Var<T> w, std::type_identity_t<T> eps) {
   Tape<T>& tp = grad::detail::tape_of("nn::rmsnorm", x);
@@ -94,14 +97,14 @@ Var<T> rmsnorm(Var<T> x, Var<T> w, std::type_identity_t<T> eps) {
   if (!detail::is_matrix(xd) || !detail::is_vector(wd, xd[1]))
     return tp.invalid("nn::rmsnorm: x " + shape_string(xd) + " and weight " + shape_string(wd) +
                       ": expected x [rows, cols] and weight [cols]");
-  const T cols = static_cast<T>(xd[1]);
   NameScope<T> scope(tp, "rmsnorm");
-  Var<T> mean_square = row_sum(x * x) / cols;
-  return x / grad::sqrt(mean_square + eps) * w;
+  return rms_norm(x, w, eps);
 }
 
 // (x - mean) / sqrt(var + eps) * w + b over each row (biased variance, as
-// torch.nn.LayerNorm), with w and b [cols].
+// torch.nn.LayerNorm), with w and b [cols]: one layer_norm node for the
+// normalisation (the bits of its nine-op composite; tags/layer_norm.hpp),
+// then * w + b.
 template <class T>
 Var<T> layernorm(Var<T> x, Var<T> w, Var<T> b, std::type_identity_t<T> eps) {
   Tape<T>& tp = grad::detail::tape_of("nn::layernorm", x);
@@ -110,11 +113,8 @@ Var<T> layernorm(Var<T> x, Var<T> w, Var<T> b, std::type_identity_t<T> eps) {
   if (!detail::is_matrix(xd) || !detail::is_vector(wd, xd[1]) || !detail::is_vector(bd, xd[1]))
     return tp.invalid("nn::layernorm: x " + shape_string(xd) + ", weight " + shape_string(wd) + " and bias " +
                       shape_string(bd) + ": expected x [rows, cols], weight [cols] and bias [cols]");
-  const T cols = static_cast<T>(xd[1]);
   NameScope<T> scope(tp, "layernorm");
-  Var<T> centered = x - row_sum(x) / cols;
-  Var<T> variance = row_sum(centered * centered) / cols;
-  return centered / grad::sqrt(variance + eps) * w + b;
+  return layer_norm(x, eps) * w + b;
 }
 
 // x * sigmoid(x)

@@ -253,6 +253,21 @@ Var<T> row_sum(Var<T> a) {
   return record_op<RowSum>(a);
 }
 
+// RMS norm over the last axis as one node: x / sqrt(row_sum(x * x) / cols +
+// eps) * w, with w [cols] (tags/rms_norm.hpp: the bits of that composite).
+template <class T>
+Var<T> rms_norm(Var<T> x, Var<T> w, std::type_identity_t<T> eps) {
+  return record_op<RmsNorm>(x, w, {}, eps);
+}
+
+// Layer norm's normalisation over the last axis as one node: (x - mean) /
+// sqrt(var + eps), biased variance (tags/layer_norm.hpp: the bits of that
+// composite); nn::layernorm applies the weight and bias.
+template <class T>
+Var<T> layer_norm(Var<T> x, std::type_identity_t<T> eps) {
+  return record_op<LayerNorm>(x, {}, {}, eps);
+}
+
 // The largest (smallest) element along `axis` (negative: from the end), as
 // torch.amax / torch.amin: keep_axis (the default, as row_sum) leaves the
 // axis as size 1, else it is dropped (a vector's becomes shape [1]). Tied
@@ -287,6 +302,14 @@ Var<T> matmul(Var<T> a, Var<T> b) {
 template <class T>
 Var<T> bmm(Var<T> a, Var<T> b) {
   return record_op<Bmm>(a, b);
+}
+
+// a . b^T for b stored [n, k] (a linear layer's weight [out, in], a tied
+// embedding [vocab, d]): a [..., m, k] -> [..., m, n], the bits of
+// matmul(a, transpose(b)) without recording b's transposed copy.
+template <class T>
+Var<T> matmul_nt(Var<T> a, Var<T> b) {
+  return record_op<MatmulNt>(a, b);
 }
 
 // Swaps the last two axes.

@@ -23,11 +23,10 @@ namespace grad::nn {
 // ---- inference without the tape ----
 
 // A KV-cache decoder over an Lm's weights (read in place from its tape, so
-// keep the model alive and its tensors unchanged while decoding; a tied
-// embedding is read once, when the decoder is constructed). Each
+// keep the model alive and its tensors unchanged while decoding). Each
 // step() runs the same op functors, on the same operands in the same order,
 // as Lm::forward records for that position (the tags' host loops on one
-// row: matmul accumulates ascending k, softmax over the positions so far,
+// row: matmul and matmul_nt accumulate ascending k, softmax over the positions so far,
 // whose masked tail the tape adds as exact zeros), so its logits are
 // bitwise the tape's logits at that position.
 template <class T>
@@ -46,11 +45,6 @@ class KvDecoder {
     zeros_.assign(c_.max_seq, T(0));
     kt_.assign(c_.max_seq * hd, T(0));
     logits_.assign(c_.vocab, T(0));
-    if (c_.tied_embeddings) {  // embed^T once, as the tape's transpose node copies it each forward
-      const std::size_t d = c_.d_model;
-      head_t_.assign(d * c_.vocab, T(0));
-      run1<Transpose>(val(m_->embed()), dims({c_.vocab, d}), head_t_.data(), T(0), &head_dims_);
-    }
   }
 
   std::size_t position() const { return pos_; }
@@ -112,8 +106,12 @@ class KvDecoder {
       std::copy(t2_.begin(), t2_.begin() + static_cast<std::ptrdiff_t>(d), x_.begin());
     }
     rmsnorm_row(x_.data(), val(m_->final_norm()), h_.data());
-    const T* head = c_.tied_embeddings ? head_t_.data() : val(m_->head());
-    run2<Matmul>(h_.data(), dims({1, d}), head, dims({d, c_.vocab}), logits_.data(), dims({1, c_.vocab}));
+    if (c_.tied_embeddings)  // the embedding [vocab, d] read in place, as Lm::forward's matmul_nt reads it
+      run2<MatmulNt>(h_.data(), dims({1, d}), val(m_->embed()), dims({c_.vocab, d}), logits_.data(),
+                     dims({1, c_.vocab}));
+    else
+      run2<Matmul>(h_.data(), dims({1, d}), val(m_->head()), dims({d, c_.vocab}), logits_.data(),
+                   dims({1, c_.vocab}));
     ++pos_;
     return logits_;
   }
@@ -139,26 +137,21 @@ class KvDecoder {
     Op::forward_tensor(x, y);
   }
   template <class Op>
-  static void run2(const T* a, const Dims& da, const T* b, const Dims& db, T* y, const Dims& out) {
+  static void run2(const T* a, const Dims& da, const T* b, const Dims& db, T* y, const Dims& out,
+                   T scalar = T(0)) {
     NodeArgs<T> x;
     x.a = {a, da};
     x.b = {b, db};
     x.out = out;
+    x.scalar = scalar;
     Op::forward_tensor(x, y);
   }
 
-  // nn::rmsnorm on one row: x / sqrt(row_sum(x * x) / cols + eps) * w.
+  // nn::rmsnorm on one row: its rms_norm node, x / sqrt(row_sum(x * x) / cols + eps) * w.
   void rmsnorm_row(const T* x, const T* w, T* out) {
     const std::size_t d = c_.d_model;
-    const Dims row = dims({1, d}), one = dims({1, 1});
-    T ss, ms, me, rt;
-    run2<Mul>(x, row, x, row, t3_.data(), row);
-    run1<RowSum>(t3_.data(), row, &ss, T(0), &one);
-    run1<DivScalar>(&ss, one, &ms, static_cast<T>(d));
-    run1<AddScalar>(&ms, one, &me, static_cast<T>(c_.eps));
-    run1<Sqrt>(&me, one, &rt);
-    run2<Div>(x, row, &rt, one, t3_.data(), row);
-    run2<Mul>(t3_.data(), row, w, dims({d}), out, row);
+    const Dims row = dims({1, d});
+    run2<RmsNorm>(x, row, w, dims({d}), out, row, static_cast<T>(c_.eps));
   }
   // The projection p of one row (with its adapter, as nn::lora_linear), then its bias as Lm::proj adds it.
   void project(const LmLayer<T>& L, Proj p, const T* h, T* out) {
@@ -213,8 +206,6 @@ class KvDecoder {
   std::vector<T> keys_, values_;
   std::vector<T> x_, h_, t1_, t2_, t3_, q_, k_, v_, ctx_, gate_, up_, scores_, probs_, zeros_, kt_, logits_;
   std::vector<T> lora_base_, lora_mid_, lora_low_, rope_rot_, bias_in_;
-  std::vector<T> head_t_;  // [d_model, vocab]: the tied embedding transposed (taken when constructed)
-  Dims head_dims_ = dims({c_.d_model, c_.vocab});
 };
 
 // ---- sampling ----

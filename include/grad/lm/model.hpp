@@ -479,7 +479,8 @@ class Lm {
     }
     {
       NameScope<T> scope(tp, "head");
-      out.logits = matmul(normed, c_.tied_embeddings ? transpose(embed_) : head_);
+      // Tied: normed . embed^T read in place (matmul_nt), no [d, vocab] copy per forward.
+      out.logits = c_.tied_embeddings ? matmul_nt(normed, embed_) : matmul(normed, head_);
     }
     if (targets.valid() || targets.tape()) {
       NameScope<T> scope(tp, "loss");

@@ -103,6 +103,80 @@ struct Bmm : MatrixProduct<Bmm> {
   }
 };
 
+// a . b^T with b stored [n, k], as Hugging Face and llm.c store a linear
+// layer's weight [out, in]: the bits of matmul(a, transpose(b)) in value and
+// in both gradients, without the transposed copy of b that the composite
+// records every forward (a tied [vocab, d] embedding: 545 MB per step at
+// Qwen2.5-0.5B). The leading axes of a are rows: a [..., m, k] gives
+// [..., m, n], as matmul would give it for a reshaped to [rows, k].
+struct MatmulNt {
+  static constexpr std::string_view name = "matmul_nt";
+  static constexpr std::string_view torch = "a @ b.transpose(-1, -2)";
+  static constexpr int arity = 2;
+  static std::string output_dims(const Dims& a, const Dims& b, OpAttrs&, Dims& out) {
+    if (a.rank < 2 || b.rank != 2 || a.back() != b[1])
+      return "expected [..., m, k] x [n, k] (b stored [out, in]), got " + shape_string(a) + " x " + shape_string(b);
+    out = a;
+    out.d[out.rank - 1] = b[0];
+    return {};
+  }
+
+  // The per-item bodies, each the composite's inner product term for term:
+  // y[i,j] = sum_p a[i,p] b[j,p] (matmul's forward over b^T's column j);
+  // da[i,p] = sum_j g[i,j] b[j,p] (matmul's dA against b^T's row p);
+  // db[j,p] = sum_i a[i,p] g[i,j] (matmul's dB[p,j], which transpose's
+  // backward copies to [j,p]). All from zero, ascending, one fma per term.
+  struct Sizes {
+    std::size_t rows, k, n;
+  };
+  template <class T>
+  GRAD_HD static Sizes sizes(const NodeArgs<T>& x) {
+    std::size_t rows = 1;
+    for (std::size_t ax = 0; ax + 1 < x.a.dims.rank; ++ax) rows *= x.a.dims.d[ax];
+    return {rows, x.a.dims.back(), x.b.dims.back(1)};
+  }
+  template <class T>
+  GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t w) {
+    const auto [rows, k, n] = sizes(x);
+    const T* A = x.a.data + w / n * k;
+    const T* B = x.b.data + w % n * k;
+    T acc = T(0);
+    for (std::size_t p = 0; p < k; ++p) acc = fma_hd(A[p], B[p], acc);
+    y[w] = acc;
+  }
+  template <int In, class T>
+  GRAD_HD static void backward_item(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
+    const auto [rows, k, n] = sizes(x);
+    const std::size_t p = w % k;
+    T acc = T(0);
+    if constexpr (In == 0) {  // w = (i, p)
+      const T* G = g + w / k * n;
+      for (std::size_t j = 0; j < n; ++j) acc = fma_hd(G[j], x.b.data[j * k + p], acc);
+    } else {  // w = (j, p)
+      const std::size_t j = w / k;
+      for (std::size_t i = 0; i < rows; ++i) acc = fma_hd(x.a.data[i * k + p], g[i * n + j], acc);
+    }
+    dx[w] = acc;
+  }
+
+  // The host loops: blocked gemm, b read in place through the packing's
+  // strides (gemm.hpp's nt layout is exactly y = a b^T; dA = g b is nn;
+  // db = g^T a is tn).
+  template <class T>
+  static void forward_tensor(const NodeArgs<T>& x, T* y) {
+    const auto [rows, k, n] = sizes(x);
+    gemm_nt(x.a.data, x.b.data, y, rows, k, n);
+  }
+  template <int In, class T>
+  static void backward_tensor(const NodeArgs<T>& x, const T*, const T* g, T* dx) {
+    const auto [rows, k, n] = sizes(x);
+    if constexpr (In == 0)
+      gemm_nn(g, x.b.data, dx, rows, n, k);
+    else
+      gemm_tn(g, x.a.data, dx, rows, n, k);
+  }
+};
+
 template <class T>
 inline void transpose_batches(const T* in, T* out, std::size_t batches, std::size_t rows, std::size_t cols) {
   for (std::size_t s = 0; s < batches; ++s)

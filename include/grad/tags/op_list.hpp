@@ -12,6 +12,7 @@
 #include "grad/tags/dropout.hpp"
 #include "grad/tags/elementwise.hpp"
 #include "grad/tags/embedding.hpp"
+#include "grad/tags/layer_norm.hpp"
 #include "grad/tags/layout.hpp"
 #include "grad/tags/linalg.hpp"
 #include "grad/tags/log_softmax.hpp"
@@ -19,6 +20,7 @@
 #include "grad/tags/power.hpp"
 #include "grad/tags/reduce.hpp"
 #include "grad/tags/reduce_axis.hpp"
+#include "grad/tags/rms_norm.hpp"
 #include "grad/tags/row_sum.hpp"
 #include "grad/tags/softmax.hpp"
 #include "grad/tags/unary.hpp"
@@ -46,7 +48,8 @@ using OpList = boost::mp11::mp_list<Param, Const,                               
                                     Abs, ClampMin, ClampMax, PowScalar, Pow, Maximum, Minimum, WhereTrue, WhereFalse,
                                     AxisMax, AxisMin, LogSoftmax,                           //
                                     Dropout,                                                //
-                                    CausalAttentionProbs, AttentionContext>;
+                                    CausalAttentionProbs, AttentionContext,                 //
+                                    MatmulNt, RmsNorm, LayerNorm>;
 
 inline constexpr std::size_t op_count = boost::mp11::mp_size<OpList>::value;
 static_assert(op_count <= 256, "op codes are one byte");
