@@ -53,6 +53,15 @@ struct Square {
     return fma_hd(x, x, acc);
   }
 };
+// x*x rounded, then added: the bits of row_sum over a recorded x * x, which
+// the one-node norms (rms_norm, layer_norm) keep so that they equal the
+// composites they replace.
+struct SquareThenAdd {
+  template <class T>
+  GRAD_HD T operator()(T acc, T x) const {
+    return acc + x * x;
+  }
+};
 
 // The fixed tree over 32 lane sums (overwrites acc; returns the total).
 template <class T>

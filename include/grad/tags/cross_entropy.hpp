@@ -138,19 +138,77 @@ struct CrossEntropy {
       dx[w] = T(0);
   }
 
-  // ---- host loops: the same bodies, in the best instruction set's copy (exp's
-  // fmas one vfmadd each); backward counts once and splits rows over the pool ----
+  // ---- host loops: the bodies' operations per element, in the best
+  // instruction set's copy: a row's exps on packs (into a block on the stack
+  // forward, into the gradient row backward), its max and sums serial and
+  // ascending as row_stats has them, so the bits are the bodies'. Backward
+  // counts once and splits rows over the pool. ----
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
-    with_best_isa([&] { forward_item(x, y, 0); });
+    with_best_isa([&](auto width) {
+      using P = pack_for<T, decltype(width)>;
+      const std::size_t rows = x.a.dims.d[0], n = x.a.dims.d[1];
+      T total = T(0);
+      std::size_t count = 0;
+      for (std::size_t r = 0; r < rows; ++r) {
+        if (x.b.data[r] == x.scalar) continue;
+        const T* xr = x.a.data + r * n;
+        const std::size_t t = Embedding::row_of(x.b.data[r], n);
+        T hi = xr[0];
+        for (std::size_t j = 1; j < n; ++j) hi = xr[j] > hi ? xr[j] : hi;
+        T sum = T(0);
+        constexpr std::size_t block = 256;
+        alignas(64) T e[block];
+        for (std::size_t j0 = 0; j0 < n; j0 += block) {
+          const std::size_t len = n - j0 < block ? n - j0 : block;
+          kernels_detail::for_packs<P, T>(len, [&](std::size_t i, auto v) {
+            using V = decltype(v);
+            kernels_detail::store_as(exact_exp(kernels_detail::load_as<V>(xr + j0 + i) - V(hi)), e + i);
+          });
+          for (std::size_t i = 0; i < len; ++i) sum = sum + e[i];
+        }
+        total = total + (t == n ? Embedding::quiet_nan<T>() : exact_log(sum) - (xr[t] - hi));
+        ++count;
+      }
+      y[0] = count == 0 ? T(0) : total / static_cast<T>(count);
+    });
+  }
+  // backward_row's operations, the exps on packs of P.
+  template <class P, class T>
+  GRAD_INLINE static void backward_row_packs(const NodeArgs<T>& x, const T* g, T* dx, std::size_t w,
+                                             std::size_t count) {
+    using namespace kernels_detail;
+    const std::size_t n = x.a.dims.d[1];
+    const T* xr = x.a.data + w * n;
+    T* d = dx + w * n;
+    if (x.b.data[w] == x.scalar) {
+      for (std::size_t j = 0; j < n; ++j) d[j] = T(0);
+      return;
+    }
+    const T scale = g[0] / static_cast<T>(count);
+    const std::size_t t = Embedding::row_of(x.b.data[w], n);
+    T hi = xr[0];
+    for (std::size_t j = 1; j < n; ++j) hi = xr[j] > hi ? xr[j] : hi;
+    for_packs<P, T>(n, [&](std::size_t i, auto v) {
+      using V = decltype(v);
+      store_as(exact_exp(load_as<V>(xr + i) - V(hi)), d + i);
+    });
+    T total = T(0);
+    for (std::size_t j = 0; j < n; ++j) total = total + d[j];
+    const T target = t < n ? d[t] : T(0);
+    for_packs<P, T>(n, [&](std::size_t i, auto v) {
+      using V = decltype(v);
+      store_as((load_as<V>(d + i) / V(total)) * V(scale), d + i);
+    });
+    if (t < n) d[t] = (target / total - T(1)) * scale;
   }
   template <int In, class T>
   static void backward_tensor(const NodeArgs<T>& x, const T*, const T* g, T* dx) {
     if constexpr (In == 0) {
       const std::size_t count = counted(x), n = x.a.dims[1];
       parallel_ranges(x.a.dims[0], row_grain(n), [&](std::size_t lo, std::size_t hi) {
-        with_best_isa([&] {
-          for (std::size_t r = lo; r < hi; ++r) backward_row(x, g, dx, r, count);
+        with_best_isa([&](auto width) {
+          for (std::size_t r = lo; r < hi; ++r) backward_row_packs<pack_for<T, decltype(width)>>(x, g, dx, r, count);
         });
       });
     } else {

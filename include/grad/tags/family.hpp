@@ -86,6 +86,34 @@ using pack_for = std::conditional_t<GRAD_SIMD != 0, simd::Pack<T, W::bytes>, T>;
 
 namespace kernels_detail {
 
+// f(i, v) over [0, n): v a P (a pack, default-constructed: its type says
+// where to load) for whole packs, then a T for the tail. With load_as /
+// store_as, one generic lambda serves both; each element sees the same
+// operations either way, so a row-wise host loop built on it has the
+// scalar body's bits.
+template <class P, class T, class F>
+GRAD_INLINE inline void for_packs(std::size_t n, F&& f) {
+  constexpr std::size_t L = sizeof(P) / sizeof(T);
+  std::size_t i = 0;
+  if constexpr (L > 1)
+    for (; i + L <= n; i += L) f(i, P{});
+  for (; i < n; ++i) f(i, T{});
+}
+template <class V, class T>
+GRAD_INLINE inline V load_as(const T* p) {
+  if constexpr (std::is_same_v<V, T>)
+    return *p;
+  else
+    return V::load(p);
+}
+template <class V, class T>
+GRAD_INLINE inline void store_as(V v, T* p) {
+  if constexpr (std::is_same_v<V, T>)
+    *p = v;
+  else
+    v.store(p);
+}
+
 // Same-length runs: y[i] = f(ins[i]...) for i < n, as packs when the tag
 // takes them, else element by element in blocks of a pack's length (a loop
 // with a constant trip count, which even -O2 vectorises where it can).

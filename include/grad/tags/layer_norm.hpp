@@ -49,7 +49,7 @@ struct LayerNorm {
     const T* in = x.a.data + i * cols;
     const T mean = sum_fixed(in, cols) / static_cast<T>(cols);
     for (std::size_t j = 0; j < cols; ++j) centered[j] = in[j] - mean;
-    const T variance = sum_fixed(centered, cols, fixed_order::Square{}) / static_cast<T>(cols);
+    const T variance = sum_fixed(centered, cols, fixed_order::SquareThenAdd{}) / static_cast<T>(cols);
     return sqrt_of(variance + x.scalar);
   }
 

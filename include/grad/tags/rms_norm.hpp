@@ -49,7 +49,7 @@ struct RmsNorm {
   template <class T>
   GRAD_HD static T row_rms(const NodeArgs<T>& x, std::size_t i) {
     const std::size_t cols = x.a.dims.back();
-    const T mean_square = sum_fixed(x.a.data + i * cols, cols, fixed_order::Square{}) / static_cast<T>(cols);
+    const T mean_square = sum_fixed(x.a.data + i * cols, cols, fixed_order::SquareThenAdd{}) / static_cast<T>(cols);
     return sqrt_of(mean_square + x.scalar);
   }
 

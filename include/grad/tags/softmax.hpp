@@ -109,46 +109,30 @@ struct Softmax : ItemLoops<Softmax> {
   }
 
  private:
-  // f(i, pack) over [0, n) in packs of P, then f(i, element) for the tail.
-  template <class P, class T, class F>
-  GRAD_INLINE static void in_packs(std::size_t n, F&& f) {
-    constexpr std::size_t L = sizeof(P) / sizeof(T);
-    std::size_t i = 0;
-    if constexpr (L > 1)
-      for (; i + L <= n; i += L) f(i, P{});
-    for (; i < n; ++i) f(i, T{});
-  }
-  template <class V, class T>
-  GRAD_INLINE static V load(const T* p) {
-    if constexpr (std::is_same_v<V, T>)
-      return *p;
-    else
-      return V::load(p);
-  }
-  template <class V, class T>
-  GRAD_INLINE static void store(V v, T* p) {
-    if constexpr (std::is_same_v<V, T>)
-      *p = v;
-    else
-      v.store(p);
-  }
-
   template <class P, class T>
   GRAD_INLINE static void forward_row(const T* x, T* y, std::size_t n) {
     T hi = x[0];
     for (std::size_t i = 1; i < n; ++i) hi = x[i] > hi ? x[i] : hi;
-    in_packs<P, T>(n, [&](std::size_t i, auto v) { store(exact_exp(load<decltype(v)>(x + i) - decltype(v)(hi)), y + i); });
+    using namespace kernels_detail;
+    for_packs<P, T>(n, [&](std::size_t i, auto v) {
+      using V = decltype(v);
+      store_as(exact_exp(load_as<V>(x + i) - V(hi)), y + i);
+    });
     T total = T(0);
     for (std::size_t i = 0; i < n; ++i) total = total + y[i];
-    in_packs<P, T>(n, [&](std::size_t i, auto v) { store(load<decltype(v)>(y + i) / decltype(v)(total), y + i); });
+    for_packs<P, T>(n, [&](std::size_t i, auto v) {
+      using V = decltype(v);
+      store_as(load_as<V>(y + i) / V(total), y + i);
+    });
   }
   template <class P, class T>
   GRAD_INLINE static void backward_row(const T* y, const T* g, T* dx, std::size_t n) {
     T dot = T(0);
     for (std::size_t i = 0; i < n; ++i) dot = fma_hd(g[i], y[i], dot);
-    in_packs<P, T>(n, [&](std::size_t i, auto v) {
+    using namespace kernels_detail;
+    for_packs<P, T>(n, [&](std::size_t i, auto v) {
       using V = decltype(v);
-      store(load<V>(y + i) * (load<V>(g + i) - V(dot)), dx + i);
+      store_as(load_as<V>(y + i) * (load_as<V>(g + i) - V(dot)), dx + i);
     });
   }
 };
