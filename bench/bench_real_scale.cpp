@@ -157,8 +157,9 @@ class Finetune {
 };
 
 // L2: the prompt through grad's KV-cache decoder, then greedy tokens.
-// Prefill: the prompt's tokens fed one at a time (KvDecoder has no batched
-// prefill) up to the logits of the first new token; decode: the remaining
+// Prefill: the whole prompt through KvDecoder::prefill (its projections and
+// MLP as [prompt, width] matrix products) up to the logits of the first new
+// token; decode: the remaining
 // new_tokens - 1 steps, each feeding the previous greedy token. Loaded and
 // warmed up (a short run: 16 prompt tokens, 4 new) when constructed.
 class Generate {
@@ -179,7 +180,7 @@ class Generate {
     tokens_.clear();
     const auto t0 = Clock::now();
     std::span<const T> logits;
-    for (std::size_t i = 0; i < prompt; ++i) logits = dec_->step(prompt_[i]);
+    logits = dec_->prefill(std::span<const int>(prompt_).first(prompt));
     tokens_.push_back(nn::argmax_token(logits));
     const auto t1 = Clock::now();
     for (std::size_t n = 1; n < new_tokens; ++n) tokens_.push_back(nn::argmax_token(dec_->step(tokens_.back())));

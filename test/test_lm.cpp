@@ -296,6 +296,22 @@ TEST_CASE("the KV-cache decoder's logits are bitwise the tape's at every positio
     CHECK_THROWS_AS(dec.step(1), std::out_of_range);  // full
     dec.reset();
     CHECK_THROWS_WITH_AS(dec.step(256), doctest::Contains("token 256"), std::out_of_range);
+    // A prompt at once: the last position's logits, then steps, bitwise the tape's.
+    for (std::size_t b = 0; b < B; ++b) {
+      CAPTURE(b);
+      dec.reset();
+      const std::span<const int> seq = std::span<const int>(in).subspan(b * t, t);
+      CHECK(same_bits(dec.prefill(seq.first(5)), logits.data.subspan((b * t + 4) * 256, 256)));
+      CHECK(same_bits(dec.prefill(seq.subspan(5, 6)), logits.data.subspan((b * t + 10) * 256, 256)));
+      for (std::size_t p = 11; p < t; ++p)
+        CHECK(same_bits(dec.step(seq[p]), logits.data.subspan((b * t + p) * 256, 256)));
+    }
+    dec.reset();
+    CHECK_THROWS_WITH_AS(dec.prefill(std::vector<int>{1, 2, 300}), doctest::Contains("token 300 (index 2)"),
+                         std::out_of_range);
+    CHECK(dec.position() == 0);  // a refused prompt changes nothing
+    CHECK_THROWS_AS(dec.prefill(std::vector<int>(c.max_seq + 1, 1)), std::out_of_range);
+    CHECK_THROWS_AS(dec.prefill(std::span<const int>{}), std::invalid_argument);
   }
 }
 
@@ -327,6 +343,9 @@ TEST_CASE("tied embeddings: the head is one matmul_nt node on the embedding, and
       CAPTURE(p);
       CHECK(same_bits(dec.step(in[b * t + p]), tp.value(r.logits).data.subspan((b * t + p) * 256, 256)));
     }
+    dec.reset();
+    CHECK(same_bits(dec.prefill(std::span<const int>(in).subspan(b * t, t)),
+                    tp.value(r.logits).data.subspan((b * t + t - 1) * 256, 256)));
   }
 }
 

@@ -56,67 +56,105 @@ class KvDecoder {
   // Throws std::out_of_range for a token outside the vocabulary or a full
   // cache (max_seq positions).
   std::span<const T> step(int token) {
-    if (token < 0 || static_cast<std::size_t>(token) >= c_.vocab)
-      throw std::out_of_range("nn::KvDecoder::step: token " + std::to_string(token) + " is out of range [0, " +
-                              std::to_string(c_.vocab) + ")");
+    check_token("step", token, 0);
     if (pos_ >= c_.max_seq)
       throw std::out_of_range("nn::KvDecoder::step: the cache is full (max_seq " + std::to_string(c_.max_seq) +
                               " positions); reset() and feed a shorter context");
+    return feed(std::span<const int>(&token, 1));
+  }
+
+  // Feeds a whole prompt at the next positions; the logits for the token
+  // after its last. The projections and the MLP run as [tokens, width]
+  // matrix products (what makes a long prompt fast), attention position by
+  // position; every row comes out of the very operations step() would give
+  // it (an output of a matrix product accumulates in ascending k whatever
+  // the row count, element-wise ops are per element), so the cache and the
+  // logits are bitwise those of one step() per token. Throws
+  // std::invalid_argument for no tokens, std::out_of_range for a token
+  // outside the vocabulary or a prompt past max_seq (the decoder unchanged).
+  std::span<const T> prefill(std::span<const int> tokens) {
+    if (tokens.empty()) throw std::invalid_argument("nn::KvDecoder::prefill: no tokens (give at least one)");
+    for (std::size_t i = 0; i < tokens.size(); ++i) check_token("prefill", tokens[i], i);
+    if (tokens.size() > c_.max_seq - pos_)
+      throw std::out_of_range("nn::KvDecoder::prefill: " + std::to_string(tokens.size()) + " tokens at position " +
+                              std::to_string(pos_) + " do not fit the cache (max_seq " + std::to_string(c_.max_seq) +
+                              " positions); reset() or feed a shorter prompt");
+    return feed(tokens);
+  }
+
+ private:
+  void check_token(const char* who, int token, std::size_t index) const {
+    if (token < 0 || static_cast<std::size_t>(token) >= c_.vocab)
+      throw std::out_of_range(std::string("nn::KvDecoder::") + who + ": token " + std::to_string(token) +
+                              (std::string_view(who) == "step" ? "" : " (index " + std::to_string(index) + ")") +
+                              " is out of range [0, " + std::to_string(c_.vocab) + ")");
+  }
+
+  // Rows n of tokens at positions pos_ .. pos_ + n - 1 (checked by the callers).
+  std::span<const T> feed(std::span<const int> tokens) {
     const std::size_t d = c_.d_model, hd = c_.head_dim(), H = c_.heads, KV = c_.kv_heads, group = H / KV;
-    const std::size_t p = pos_;
-    const T id = static_cast<T>(token);
-    run2<Embedding>(val(m_->embed()), dims({c_.vocab, d}), &id, dims({1}), x_.data(), dims({1, d}));
+    const std::size_t rows = tokens.size(), p0 = pos_;
+    const std::size_t widest = std::max({c_.d_model, c_.heads * hd, c_.ffn});
+    for (auto* b : {&x_, &h_, &t1_, &t2_, &t3_, &q_, &k_, &v_, &ctx_, &gate_, &up_})
+      if (b->size() < rows * widest) b->resize(rows * widest);
+    ids_.resize(rows);
+    for (std::size_t i = 0; i < rows; ++i) ids_[i] = static_cast<T>(tokens[i]);
+    const Dims xd = dims({rows, d});
+    run2<Embedding>(val(m_->embed()), dims({c_.vocab, d}), ids_.data(), dims({rows}), x_.data(), xd);
+    const T scale = T(1) / std::sqrt(static_cast<T>(hd));
     for (std::size_t l = 0; l < c_.layers; ++l) {
       const LmLayer<T>& L = m_->layer(l);
-      rmsnorm_row(x_.data(), val(L.attn_norm), h_.data());
-      project(L, Proj::q, h_.data(), q_.data());
-      project(L, Proj::k, h_.data(), k_.data());
-      project(L, Proj::v, h_.data(), v_.data());
-      for (std::size_t j = 0; j < KV; ++j) {
-        T* kc = key(l, j, p);
-        rope_row(k_.data() + j * hd, p, kc);
-        std::copy(v_.data() + j * hd, v_.data() + (j + 1) * hd, value(l, j, p));
+      rmsnorm_rows(x_.data(), val(L.attn_norm), h_.data(), rows);
+      project(L, Proj::q, h_.data(), q_.data(), rows);
+      project(L, Proj::k, h_.data(), k_.data(), rows);
+      project(L, Proj::v, h_.data(), v_.data(), rows);
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t j = 0; j < KV; ++j) {
+          rope_row(k_.data() + (r * KV + j) * hd, p0 + r, key(l, j, p0 + r));
+          const T* vr = v_.data() + (r * KV + j) * hd;
+          std::copy(vr, vr + hd, value(l, j, p0 + r));
+        }
+      for (std::size_t r = 0; r < rows; ++r) {
+        const std::size_t p = p0 + r, n = p + 1;
+        for (std::size_t i = 0; i < H; ++i) {
+          const std::size_t j = i / group;
+          rope_row(q_.data() + (r * H + i) * hd, p, t1_.data());
+          for (std::size_t e = 0; e < hd; ++e)  // keys transposed: [hd, n]
+            for (std::size_t s = 0; s < n; ++s) kt_[e * n + s] = key(l, j, s)[e];
+          run2<Bmm>(t1_.data(), dims({1, 1, hd}), kt_.data(), dims({1, hd, n}), scores_.data(), dims({1, 1, n}));
+          run1<MulScalar>(scores_.data(), dims({1, 1, n}), t2_.data(), scale);
+          run2<Add>(t2_.data(), dims({1, 1, n}), zeros_.data(), dims({1, 1, n}), scores_.data(), dims({1, 1, n}));
+          Softmax::forward_lane(scores_.data(), probs_.data(), n, std::size_t{1});
+          run2<Bmm>(probs_.data(), dims({1, 1, n}), value(l, j, 0), dims({1, n, hd}),
+                    ctx_.data() + (r * H + i) * hd, dims({1, 1, hd}));
+        }
       }
-      const T scale = T(1) / std::sqrt(static_cast<T>(hd));
-      const std::size_t n = p + 1;
-      for (std::size_t i = 0; i < H; ++i) {
-        const std::size_t j = i / group;
-        rope_row(q_.data() + i * hd, p, t1_.data());
-        for (std::size_t e = 0; e < hd; ++e)  // keys transposed: [hd, n]
-          for (std::size_t s = 0; s < n; ++s) kt_[e * n + s] = key(l, j, s)[e];
-        run2<Bmm>(t1_.data(), dims({1, 1, hd}), kt_.data(), dims({1, hd, n}), scores_.data(), dims({1, 1, n}));
-        run1<MulScalar>(scores_.data(), dims({1, 1, n}), t2_.data(), scale);
-        run2<Add>(t2_.data(), dims({1, 1, n}), zeros_.data(), dims({1, 1, n}), scores_.data(), dims({1, 1, n}));
-        Softmax::forward_lane(scores_.data(), probs_.data(), n, std::size_t{1});
-        run2<Bmm>(probs_.data(), dims({1, 1, n}), value(l, j, 0), dims({1, n, hd}), ctx_.data() + i * hd,
-                  dims({1, 1, hd}));
-      }
-      project(L, Proj::o, ctx_.data(), t1_.data());
-      run2<Add>(x_.data(), dims({1, d}), t1_.data(), dims({1, d}), t2_.data(), dims({1, d}));
-      std::copy(t2_.begin(), t2_.begin() + static_cast<std::ptrdiff_t>(d), x_.begin());
-      rmsnorm_row(x_.data(), val(L.mlp_norm), h_.data());
-      project(L, Proj::gate, h_.data(), gate_.data());
-      project(L, Proj::up, h_.data(), up_.data());
-      const Dims f = dims({1, c_.ffn});
+      project(L, Proj::o, ctx_.data(), t1_.data(), rows);
+      run2<Add>(x_.data(), xd, t1_.data(), xd, t2_.data(), xd);
+      std::copy(t2_.begin(), t2_.begin() + static_cast<std::ptrdiff_t>(rows * d), x_.begin());
+      rmsnorm_rows(x_.data(), val(L.mlp_norm), h_.data(), rows);
+      project(L, Proj::gate, h_.data(), gate_.data(), rows);
+      project(L, Proj::up, h_.data(), up_.data(), rows);
+      const Dims f = dims({rows, c_.ffn});
       run1<Sigmoid>(gate_.data(), f, t1_.data());
       run2<Mul>(gate_.data(), f, t1_.data(), f, t2_.data(), f);
       run2<Mul>(t2_.data(), f, up_.data(), f, t3_.data(), f);
-      project(L, Proj::down, t3_.data(), t1_.data());
-      run2<Add>(x_.data(), dims({1, d}), t1_.data(), dims({1, d}), t2_.data(), dims({1, d}));
-      std::copy(t2_.begin(), t2_.begin() + static_cast<std::ptrdiff_t>(d), x_.begin());
+      project(L, Proj::down, t3_.data(), t1_.data(), rows);
+      run2<Add>(x_.data(), xd, t1_.data(), xd, t2_.data(), xd);
+      std::copy(t2_.begin(), t2_.begin() + static_cast<std::ptrdiff_t>(rows * d), x_.begin());
     }
-    rmsnorm_row(x_.data(), val(m_->final_norm()), h_.data());
+    // Only the last position's logits: the final norm and the head on one row.
+    rmsnorm_rows(x_.data() + (rows - 1) * d, val(m_->final_norm()), h_.data(), 1);
     if (c_.tied_embeddings)  // the embedding [vocab, d] read in place, as Lm::forward's matmul_nt reads it
       run2<MatmulNt>(h_.data(), dims({1, d}), val(m_->embed()), dims({c_.vocab, d}), logits_.data(),
                      dims({1, c_.vocab}));
     else
       run2<Matmul>(h_.data(), dims({1, d}), val(m_->head()), dims({d, c_.vocab}), logits_.data(),
                    dims({1, c_.vocab}));
-    ++pos_;
+    pos_ += rows;
     return logits_;
   }
 
- private:
   static Dims dims(std::initializer_list<std::size_t> s) {
     return Dims::of(std::span<const std::size_t>(s.begin(), s.size()));
   }
@@ -147,38 +185,38 @@ class KvDecoder {
     Op::forward_tensor(x, y);
   }
 
-  // nn::rmsnorm on one row: its rms_norm node, x / sqrt(row_sum(x * x) / cols + eps) * w.
-  void rmsnorm_row(const T* x, const T* w, T* out) {
+  // nn::rmsnorm on `rows` rows: its rms_norm node, x / sqrt(row_sum(x * x) / cols + eps) * w, row by row.
+  void rmsnorm_rows(const T* x, const T* w, T* out, std::size_t rows) {
     const std::size_t d = c_.d_model;
-    const Dims row = dims({1, d});
-    run2<RmsNorm>(x, row, w, dims({d}), out, row, static_cast<T>(c_.eps));
+    const Dims xd = dims({rows, d});
+    run2<RmsNorm>(x, xd, w, dims({d}), out, xd, static_cast<T>(c_.eps));
   }
-  // The projection p of one row (with its adapter, as nn::lora_linear), then its bias as Lm::proj adds it.
-  void project(const LmLayer<T>& L, Proj p, const T* h, T* out) {
+  // The projection p of `rows` rows (with its adapter, as nn::lora_linear), then its bias as Lm::proj adds it.
+  void project(const LmLayer<T>& L, Proj p, const T* h, T* out, std::size_t rows) {
     const std::size_t i = static_cast<std::size_t>(p);
     const auto [in, o] = c_.proj_shape(p);
-    const Dims ho = dims({1, o});
-    if (!L.bias[i].valid()) return project_unbiased(L, p, h, out);
-    bias_in_.resize(o);
-    project_unbiased(L, p, h, bias_in_.data());
+    const Dims ho = dims({rows, o});
+    if (!L.bias[i].valid()) return project_unbiased(L, p, h, out, rows);
+    bias_in_.resize(rows * o);
+    project_unbiased(L, p, h, bias_in_.data(), rows);
     run2<Add>(bias_in_.data(), ho, val(L.bias[i]), dims({o}), out, ho);
   }
-  void project_unbiased(const LmLayer<T>& L, Proj p, const T* h, T* out) {
+  void project_unbiased(const LmLayer<T>& L, Proj p, const T* h, T* out, std::size_t rows) {
     const std::size_t i = static_cast<std::size_t>(p);
     const auto [in, o] = c_.proj_shape(p);
-    const Dims hin = dims({1, in}), ho = dims({1, o});
+    const Dims hin = dims({rows, in}), ho = dims({rows, o});
     if (!L.lora_a[i].valid()) {
       run2<Matmul>(h, hin, val(L.w[i]), dims({in, o}), out, ho);
       return;
     }
     const std::size_t r = c_.lora_rank;
     std::vector<T>& base = lora_base_;
-    base.resize(o);
-    lora_mid_.resize(std::max(r, o));
-    lora_low_.resize(o);
+    base.resize(rows * o);
+    lora_mid_.resize(rows * std::max(r, o));
+    lora_low_.resize(rows * o);
     run2<Matmul>(h, hin, val(L.w[i]), dims({in, o}), base.data(), ho);
-    run2<Matmul>(h, hin, val(L.lora_a[i]), dims({in, r}), lora_mid_.data(), dims({1, r}));
-    run2<Matmul>(lora_mid_.data(), dims({1, r}), val(L.lora_b[i]), dims({r, o}), lora_low_.data(), ho);
+    run2<Matmul>(h, hin, val(L.lora_a[i]), dims({in, r}), lora_mid_.data(), dims({rows, r}));
+    run2<Matmul>(lora_mid_.data(), dims({rows, r}), val(L.lora_b[i]), dims({r, o}), lora_low_.data(), ho);
     run1<MulScalar>(lora_low_.data(), ho, lora_mid_.data(), static_cast<T>(c_.lora_scale));
     run2<Add>(base.data(), ho, lora_mid_.data(), ho, out, ho);
   }
@@ -205,7 +243,7 @@ class KvDecoder {
   std::size_t pos_ = 0;
   std::vector<T> keys_, values_;
   std::vector<T> x_, h_, t1_, t2_, t3_, q_, k_, v_, ctx_, gate_, up_, scores_, probs_, zeros_, kt_, logits_;
-  std::vector<T> lora_base_, lora_mid_, lora_low_, rope_rot_, bias_in_;
+  std::vector<T> lora_base_, lora_mid_, lora_low_, rope_rot_, bias_in_, ids_;
 };
 
 // ---- sampling ----
@@ -258,7 +296,7 @@ std::vector<int> generate(KvDecoder<T>& dec, std::span<const int> prompt, std::s
     dec.reset();
     std::span<const T> l;
     const std::size_t from = all.size() > cap ? all.size() - std::max<std::size_t>(cap / 2, 1) : 0;
-    for (std::size_t i = from; i < all.size(); ++i) l = dec.step(all[i]);
+    l = dec.prefill(std::span<const int>(all).subspan(from));
     if (l.empty()) throw std::logic_error("nn::generate: the decoder produced no logits");
     return l;
   };
