@@ -426,6 +426,24 @@ class Generator {
         [](Generator& g) {  // layer_norm over the last axis; eps 0.1 keeps a nearly constant row tame
           g.unary_at(g.pick(), "layer_norm", [](Var<T> x) { return layer_norm(x, T(0.1)); });
         },
+        [](Generator& g) {  // causal_attention_probs: a matrix [m, c] as q [1, G*t, c] (G 1 or 2), k a new [1, t, c]
+          const std::size_t a = g.as_matrix(g.pick());
+          const Dims d = g.dims(g.values_[a]);
+          const std::size_t m = d[0], c = d[1], t = m % 2 == 0 && g.rng_.next() % 2 ? m / 2 : m;
+          const std::size_t k = g.param({1, t, c});
+          g.binary_at(a, k, "causal_attention_probs G " + std::to_string(m / t), [m, c](Var<T> x, Var<T> y) {
+            return causal_attention_probs(reshape(x, {1, m, c}), y, T(0.5));
+          });
+        },
+        [](Generator& g) {  // attention_context: a matrix [m, t] (t dividing m) as p [1, m, t], v a new [1, t, hd]
+          const std::size_t a = g.as_matrix(g.pick());
+          const Dims d = g.dims(g.values_[a]);
+          const std::size_t m = d[0], t = d[1];
+          if (m % t != 0) return;
+          const std::size_t v = g.param({1, t, g.dim()});
+          g.binary_at(a, v, "attention_context G " + std::to_string(m / t),
+                      [m, t](Var<T> x, Var<T> y) { return attention_context(reshape(x, {1, m, t}), y); });
+        },
     };
     return all;
   }

@@ -39,8 +39,10 @@
 #include <vector>
 
 #include "grad/numerics/exact_math.hpp"
+#include "grad/numerics/gemm.hpp"
 #include "grad/numerics/isa.hpp"
 #include "grad/tags/contract.hpp"
+#include "grad/tags/family.hpp"
 
 namespace grad {
 
@@ -65,31 +67,6 @@ GRAD_HD inline std::size_t head_in_sum_order(std::size_t n, std::size_t group) {
 template <class T>
 GRAD_HD void add_head(T& total, T part, std::size_t n) {
   total = n == 0 ? part : total + part;
-}
-
-// The host loops' one inner kernel: y[e] = fma(a_k, b_k[e], y[e]) for
-// k = 0, 1, ..., n-1 in that order, for each e < len (a_k = a[k * a_step],
-// b_k = b + k * b_step). Each element gets its terms in ascending k, as the
-// per-item bodies add them; four terms ride on each pass over y, so y is
-// loaded and stored a quarter as often (the same bits as one per pass).
-template <class T>
-inline void add_products(T* __restrict y, std::size_t len, const T* a, std::size_t a_step, const T* b,
-                         std::size_t b_step, std::size_t n) {
-  std::size_t k = 0;
-  for (; k + 4 <= n; k += 4) {
-    const T a0 = a[k * a_step], a1 = a[(k + 1) * a_step], a2 = a[(k + 2) * a_step], a3 = a[(k + 3) * a_step];
-    const T* __restrict b0 = b + k * b_step;
-    const T* __restrict b1 = b0 + b_step;
-    const T* __restrict b2 = b1 + b_step;
-    const T* __restrict b3 = b2 + b_step;
-    for (std::size_t e = 0; e < len; ++e)
-      y[e] = fma_hd(a3, b3[e], fma_hd(a2, b2[e], fma_hd(a1, b1[e], fma_hd(a0, b0[e], y[e]))));
-  }
-  for (; k < n; ++k) {
-    const T ak = a[k * a_step];
-    const T* __restrict bk = b + k * b_step;
-    for (std::size_t e = 0; e < len; ++e) y[e] = fma_hd(ak, bk[e], y[e]);
-  }
 }
 
 // Shape rule shared by both tags: a [N, G*t, a2], b [N, t, b2].
@@ -215,69 +192,79 @@ struct CausalAttentionProbs {
     }
   }
 
-  // The host loops: the same operations in the same order per element
-  // (add_products). Forward reads k transposed, so the inner loop runs over
-  // keys; backward computes each row's dot once.
+  // The host loops: the same operations in the same order per element, the
+  // inner products on the project's gemm (numerics/gemm.hpp: each output
+  // from zero, one fma per term in ascending index). The gemm also computes
+  // the masked scores, which are then overwritten, and runs the gradients
+  // over the masked positions' exact-zero ds: fma(0, x, acc) == acc for
+  // finite x (and an accumulator that starts at +0 stays +0), so every kept
+  // element has the per-item bodies' bits. A row's scale and exps run on
+  // packs, its max and sums serially, as the bodies order them.
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
     const auto z = sizes(x);
-    std::vector<T> kt(z.width * z.t);
-    with_best_isa([&] {
-      for (std::size_t s = 0; s < z.slices; ++s) {
-        const T* k = x.b.data + s * z.t * z.width;
-        for (std::size_t j = 0; j < z.t; ++j)
-          for (std::size_t c = 0; c < z.width; ++c) kt[c * z.t + j] = k[j * z.width + c];
-        for (std::size_t r = 0; r < z.rows; ++r) {
-          const std::size_t w = s * z.rows + r, last = r % z.t;
+    for (std::size_t s = 0; s < z.slices; ++s)
+      gemm_nt(x.a.data + s * z.rows * z.width, x.b.data + s * z.t * z.width, y + s * z.rows * z.t, z.rows, z.width,
+              z.t);
+    parallel_ranges(z.slices * z.rows, row_grain(z.t), [&](std::size_t lo, std::size_t hi) {
+      with_best_isa([&](auto width) {
+        using P = pack_for<T, decltype(width)>;
+        using namespace kernels_detail;
+        for (std::size_t w = lo; w < hi; ++w) {
+          const std::size_t last = w % z.rows % z.t;
           T* p = y + w * z.t;
-          std::fill(p, p + last + 1, T(0));
-          attention_detail::add_products(p, last + 1, x.a.data + w * z.width, 1, kt.data(), z.t, z.width);
-          for (std::size_t j = 0; j <= last; ++j) p[j] = p[j] * x.scalar + T(0);
-          softmax_row(p, last);
+          for_packs<P, T>(last + 1, [&](std::size_t i, auto v) {
+            using V = decltype(v);
+            store_as(load_as<V>(p + i) * V(x.scalar) + V(T(0)), p + i);  // + 0: the mask's zero
+          });
+          T hi_score = p[0];
+          for (std::size_t j = 1; j <= last; ++j) hi_score = p[j] > hi_score ? p[j] : hi_score;
+          for_packs<P, T>(last + 1, [&](std::size_t i, auto v) {
+            using V = decltype(v);
+            store_as(exact_exp(load_as<V>(p + i) - V(hi_score)), p + i);
+          });
+          T total = T(0);
+          for (std::size_t j = 0; j <= last; ++j) total = total + p[j];
+          for_packs<P, T>(last + 1, [&](std::size_t i, auto v) {
+            using V = decltype(v);
+            store_as(load_as<V>(p + i) / V(total), p + i);
+          });
           std::fill(p + last + 1, p + z.t, T(0));
         }
-      }
+      });
     });
   }
   template <int In, class T>
   static void backward_tensor(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
     const auto z = sizes(x);
-    if constexpr (In == 0) {  // dq row = sum over its keys of ds * k row
-      std::vector<T> ds(z.t);
-      with_best_isa([&] {
-        for (std::size_t w = 0; w < z.slices * z.rows; ++w) {
-          const std::size_t last = w % z.rows % z.t;
-          const T *p = y + w * z.t, *gr = g + w * z.t;
-          const T dot = row_dot(p, gr, last);
-          for (std::size_t j = 0; j <= last; ++j) ds[j] = score_gradient(p[j], gr[j], dot, x.scalar);
-          T* d = dx + w * z.width;
-          std::fill(d, d + z.width, T(0));
-          attention_detail::add_products(d, z.width, ds.data(), 1, x.b.data + w / z.rows * z.t * z.width, z.width,
-                                         last + 1);
-        }
-      });
-    } else {  // dk row j = per head, sum over the rows at or after j of ds * q row; then the heads
-      std::vector<T> dots(z.rows), ds_t(z.t * z.t), head(z.t * z.width);  // ds_t: one head's ds, transposed
-      with_best_isa([&] {
-        for (std::size_t s = 0; s < z.slices; ++s) {
-          const T *ys = y + s * z.rows * z.t, *gs = g + s * z.rows * z.t, *qs = x.a.data + s * z.rows * z.width;
-          T* d = dx + s * z.t * z.width;
-          for (std::size_t r = 0; r < z.rows; ++r) dots[r] = row_dot(ys + r * z.t, gs + r * z.t, r % z.t);
-          for (std::size_t n = 0; n < z.group; ++n) {
-            const std::size_t first = attention_detail::head_in_sum_order(n, z.group) * z.t;
-            for (std::size_t i = 0; i < z.t; ++i) {
-              const std::size_t r = first + i;
-              for (std::size_t j = 0; j <= i; ++j)
-                ds_t[j * z.t + i] = score_gradient(ys[r * z.t + j], gs[r * z.t + j], dots[r], x.scalar);
-            }
-            std::fill(head.begin(), head.end(), T(0));
-            for (std::size_t j = 0; j < z.t; ++j)
-              attention_detail::add_products(head.data() + j * z.width, z.width, ds_t.data() + j * z.t + j, 1,
-                                             qs + (first + j) * z.width, z.width, z.t - j);
-            for (std::size_t e = 0; e < z.t * z.width; ++e) attention_detail::add_head(d[e], head[e], n);
+    // ds of every row of one slice (exact zeros at the masked positions).
+    std::vector<T> ds(z.rows * z.t), head(In == 1 ? z.t * z.width : 0);
+    for (std::size_t s = 0; s < z.slices; ++s) {
+      const T *ys = y + s * z.rows * z.t, *gs = g + s * z.rows * z.t;
+      parallel_ranges(z.rows, row_grain(z.t), [&](std::size_t lo, std::size_t hi) {
+        with_best_isa([&] {
+          for (std::size_t r = lo; r < hi; ++r) {
+            const std::size_t last = r % z.t;
+            const T *p = ys + r * z.t, *gr = gs + r * z.t;
+            const T dot = row_dot(p, gr, last);
+            T* d = ds.data() + r * z.t;
+            for (std::size_t j = 0; j <= last; ++j) d[j] = score_gradient(p[j], gr[j], dot, x.scalar);
+            std::fill(d + last + 1, d + z.t, T(0));
           }
-        }
+        });
       });
+      const T* k = x.b.data + s * z.t * z.width;
+      if constexpr (In == 0) {  // dq = ds . k
+        gemm_nn(ds.data(), k, dx + s * z.rows * z.width, z.rows, z.t, z.width);
+      } else {  // dk = per head ds^T . q, then the heads in the tape's order
+        const T* qs = x.a.data + s * z.rows * z.width;
+        T* d = dx + s * z.t * z.width;
+        for (std::size_t n = 0; n < z.group; ++n) {
+          const std::size_t first = attention_detail::head_in_sum_order(n, z.group) * z.t;
+          gemm_tn(ds.data() + first * z.t, qs + first * z.width, head.data(), z.t, z.t, z.width);
+          for (std::size_t e = 0; e < z.t * z.width; ++e) attention_detail::add_head(d[e], head[e], n);
+        }
+      }
     }
   }
 };
@@ -339,53 +326,31 @@ struct AttentionContext {
     }
   }
 
-  // The host loops: the same inner products, each element's terms in the
-  // same ascending order (add_products), the inner loops over contiguous
-  // memory (v read transposed for the gradient of p).
+  // The host loops: the same inner products on the project's gemm (each
+  // output from zero, one fma per term in ascending index: the bodies' bits).
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
     const auto z = sizes(x);
-    with_best_isa([&] {
-      for (std::size_t row = 0; row < z.slices * z.rows; ++row) {
-        T* out = y + row * z.width;
-        std::fill(out, out + z.width, T(0));
-        attention_detail::add_products(out, z.width, x.a.data + row * z.t, 1, x.b.data + row / z.rows * z.t * z.width,
-                                       z.width, z.t);
-      }
-    });
+    for (std::size_t s = 0; s < z.slices; ++s)
+      gemm_nn(x.a.data + s * z.rows * z.t, x.b.data + s * z.t * z.width, y + s * z.rows * z.width, z.rows, z.t,
+              z.width);
   }
   template <int In, class T>
   static void backward_tensor(const NodeArgs<T>& x, const T*, const T* g, T* dx) {
     const auto z = sizes(x);
-    if constexpr (In == 0) {
-      std::vector<T> vt(z.width * z.t);
-      with_best_isa([&] {
-        for (std::size_t s = 0; s < z.slices; ++s) {
-          const T* v = x.b.data + s * z.t * z.width;
-          for (std::size_t j = 0; j < z.t; ++j)
-            for (std::size_t c = 0; c < z.width; ++c) vt[c * z.t + j] = v[j * z.width + c];
-          for (std::size_t row = s * z.rows; row < (s + 1) * z.rows; ++row) {
-            T* d = dx + row * z.t;
-            std::fill(d, d + z.t, T(0));
-            attention_detail::add_products(d, z.t, g + row * z.width, 1, vt.data(), z.t, z.width);
-          }
-        }
-      });
-    } else {
+    if constexpr (In == 0) {  // dp = g . v^T
+      for (std::size_t s = 0; s < z.slices; ++s)
+        gemm_nt(g + s * z.rows * z.width, x.b.data + s * z.t * z.width, dx + s * z.rows * z.t, z.rows, z.width, z.t);
+    } else {  // dv = per head p^T . g, then the heads in the tape's order
       std::vector<T> head(z.t * z.width);
-      with_best_isa([&] {
-        for (std::size_t s = 0; s < z.slices; ++s) {
-          T* d = dx + s * z.t * z.width;
-          for (std::size_t n = 0; n < z.group; ++n) {
-            const std::size_t first = s * z.rows + attention_detail::head_in_sum_order(n, z.group) * z.t;
-            std::fill(head.begin(), head.end(), T(0));
-            for (std::size_t j = 0; j < z.t; ++j)
-              attention_detail::add_products(head.data() + j * z.width, z.width, x.a.data + first * z.t + j, z.t,
-                                             g + first * z.width, z.width, z.t);
-            for (std::size_t e = 0; e < z.t * z.width; ++e) attention_detail::add_head(d[e], head[e], n);
-          }
+      for (std::size_t s = 0; s < z.slices; ++s) {
+        T* d = dx + s * z.t * z.width;
+        for (std::size_t n = 0; n < z.group; ++n) {
+          const std::size_t first = s * z.rows + attention_detail::head_in_sum_order(n, z.group) * z.t;
+          gemm_tn(x.a.data + first * z.t, g + first * z.width, head.data(), z.t, z.t, z.width);
+          for (std::size_t e = 0; e < z.t * z.width; ++e) attention_detail::add_head(d[e], head[e], n);
         }
-      });
+      }
     }
   }
 };
