@@ -69,6 +69,19 @@ GRAD_HD void add_head(T& total, T part, std::size_t n) {
   total = n == 0 ? part : total + part;
 }
 
+// A key/value gradient of one slice on the host: per head of the group, in
+// the tape's order, head = a_h^T . b_h on the gemm (a_h [t, t] and b_h
+// [t, width] the head's rows of a and b, which point at the slice's first
+// row), added into d [t, width] as add_head adds it. `head` is scratch.
+template <class T>
+void sum_heads_tn(const T* a, const T* b, T* d, T* head, const Sizes& z) {
+  for (std::size_t n = 0; n < z.group; ++n) {
+    const std::size_t first = head_in_sum_order(n, z.group) * z.t;
+    gemm_tn(a + first * z.t, b + first * z.width, head, z.t, z.t, z.width);
+    for (std::size_t e = 0; e < z.t * z.width; ++e) add_head(d[e], head[e], n);
+  }
+}
+
 // Shape rule shared by both tags: a [N, G*t, a2], b [N, t, b2].
 inline std::string grouped_dims(const Dims& a, const Dims& b, std::string_view a_name, std::string_view b_name,
                                  bool a_width_is_t, bool same_width) {
@@ -257,13 +270,8 @@ struct CausalAttentionProbs {
       if constexpr (In == 0) {  // dq = ds . k
         gemm_nn(ds.data(), k, dx + s * z.rows * z.width, z.rows, z.t, z.width);
       } else {  // dk = per head ds^T . q, then the heads in the tape's order
-        const T* qs = x.a.data + s * z.rows * z.width;
-        T* d = dx + s * z.t * z.width;
-        for (std::size_t n = 0; n < z.group; ++n) {
-          const std::size_t first = attention_detail::head_in_sum_order(n, z.group) * z.t;
-          gemm_tn(ds.data() + first * z.t, qs + first * z.width, head.data(), z.t, z.t, z.width);
-          for (std::size_t e = 0; e < z.t * z.width; ++e) attention_detail::add_head(d[e], head[e], n);
-        }
+        attention_detail::sum_heads_tn(ds.data(), x.a.data + s * z.rows * z.width, dx + s * z.t * z.width,
+                                       head.data(), z);
       }
     }
   }
@@ -343,14 +351,9 @@ struct AttentionContext {
         gemm_nt(g + s * z.rows * z.width, x.b.data + s * z.t * z.width, dx + s * z.rows * z.t, z.rows, z.width, z.t);
     } else {  // dv = per head p^T . g, then the heads in the tape's order
       std::vector<T> head(z.t * z.width);
-      for (std::size_t s = 0; s < z.slices; ++s) {
-        T* d = dx + s * z.t * z.width;
-        for (std::size_t n = 0; n < z.group; ++n) {
-          const std::size_t first = s * z.rows + attention_detail::head_in_sum_order(n, z.group) * z.t;
-          gemm_tn(x.a.data + first * z.t, g + first * z.width, head.data(), z.t, z.t, z.width);
-          for (std::size_t e = 0; e < z.t * z.width; ++e) attention_detail::add_head(d[e], head[e], n);
-        }
-      }
+      for (std::size_t s = 0; s < z.slices; ++s)
+        attention_detail::sum_heads_tn(x.a.data + s * z.rows * z.t, g + s * z.rows * z.width, dx + s * z.t * z.width,
+                                       head.data(), z);
     }
   }
 };

@@ -74,8 +74,7 @@ struct CrossEntropy {
   };
   template <class T>
   GRAD_HD static RowStats<T> row_stats(const T* xr, std::size_t n) {
-    T hi = xr[0];
-    for (std::size_t j = 1; j < n; ++j) hi = xr[j] > hi ? xr[j] : hi;
+    const T hi = running_max(xr, n);
     T total = T(0);
     for (std::size_t j = 0; j < n; ++j) total = total + exact_exp(xr[j] - hi);
     return {hi, total};
@@ -154,8 +153,7 @@ struct CrossEntropy {
         if (x.b.data[r] == x.scalar) continue;
         const T* xr = x.a.data + r * n;
         const std::size_t t = Embedding::row_of(x.b.data[r], n);
-        T hi = xr[0];
-        for (std::size_t j = 1; j < n; ++j) hi = xr[j] > hi ? xr[j] : hi;
+        const T hi = running_max(xr, n);
         T sum = T(0);
         constexpr std::size_t block = 256;
         alignas(64) T e[block];
@@ -187,8 +185,7 @@ struct CrossEntropy {
     }
     const T scale = g[0] / static_cast<T>(count);
     const std::size_t t = Embedding::row_of(x.b.data[w], n);
-    T hi = xr[0];
-    for (std::size_t j = 1; j < n; ++j) hi = xr[j] > hi ? xr[j] : hi;
+    const T hi = running_max(xr, n);
     for_packs<P, T>(n, [&](std::size_t i, auto v) {
       using V = decltype(v);
       store_as(exact_exp(load_as<V>(xr + i) - V(hi)), d + i);

@@ -84,6 +84,16 @@ concept PackFunctors = requires {
 template <class T, class W>
 using pack_for = std::conditional_t<GRAD_SIMD != 0, simd::Pack<T, W::bytes>, T>;
 
+// The largest of x[0], x[1], ..., x[n-1] as softmax and cross-entropy take
+// it: serially, a later element replacing the maximum only when greater (a
+// NaN after the first element never does).
+template <class T>
+GRAD_HD inline T running_max(const T* x, std::size_t n) {
+  T hi = x[0];
+  for (std::size_t j = 1; j < n; ++j) hi = x[j] > hi ? x[j] : hi;
+  return hi;
+}
+
 namespace kernels_detail {
 
 // f(i, v) over [0, n): v a P (a pack, default-constructed: its type says

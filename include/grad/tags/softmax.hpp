@@ -77,42 +77,37 @@ struct Softmax : ItemLoops<Softmax> {
   // so the bits are theirs. ----
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
-    const std::size_t lanes = forward_items(x), n = x.out.d[x.axis];
-    parallel_ranges(lanes, row_grain(n), [&](std::size_t lo, std::size_t hi) {
-      with_best_isa([&](auto width) {
-        using P = pack_for<T, decltype(width)>;
-        for (std::size_t w = lo; w < hi; ++w) {
-          const Lane l = lane(x, w);
-          if (l.stride == 1)
-            forward_row<P>(x.a.data + l.base, y + l.base, n);
-          else
-            forward_lane(x.a.data + l.base, y + l.base, l.n, l.stride);
-        }
-      });
+    each_lane(x, [&](auto pack, const Lane& l) {
+      if (l.stride == 1)
+        forward_row<decltype(pack)>(x.a.data + l.base, y + l.base, l.n);
+      else
+        forward_lane(x.a.data + l.base, y + l.base, l.n, l.stride);
     });
   }
   template <int In, class T>
   static void backward_tensor(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
-    const std::size_t lanes = forward_items(x), n = x.out.d[x.axis];
-    parallel_ranges(lanes, row_grain(n), [&](std::size_t lo, std::size_t hi) {
-      with_best_isa([&](auto width) {
-        using P = pack_for<T, decltype(width)>;
-        for (std::size_t w = lo; w < hi; ++w) {
-          const Lane l = lane(x, w);
-          if (l.stride == 1)
-            backward_row<P>(y + l.base, g + l.base, dx + l.base, n);
-          else
-            backward_lane(y + l.base, g + l.base, dx + l.base, l.n, l.stride);
-        }
-      });
+    each_lane(x, [&](auto pack, const Lane& l) {
+      if (l.stride == 1)
+        backward_row<decltype(pack)>(y + l.base, g + l.base, dx + l.base, l.n);
+      else
+        backward_lane(y + l.base, g + l.base, dx + l.base, l.n, l.stride);
     });
   }
 
  private:
+  // f(P{}, lane) for every lane, lanes split over the pool, in the best
+  // instruction set's copy (P its pack).
+  template <class T, class F>
+  static void each_lane(const NodeArgs<T>& x, F&& f) {
+    parallel_ranges(forward_items(x), row_grain(x.out.d[x.axis]), [&](std::size_t lo, std::size_t hi) {
+      with_best_isa([&](auto width) {
+        for (std::size_t w = lo; w < hi; ++w) f(pack_for<T, decltype(width)>{}, lane(x, w));
+      });
+    });
+  }
   template <class P, class T>
   GRAD_INLINE static void forward_row(const T* x, T* y, std::size_t n) {
-    T hi = x[0];
-    for (std::size_t i = 1; i < n; ++i) hi = x[i] > hi ? x[i] : hi;
+    const T hi = running_max(x, n);
     using namespace kernels_detail;
     for_packs<P, T>(n, [&](std::size_t i, auto v) {
       using V = decltype(v);
