@@ -274,6 +274,22 @@ std::vector<OpCase<T>> op_cases() {
   add("layer_norm rank 3, large eps", {r({2, 3, 4})}, [](Tp, V v) { return layer_norm(v[0], T(0.5)); });
   add("layer_norm one row", {r({1, 6})}, [](Tp, V v) { return layer_norm(v[0] * T(3), T(1e-5)) + T(2); });  // + 2: a loss far from zero
   add_large("layer_norm large", {r({300, 131})}, [](Tp, V v) { return layer_norm(v[0], T(1e-5)); });
+  // linear_cross_entropy (after every earlier case, so that their draws stay
+  // as they were): W in both layouts, ignored rows; the large case runs over
+  // several chunks of rows (chunk_rows: 32).
+  add("linear_cross_entropy tied", {r({5, 4}), r({7, 4})},
+      [](Tp, V v) { return linear_cross_entropy(v[0] * T(2), v[1], v[2], T(-100)); },
+      {Tensor<T>({5}, {2, 6, -100, 0, 6})});
+  add("linear_cross_entropy untied", {r({4, 3}), r({3, 6})},
+      [](Tp, V v) { return linear_cross_entropy(v[0] * T(2), v[1], v[2], T(-1), ClassAxis::columns); },
+      {Tensor<T>({4, 1}, {5, -1, 0, 3})});
+  {
+    Tensor<T> ids({70});
+    for (std::size_t i = 0; i < 70; ++i) ids[i] = i % 9 == 4 ? T(-100) : static_cast<T>(i * 7 % 40);
+    add("linear_cross_entropy over chunks", {r({70, 20}), r({40, 20})},
+        [](Tp, V v) { return linear_cross_entropy(v[0], v[1], v[2]); }, {ids});
+    t.back().large = true;
+  }
   return t;
 }
 

@@ -130,8 +130,10 @@ void dump_cases(std::ostream& os) {
              << static_cast<long long>(n.b == no_node ? -1 : n.b) << " " << hex(n.scalar) << " " << n.axis << " dims";
           dims();
           os << " extra";
+          // One per axis of a (slice's starts), or one per row (linear_cross_entropy's classes).
+          const std::size_t extras = requires { Op::keeps_row_ids; } ? x.a.dims[0] : x.a.dims.rank;
           if (x.extra)
-            for (std::size_t k = 0; k < x.a.dims.rank; ++k) os << " " << x.extra[k];
+            for (std::size_t k = 0; k < extras; ++k) os << " " << x.extra[k];
           os << " torch " << Op::torch;
         }
         os << "\n";

@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "grad/tape.hpp"
 
@@ -430,6 +431,50 @@ Var<T> cross_entropy_ids(Var<T> logits, Var<T> ids, std::type_identity_t<T> igno
 template <class T>
 Var<T> cross_entropy(Var<T> logits, Var<T> ids, std::type_identity_t<T> ignore) {
   return cross_entropy_ids(logits, ids, ignore);
+}
+
+// ---- a linear layer's cross-entropy without its logits (linear_cross_entropy.hpp) ----
+// Where the weight's classes run: W [classes, d] (a linear layer's [out, in],
+// a tied embedding: the logits are matmul_nt(h, W)) or W [d, classes] (an
+// untied head: matmul(h, W)).
+enum class ClassAxis { rows, columns };
+
+// cross_entropy(matmul_nt(h, w), ids, ignore) (ClassAxis::rows) or
+// cross_entropy(matmul(h, w), ids, ignore) (ClassAxis::columns) as one node,
+// the same bits in the loss and in the gradients of h and w, without the
+// [rows, classes] logits or their gradient on the tape. ids: a constant of
+// [rows] (or [rows, 1]) integer ids held in T, as cross_entropy_ids takes
+// them; their values are read now (the node keeps them), not when a device
+// program replays the node: Program::set_input on the ids does not reach it.
+template <class T>
+Var<T> linear_cross_entropy(Var<T> h, Var<T> w, Var<T> ids, std::type_identity_t<T> ignore = T(-100),
+                            ClassAxis classes_along = ClassAxis::rows) {
+  using Op = LinearCrossEntropy;
+  Tape<T>& tp = detail::tape_of(Op::name, h);
+  if (!tp.accept(Op::name, {h, w, ids})) return tp.rejected();
+  const std::string who = std::string(Op::name) + ": ";
+  const Dims hd = tp.dims(h), idd = tp.dims(ids);
+  const std::size_t rows = hd.rank == 2 ? hd[0] : 0;
+  std::vector<std::size_t> classes_of_rows(rows);
+  OpAttrs at;
+  at.axis = classes_along == ClassAxis::rows ? 0 : 1;
+  at.sizes = classes_of_rows;
+  Dims out;
+  if (std::string why = Op::output_dims(hd, tp.dims(w), at, out); !why.empty()) return tp.invalid(who + why);
+  if (!((idd.rank == 1 && idd[0] == rows) || (idd.rank == 2 && idd[0] == rows && idd[1] == 1)))
+    return tp.invalid(who + "h " + shape_string(hd) + " and ids " + shape_string(idd) + ": expected ids [" +
+                      std::to_string(rows) + "] (one class id per row)");
+  if (tp.requires_grad(ids))
+    return tp.invalid(who +
+                      "the ids require a gradient (a parameter, or computed from one); expected a constant of integer "
+                      "ids (tape.constant)");
+  const std::size_t classes = tp.dims(w)[at.axis == 0 ? 0 : 1];
+  const View<T> v = tp.value(ids);
+  if (std::string why = CrossEntropy::check_ids(v.data.data(), rows, classes, static_cast<T>(ignore)); !why.empty())
+    return tp.invalid(who + why);
+  for (std::size_t r = 0; r < rows; ++r)
+    classes_of_rows[r] = v.data[r] == ignore ? classes : Embedding::row_of(v.data[r], classes);
+  return record_op<Op>(h, w, at);
 }
 
 }  // namespace grad

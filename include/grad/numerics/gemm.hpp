@@ -107,12 +107,15 @@ struct Strided {
   std::size_t rs, cs;
 };
 
-// C (row-major, m x n) = sum over p < k of a(i, p) b(p, j).
+// C (row-major, m x n) = sum over p < k of a(i, p) b(p, j); with
+// `continued`, each element's sum goes on from what C holds (its chain of
+// fmas continued, as a later cache block continues it) instead of from zero.
 template <class T>
 struct Problem {
   Strided<T> a, b;
   T* c;
   std::size_t m, n, k;
+  bool continued = false;
 };
 
 template <class T, std::size_t Lanes>
@@ -330,7 +333,7 @@ template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
     const std::size_t nc = std::min(NC, j1 - jc);
     for (std::size_t pc = 0; pc < pr.k; pc += KC) {
       const std::size_t kc = std::min(KC, pr.k - pc);
-      const bool accumulate = pc > 0;  // later runs continue the stored partial sums
+      const bool accumulate = pc > 0 || pr.continued;  // later runs continue the stored partial sums
       pack_b<T, Lanes, NV>(pr.b, pc, kc, jc, nc, bpack);
       // Packing a's block pays off when its panels serve several strips.
       const bool pack_whole_a = nc > nr;
@@ -425,7 +428,8 @@ void run_part(void* context, std::size_t part) {
 template <class T>
 void multiply(Isa isa, const Problem<T>& pr) {
   if (pr.m == 0 || pr.n == 0) return;
-  if (pr.k == 0) {  // empty sums: zero
+  if (pr.k == 0) {  // empty sums: zero, or what C holds when continued
+    if (pr.continued) return;
     std::fill(pr.c, pr.c + pr.m * pr.n, T(0));
     return;
   }
@@ -467,6 +471,15 @@ inline void gemm_nt(const T* G, const T* B, T* C, std::size_t m, std::size_t n, 
 template <class T>
 inline void gemm_tn(const T* A, const T* G, T* C, std::size_t m, std::size_t k, std::size_t n) {
   gemm_detail::multiply<T>(gemm_detail::best_isa(), {{A, 1, k}, {G, n, 1}, C, k, n, m});
+}
+
+// C[k,n] continues each element's sum over i of A[i,k]^T G[i,n] from what C
+// holds: gemm_tn over rows [0, m1) followed by gemm_tn_continue over rows
+// [m1, m) gives gemm_tn's bits over all m rows (the same fma chain per
+// element, stored and reloaded unchanged between the two calls).
+template <class T>
+inline void gemm_tn_continue(const T* A, const T* G, T* C, std::size_t m, std::size_t k, std::size_t n) {
+  gemm_detail::multiply<T>(gemm_detail::best_isa(), {{A, 1, k}, {G, n, 1}, C, k, n, m, true});
 }
 
 }  // namespace grad

@@ -142,6 +142,25 @@ struct CrossEntropy {
   // forward, into the gradient row backward), its max and sums serial and
   // ascending as row_stats has them, so the bits are the bodies'. Backward
   // counts once and splits rows over the pool. ----
+  // -log softmax(row)[t] (t == n: NaN, an id out of range) with the exps on
+  // packs of P (into a block on the stack), the max and the sum serial and
+  // ascending: row_loss's bits. LinearCrossEntropy calls it on its chunks.
+  template <class P, class T>
+  GRAD_INLINE static T row_loss_packs(const T* xr, std::size_t n, std::size_t t) {
+    const T hi = running_max(xr, n);
+    T sum = T(0);
+    constexpr std::size_t block = 256;
+    alignas(64) T e[block];
+    for (std::size_t j0 = 0; j0 < n; j0 += block) {
+      const std::size_t len = n - j0 < block ? n - j0 : block;
+      kernels_detail::for_packs<P, T>(len, [&](std::size_t i, auto v) {
+        using V = decltype(v);
+        kernels_detail::store_as(exact_exp(kernels_detail::load_as<V>(xr + j0 + i) - V(hi)), e + i);
+      });
+      for (std::size_t i = 0; i < len; ++i) sum = sum + e[i];
+    }
+    return t == n ? Embedding::quiet_nan<T>() : exact_log(sum) - (xr[t] - hi);
+  }
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
     with_best_isa([&](auto width) {
@@ -151,40 +170,19 @@ struct CrossEntropy {
       std::size_t count = 0;
       for (std::size_t r = 0; r < rows; ++r) {
         if (x.b.data[r] == x.scalar) continue;
-        const T* xr = x.a.data + r * n;
-        const std::size_t t = Embedding::row_of(x.b.data[r], n);
-        const T hi = running_max(xr, n);
-        T sum = T(0);
-        constexpr std::size_t block = 256;
-        alignas(64) T e[block];
-        for (std::size_t j0 = 0; j0 < n; j0 += block) {
-          const std::size_t len = n - j0 < block ? n - j0 : block;
-          kernels_detail::for_packs<P, T>(len, [&](std::size_t i, auto v) {
-            using V = decltype(v);
-            kernels_detail::store_as(exact_exp(kernels_detail::load_as<V>(xr + j0 + i) - V(hi)), e + i);
-          });
-          for (std::size_t i = 0; i < len; ++i) sum = sum + e[i];
-        }
-        total = total + (t == n ? Embedding::quiet_nan<T>() : exact_log(sum) - (xr[t] - hi));
+        total = total + row_loss_packs<P>(x.a.data + r * n, n, Embedding::row_of(x.b.data[r], n));
         ++count;
       }
       y[0] = count == 0 ? T(0) : total / static_cast<T>(count);
     });
   }
-  // backward_row's operations, the exps on packs of P.
+  // A counted row's gradient d = (softmax(row) - onehot(t)) * scale,
+  // backward_row's operations with the exps on packs of P. d may be xr
+  // itself (each element is read before it is overwritten): LinearCrossEntropy
+  // turns its chunk of logits into their gradient in place.
   template <class P, class T>
-  GRAD_INLINE static void backward_row_packs(const NodeArgs<T>& x, const T* g, T* dx, std::size_t w,
-                                             std::size_t count) {
+  GRAD_INLINE static void counted_row_packs(const T* xr, T* d, std::size_t n, std::size_t t, T scale) {
     using namespace kernels_detail;
-    const std::size_t n = x.a.dims.d[1];
-    const T* xr = x.a.data + w * n;
-    T* d = dx + w * n;
-    if (x.b.data[w] == x.scalar) {
-      for (std::size_t j = 0; j < n; ++j) d[j] = T(0);
-      return;
-    }
-    const T scale = g[0] / static_cast<T>(count);
-    const std::size_t t = Embedding::row_of(x.b.data[w], n);
     const T hi = running_max(xr, n);
     for_packs<P, T>(n, [&](std::size_t i, auto v) {
       using V = decltype(v);
@@ -198,6 +196,18 @@ struct CrossEntropy {
       store_as((load_as<V>(d + i) / V(total)) * V(scale), d + i);
     });
     if (t < n) d[t] = (target / total - T(1)) * scale;
+  }
+  // backward_row's operations, the exps on packs of P.
+  template <class P, class T>
+  GRAD_INLINE static void backward_row_packs(const NodeArgs<T>& x, const T* g, T* dx, std::size_t w,
+                                             std::size_t count) {
+    const std::size_t n = x.a.dims.d[1];
+    T* d = dx + w * n;
+    if (x.b.data[w] == x.scalar) {
+      for (std::size_t j = 0; j < n; ++j) d[j] = T(0);
+      return;
+    }
+    counted_row_packs<P>(x.a.data + w * n, d, n, Embedding::row_of(x.b.data[w], n), g[0] / static_cast<T>(count));
   }
   template <int In, class T>
   static void backward_tensor(const NodeArgs<T>& x, const T*, const T* g, T* dx) {

@@ -15,6 +15,7 @@
 #include "grad/tags/layer_norm.hpp"
 #include "grad/tags/layout.hpp"
 #include "grad/tags/linalg.hpp"
+#include "grad/tags/linear_cross_entropy.hpp"
 #include "grad/tags/log_softmax.hpp"
 #include "grad/tags/piecewise.hpp"
 #include "grad/tags/power.hpp"
@@ -49,7 +50,8 @@ using OpList = boost::mp11::mp_list<Param, Const,                               
                                     AxisMax, AxisMin, LogSoftmax,                           //
                                     Dropout,                                                //
                                     CausalAttentionProbs, AttentionContext,                 //
-                                    MatmulNt, RmsNorm, LayerNorm>;
+                                    MatmulNt, RmsNorm, LayerNorm,                          //
+                                    LinearCrossEntropy>;
 
 inline constexpr std::size_t op_count = boost::mp11::mp_size<OpList>::value;
 static_assert(op_count <= 256, "op codes are one byte");

@@ -1,0 +1,270 @@
+// linear_cross_entropy(h, W, ids, ignore): cross_entropy(h . W^T, ids,
+// ignore) (or h . W with W stored [d, classes]) as one node that never holds
+// the [rows, classes] logits: a language model's loss without its largest
+// tensors (Qwen2.5-0.5B at 512 positions: 311 MB of logits and 311 MB of
+// their gradient on the tape). The output is [1].
+//
+// Operands: a = h [rows, d]; b = W, read in place: [classes, d] (axis 0,
+// matmul_nt's layout, a tied embedding) or [d, classes] (axis 1, matmul's, an
+// untied head). A node has two operands, so the class ids live on the tape's
+// index pool (`extra`, which slice's starts use): one entry per row, its
+// class in [0, classes), or `classes` itself for a row whose id was the
+// ignore id (it adds nothing and is not counted). The ids are read and
+// checked when the node is recorded (record.hpp), as slice's starts are: an
+// episode captured for a device keeps them. The scalar is unused.
+//
+// The bits are cross_entropy(matmul_nt(h, W), ids, ignore)'s (or matmul's),
+// in the loss and in both gradients:
+//   - every logit is the same inner product (from zero, ascending p, one fma
+//     per term), whichever rows the gemm computes it with (gemm.hpp), and a
+//     row's loss and its gradient read that row alone (CrossEntropy's row
+//     bodies, called here);
+//   - the rows' losses are summed in ascending row, chunk after chunk;
+//   - dh's rows are independent; dW's elements each sum over rows in
+//     ascending order, so the chunks continue each element's chain of fmas
+//     (gemm_tn_continue): the one-pass gemm's bits.
+// The host loops compute the logits a chunk of rows at a time into a scratch
+// buffer (chunk_rows); backward recomputes them (the node keeps nothing but
+// its loss: recomputing a row's max and exp-sum costs far less than the
+// chunk's gemm) and turns them into their gradient in place. The tape asks
+// for h's gradient and W's separately: when both are wanted the logits are
+// computed three times in all (a frozen W, LoRA's tied embedding, twice).
+//
+// The per-item bodies (device engine) recompute every logit they need from h
+// and W: correct and slow (a row's statistics per gradient element), meant
+// for small graphs. Emitted code cannot hold one id per row (it keeps one
+// extra per axis): emit refuses this op (keeps_row_ids).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "grad/numerics/gemm.hpp"
+#include "grad/tags/cross_entropy.hpp"
+
+namespace grad {
+
+struct LinearCrossEntropy {
+  static constexpr std::string_view name = "linear_cross_entropy";
+  // extra: one class per row, `classes` for an ignored row (torch's ignore_index).
+  static constexpr std::string_view torch =
+      "(lambda l: torch.nn.functional.cross_entropy(l, torch.tensor(extra), ignore_index=l.shape[1]).reshape(1))("
+      "a @ b.transpose(-1, -2) if axis == 0 else a @ b)";
+  static constexpr int arity = 2;
+  static constexpr bool keeps_sizes = true;    // the rows' classes (OpAttrs::sizes), on the tape's index pool
+  static constexpr bool keeps_row_ids = true;  // one extra per row of a, not one per axis
+
+  // The shape rule (family.hpp): a single element. at.axis says W's layout;
+  // at.sizes holds one class per row (checked by the recording function).
+  static std::string output_dims(const Dims& h, const Dims& w, OpAttrs& at, Dims& out) {
+    if (at.axis != 0 && at.axis != 1)
+      return "axis " + std::to_string(at.axis) + ": expected 0 (W [classes, d]) or 1 (W [d, classes])";
+    const bool nt = at.axis == 0;
+    if (h.rank != 2) return "h " + shape_string(h) + ": expected [rows, d]";
+    const std::string want = nt ? "[classes, " + std::to_string(h[1]) + "] (stored [out, in], as matmul_nt takes it)"
+                                : "[" + std::to_string(h[1]) + ", classes] (as matmul takes it)";
+    if (w.rank != 2 || w[nt ? 1 : 0] != h[1] || w[nt ? 0 : 1] == 0)
+      return "h " + shape_string(h) + " and W " + shape_string(w) + ": expected W " + want;
+    if (at.sizes.size() != h[0])
+      return "h " + shape_string(h) + " and " + std::to_string(at.sizes.size()) + " ids: expected ids [" +
+             std::to_string(h[0]) + "] (one class id per row)";
+    out = Dims::of(std::array<std::size_t, 1>{1});
+    return "";
+  }
+
+  struct Sizes {
+    std::size_t rows, d, classes;
+  };
+  template <class T>
+  GRAD_HD static Sizes sizes(const NodeArgs<T>& x) {
+    return {x.a.dims.d[0], x.a.dims.d[1], x.b.dims.d[x.axis == 0 ? 0 : 1]};
+  }
+  // Row r's class, or `classes` for an ignored row.
+  template <class T>
+  GRAD_HD static std::size_t class_of(const NodeArgs<T>& x, std::size_t r) {
+    return x.extra[r];
+  }
+  template <class T>
+  GRAD_HD static std::size_t counted(const NodeArgs<T>& x) {
+    const auto [rows, d, classes] = sizes(x);
+    std::size_t n = 0;
+    for (std::size_t r = 0; r < rows; ++r) n += class_of(x, r) != classes;
+    return n;
+  }
+
+  // ---- per-item bodies: every logit recomputed where it is needed ----
+
+  // W's element (class j, feature p) in either layout.
+  template <class T>
+  GRAD_HD static T weight(const NodeArgs<T>& x, std::size_t j, std::size_t p) {
+    const auto [rows, d, classes] = sizes(x);
+    return x.axis == 0 ? x.b.data[j * d + p] : x.b.data[p * classes + j];
+  }
+  // Logit (r, j): matmul_nt's (matmul's) inner product, term for term.
+  template <class T>
+  GRAD_HD static T logit(const NodeArgs<T>& x, std::size_t r, std::size_t j) {
+    const std::size_t d = x.a.dims.d[1];
+    const T* hr = x.a.data + r * d;
+    T acc = T(0);
+    for (std::size_t p = 0; p < d; ++p) acc = fma_hd(hr[p], weight(x, j, p), acc);
+    return acc;
+  }
+  // Row r's maximum and exp-sum: CrossEntropy::row_stats on logits computed one by one.
+  template <class T>
+  GRAD_HD static CrossEntropy::RowStats<T> row_stats(const NodeArgs<T>& x, std::size_t r) {
+    const std::size_t classes = sizes(x).classes;
+    T hi = logit(x, r, 0);
+    for (std::size_t j = 1; j < classes; ++j) {
+      const T v = logit(x, r, j);
+      hi = v > hi ? v : hi;
+    }
+    T total = T(0);
+    for (std::size_t j = 0; j < classes; ++j) total = total + exact_exp(logit(x, r, j) - hi);
+    return {hi, total};
+  }
+  // The gradient of logit (r, j) given its row's stats and the scale
+  // g / count: CrossEntropy::backward_row's element; 0 in an ignored row.
+  template <class T>
+  GRAD_HD static T dlogit(const NodeArgs<T>& x, std::size_t r, std::size_t j, const CrossEntropy::RowStats<T>& s,
+                          T scale) {
+    const std::size_t t = class_of(x, r);
+    if (t == sizes(x).classes) return T(0);
+    const T p = exact_exp(logit(x, r, j) - s.hi) / s.total;
+    return (j == t ? p - T(1) : p) * scale;
+  }
+
+  template <class T>
+  GRAD_HD static std::size_t forward_items(const NodeArgs<T>&) {
+    return 1;
+  }
+  template <class T>
+  GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t) {
+    const auto [rows, d, classes] = sizes(x);
+    T total = T(0);
+    std::size_t count = 0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      const std::size_t t = class_of(x, r);
+      if (t == classes) continue;
+      const CrossEntropy::RowStats<T> s = row_stats(x, r);
+      total = total + (exact_log(s.total) - (logit(x, r, t) - s.hi));
+      ++count;
+    }
+    y[0] = count == 0 ? T(0) : total / static_cast<T>(count);
+  }
+
+  // Item w of dh (r, p) sums over classes in ascending j; of dW (its element
+  // in W's layout) over rows in ascending r: matmul_nt's (matmul's) bodies
+  // with the logits' gradient computed in place of reading it.
+  template <int In, class T>
+  GRAD_HD static void backward_item(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
+    const auto [rows, d, classes] = sizes(x);
+    const std::size_t count = counted(x);
+    const T scale = count == 0 ? T(0) : g[0] / static_cast<T>(count);
+    T acc = T(0);
+    if constexpr (In == 0) {
+      const std::size_t r = w / d, p = w % d;
+      const CrossEntropy::RowStats<T> s = class_of(x, r) == classes ? CrossEntropy::RowStats<T>{} : row_stats(x, r);
+      for (std::size_t j = 0; j < classes; ++j) acc = fma_hd(dlogit(x, r, j, s, scale), weight(x, j, p), acc);
+    } else {
+      const std::size_t j = x.axis == 0 ? w / d : w % classes, p = x.axis == 0 ? w % d : w / classes;
+      for (std::size_t r = 0; r < rows; ++r) {
+        const CrossEntropy::RowStats<T> s = class_of(x, r) == classes ? CrossEntropy::RowStats<T>{} : row_stats(x, r);
+        acc = fma_hd(x.a.data[r * d + p], dlogit(x, r, j, s, scale), acc);
+      }
+    }
+    dx[w] = acc;
+  }
+
+  // ---- host loops: the logits a chunk of rows at a time ----
+
+  // Rows per chunk: at most 32, and at most 16 MiB of logits (one row when a
+  // row alone is more). Fewer rows per chunk would read W once more per chunk
+  // for every gemm (W is 545 MB at Qwen2.5-0.5B).
+  template <class T>
+  static std::size_t chunk_rows(std::size_t classes) {
+    constexpr std::size_t most_rows = 32, most_bytes = std::size_t{16} << 20;
+    return std::clamp<std::size_t>(most_bytes / (classes * sizeof(T)), 1, most_rows);
+  }
+  // The logits of rows [r0, r0 + m) into `logits` [m, classes].
+  template <class T>
+  static void chunk_logits(const NodeArgs<T>& x, std::size_t r0, std::size_t m, T* logits) {
+    const auto [rows, d, classes] = sizes(x);
+    if (x.axis == 0)
+      gemm_nt(x.a.data + r0 * d, x.b.data, logits, m, d, classes);
+    else
+      gemm_nn(x.a.data + r0 * d, x.b.data, logits, m, d, classes);
+  }
+  // Calls chunk(r0, m, logits) over the rows in ascending chunks, the
+  // chunk's logits computed.
+  template <class T, class Chunk>
+  static void each_chunk(const NodeArgs<T>& x, Chunk&& chunk) {
+    const auto [rows, d, classes] = sizes(x);
+    const std::size_t step = chunk_rows<T>(classes);
+    std::vector<T> logits(std::min(rows, step) * classes);
+    for (std::size_t r0 = 0; r0 < rows; r0 += step) {
+      const std::size_t m = std::min(step, rows - r0);
+      chunk_logits(x, r0, m, logits.data());
+      chunk(r0, m, logits.data());
+    }
+  }
+
+  template <class T>
+  static void forward_tensor(const NodeArgs<T>& x, T* y) {
+    const std::size_t classes = sizes(x).classes;
+    T total = T(0);
+    std::size_t count = 0;
+    each_chunk(x, [&](std::size_t r0, std::size_t m, const T* logits) {
+      with_best_isa([&](auto width) {
+        for (std::size_t r = r0; r < r0 + m; ++r) {
+          const std::size_t t = class_of(x, r);
+          if (t == classes) continue;
+          total = total + CrossEntropy::row_loss_packs<pack_for<T, decltype(width)>>(logits + (r - r0) * classes,
+                                                                                     classes, t);
+          ++count;
+        }
+      });
+    });
+    y[0] = count == 0 ? T(0) : total / static_cast<T>(count);
+  }
+
+  template <int In, class T>
+  static void backward_tensor(const NodeArgs<T>& x, const T*, const T* g, T* dx) {
+    const auto [rows, d, classes] = sizes(x);
+    if (In == 1 && rows == 0) std::fill(dx, dx + classes * d, T(0));  // the empty sums
+    const std::size_t count = counted(x);
+    each_chunk(x, [&](std::size_t r0, std::size_t m, T* dlogits) {
+      // The chunk's logits become their gradient in place, row by row (CrossEntropy's bodies).
+      parallel_ranges(m, row_grain(classes), [&](std::size_t lo, std::size_t hi) {
+        with_best_isa([&](auto width) {
+          for (std::size_t i = lo; i < hi; ++i) {
+            T* row = dlogits + i * classes;
+            const std::size_t t = class_of(x, r0 + i);
+            if (t == classes)
+              std::fill(row, row + classes, T(0));
+            else
+              CrossEntropy::counted_row_packs<pack_for<T, decltype(width)>>(row, row, classes, t,
+                                                                            g[0] / static_cast<T>(count));
+          }
+        });
+      });
+      if constexpr (In == 0) {  // dh's rows [r0, r0 + m): matmul_nt's dA (matmul's)
+        if (x.axis == 0)
+          gemm_nn(dlogits, x.b.data, dx + r0 * d, m, classes, d);
+        else
+          gemm_nt(dlogits, x.b.data, dx + r0 * d, m, classes, d);
+      } else {  // dW's sums over rows, continued chunk after chunk
+        const bool first = r0 == 0;
+        if (x.axis == 0)
+          (first ? gemm_tn<T> : gemm_tn_continue<T>)(dlogits, x.a.data + r0 * d, dx, m, classes, d);
+        else
+          (first ? gemm_tn<T> : gemm_tn_continue<T>)(x.a.data + r0 * d, dlogits, dx, m, d, classes);
+      }
+    });
+  }
+};
+
+}  // namespace grad
