@@ -155,6 +155,163 @@ TEST_CASE("the host loops of embedding and cross_entropy give the per-item bodie
   CHECK(same_bits(e1, e2));
 }
 
+
+// ------------------------------------------- linear_cross_entropy (fused) --
+
+namespace {
+
+template <class T>
+bool same_bits_of(std::span<const T> a, std::span<const T> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// The loss of h [rows, d] through W (trainable or a constant) against ids
+// with every fourth row ignored, recorded fused or as the composite
+// cross_entropy(matmul_nt(h, W)) (matmul for ClassAxis::columns); backward run.
+template <class T>
+struct HeadLoss {
+  Tape<T> tp;
+  Var<T> h, w, loss;
+  HeadLoss(bool fused, std::size_t rows, std::size_t classes, std::size_t d, ClassAxis along, bool train_w,
+           std::uint64_t seed) {
+    Rng rng(seed);
+    const Tensor<T> h0 = random_tensor<T>({rows, d}, rng, -2, 2);
+    const Tensor<T> w0 =
+        random_tensor<T>(along == ClassAxis::rows ? Shape{classes, d} : Shape{d, classes}, rng, -2, 2);
+    Tensor<T> ids({rows});
+    for (std::size_t r = 0; r < rows; ++r) ids[r] = r % 4 == 1 ? T(-100) : static_cast<T>(rng.next() % classes);
+    h = tp.param(h0);
+    w = train_w ? tp.param(w0) : tp.constant(w0);
+    const Var<T> scaled = h * T(3), targets = tp.constant(ids);  // h's gradient passes through a node
+    if (fused)
+      loss = linear_cross_entropy(scaled, w, targets, T(-100), along);
+    else
+      loss = grad::cross_entropy(along == ClassAxis::rows ? matmul_nt(scaled, w) : matmul(scaled, w), targets,
+                                 T(-100));
+    REQUIRE(tp.ok());
+    REQUIRE(tp.backward(loss));
+  }
+};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("linear_cross_entropy is cross_entropy of matmul_nt (or matmul) bit for bit: loss, dh and dW",
+                   T, double, float) {
+  for (std::size_t threads : {1, 3}) {
+    set_num_threads(threads);
+    for (std::size_t rows : {1, 5, 67})  // 67: three chunks of at most 32 rows
+      for (std::size_t classes : {7, 301})
+        for (ClassAxis along : {ClassAxis::rows, ClassAxis::columns})
+          for (bool train_w : {true, false}) {
+            CAPTURE(threads);
+            CAPTURE(rows);
+            CAPTURE(classes);
+            CAPTURE(along == ClassAxis::rows);
+            CAPTURE(train_w);
+            const std::uint64_t seed = rows * 1000 + classes;
+            HeadLoss<T> fused(true, rows, classes, 9, along, train_w, seed),
+                unfused(false, rows, classes, 9, along, train_w, seed);
+            CHECK(fused.tp.nodes()[fused.loss.index()].op == op_code<LinearCrossEntropy>);
+            CHECK(same_bits_of(fused.tp.value(fused.loss).data, unfused.tp.value(unfused.loss).data));
+            CHECK(same_bits_of(fused.tp.grad(fused.h).data, unfused.tp.grad(unfused.h).data));
+            CHECK(fused.tp.has_grad(fused.w) == train_w);
+            if (train_w) CHECK(same_bits_of(fused.tp.grad(fused.w).data, unfused.tp.grad(unfused.w).data));
+          }
+  }
+  set_num_threads(1);
+}
+
+TEST_CASE("linear_cross_entropy: chunks bounded by 16 MiB of logits keep the bits (wide vocabulary)") {
+  // 131,073 classes of doubles: 15 rows per chunk, so 40 rows take three.
+  CHECK(LinearCrossEntropy::chunk_rows<double>(131073) == 15);
+  CHECK(LinearCrossEntropy::chunk_rows<float>(7) == 32);
+  CHECK(LinearCrossEntropy::chunk_rows<float>(std::size_t{1} << 23) == 1);
+  HeadLoss<double> fused(true, 40, 131073, 2, ClassAxis::rows, true, 5),
+      unfused(false, 40, 131073, 2, ClassAxis::rows, true, 5);
+  CHECK(same_bits_of(fused.tp.value(fused.loss).data, unfused.tp.value(unfused.loss).data));
+  CHECK(same_bits_of(fused.tp.grad(fused.h).data, unfused.tp.grad(unfused.h).data));
+  CHECK(same_bits_of(fused.tp.grad(fused.w).data, unfused.tp.grad(unfused.w).data));
+  // The tape keeps neither the logits nor their gradient.
+  CHECK(fused.tp.arena_bytes() + 2 * 40 * 131073 * sizeof(double) <= unfused.tp.arena_bytes());
+}
+
+TEST_CASE("linear_cross_entropy's host loops give its per-item bodies' bits; the device CPU backend too") {
+  for (ClassAxis along : {ClassAxis::rows, ClassAxis::columns}) {
+    CAPTURE(along == ClassAxis::rows);
+    HeadLoss<double> fused(true, 37, 11, 5, along, true, 9);
+    const Node<double>& n = fused.tp.nodes()[fused.loss.index()];
+    const NodeArgs<double> x = fused.tp.args(n);
+    double by_items = 0;
+    LinearCrossEntropy::forward_item(x, &by_items, 0);
+    CHECK(by_items == fused.tp.scalar(fused.loss));
+    const double up = 1;
+    std::vector<double> dh(37 * 5), dw(11 * 5);
+    for (std::size_t w = 0; w < dh.size(); ++w) LinearCrossEntropy::backward_item<0>(x, &by_items, &up, dh.data(), w);
+    for (std::size_t w = 0; w < dw.size(); ++w) LinearCrossEntropy::backward_item<1>(x, &by_items, &up, dw.data(), w);
+    std::vector<double> dh_host(dh.size()), dw_host(dw.size());
+    LinearCrossEntropy::backward_tensor<0>(x, &by_items, &up, dh_host.data());
+    LinearCrossEntropy::backward_tensor<1>(x, &by_items, &up, dw_host.data());
+    CHECK(same_bits(dh, dh_host));
+    CHECK(same_bits(dw, dw_host));
+    CHECK(same_bits(dw, fused.tp.grad(fused.w).data));
+    auto prog = dev::capture(fused.tp, fused.loss, {.backend = dev::Backend::cpu});
+    prog.forward();
+    prog.backward();
+    CHECK(prog.loss() == fused.tp.scalar(fused.loss));
+    const Tensor<double> gw = prog.grad(fused.w), gh = prog.grad(fused.h);
+    CHECK(same_bits(gw.data(), fused.tp.grad(fused.w).data));
+    CHECK(same_bits(gh.data(), fused.tp.grad(fused.h).data));
+  }
+}
+
+TEST_CASE("linear_cross_entropy refuses bad shapes, ids out of range or not integers, and ids with a gradient") {
+  auto h_of = [](Tape<double>& tp, Shape s) { return tp.param(Tensor<double>(std::move(s))); };
+  auto ids_of = [](Tape<double>& tp, std::vector<double> v) {
+    const std::size_t n = v.size();
+    return tp.constant(Tensor<double>({n}, std::move(v)));
+  };
+  {
+    Tape<double> tp;
+    linear_cross_entropy(h_of(tp, {2, 3, 4}), h_of(tp, {5, 4}), ids_of(tp, {0, 1}));
+    expect_poisoned(tp, {"linear_cross_entropy", "h [2, 3, 4]", "expected [rows, d]"});
+  }
+  {
+    Tape<double> tp;
+    linear_cross_entropy(h_of(tp, {3, 4}), h_of(tp, {5, 3}), ids_of(tp, {0, 1, 2}));
+    expect_poisoned(tp, {"linear_cross_entropy", "h [3, 4] and W [5, 3]", "expected W [classes, 4]"});
+  }
+  {
+    Tape<double> tp;
+    linear_cross_entropy(h_of(tp, {3, 4}), h_of(tp, {5, 4}), ids_of(tp, {0, 1, 2}), -100.0, ClassAxis::columns);
+    expect_poisoned(tp, {"linear_cross_entropy", "h [3, 4] and W [5, 4]", "expected W [4, classes]"});
+  }
+  {
+    Tape<double> tp;
+    linear_cross_entropy(h_of(tp, {3, 4}), h_of(tp, {5, 4}), ids_of(tp, {0, 1}));
+    expect_poisoned(tp, {"linear_cross_entropy", "h [3, 4] and ids [2]", "expected ids [3]"});
+  }
+  {
+    Tape<double> tp;
+    linear_cross_entropy(h_of(tp, {3, 4}), h_of(tp, {5, 4}), ids_of(tp, {0, 5, 1}));
+    expect_poisoned(tp, {"linear_cross_entropy", "id 5", "row 1", "[0, 5)", "-100"});
+  }
+  {
+    Tape<double> tp;
+    linear_cross_entropy(h_of(tp, {3, 4}), h_of(tp, {4, 5}), ids_of(tp, {0, 1, 0.5}), -1.0, ClassAxis::columns);
+    expect_poisoned(tp, {"linear_cross_entropy", "0.5", "row 2"});
+  }
+  {
+    Tape<double> tp;
+    linear_cross_entropy(h_of(tp, {3, 4}), h_of(tp, {5, 4}), ids_of(tp, {0, 1, 2}), 0.5);
+    expect_poisoned(tp, {"linear_cross_entropy", "ignore id 0.5"});
+  }
+  {
+    Tape<double> tp;
+    linear_cross_entropy(h_of(tp, {3, 4}), h_of(tp, {5, 4}), tp.param(Tensor<double>({3}, {0, 1, 2})));
+    expect_poisoned(tp, {"linear_cross_entropy", "the ids require a gradient"});
+  }
+}
+
 // ------------------------------------------------------------- the model --
 
 namespace {
@@ -347,6 +504,43 @@ TEST_CASE("tied embeddings: the head is one matmul_nt node on the embedding, and
     CHECK(same_bits(dec.prefill(std::span<const int>(in).subspan(b * t, t)),
                     tp.value(r.logits).data.subspan((b * t + t - 1) * 256, 256)));
   }
+}
+
+TEST_CASE("Lm::forward_loss: forward's loss and every gradient bit for bit, without the logits (tied and untied)") {
+  const std::size_t t = 12, B = 2;
+  const std::vector<int> in = some_tokens(B * t, 31);
+  std::vector<int> out = some_tokens(B * t, 32);
+  out[5] = -100;  // a padded position
+  for (bool tied : {false, true})
+    for (std::size_t rank : {0, 4}) {
+      CAPTURE(tied);
+      CAPTURE(rank);
+      nn::LmConfig c = small_config(rank);
+      c.tied_embeddings = tied;
+      const auto train = rank == 0 ? nn::Lm<double>::Train::full : nn::Lm<double>::Train::lora;
+      Tape<double> tp, tf;
+      nn::Lm<double> m(tp, c, 17, train), mf(tf, c, 17, train);
+      const Var<double> loss = m.forward(m.ids(in, B, t), m.ids(out, B * t, 0)).loss;
+      const Var<double> fused = mf.forward_loss(mf.ids(in, B, t), mf.ids(out, B * t, 0));
+      REQUIRE(tp.backward(loss));
+      REQUIRE(tf.backward(fused));
+      CHECK(tf.nodes()[fused.index()].op == op_code<LinearCrossEntropy>);
+      CHECK(tp.scalar(loss) == tf.scalar(fused));
+      for (std::size_t k = 0; k < m.named().size(); ++k) {
+        CAPTURE(m.named()[k].name);
+        REQUIRE(tp.has_grad(m.named()[k].var) == tf.has_grad(mf.named()[k].var));
+        if (tp.has_grad(m.named()[k].var))
+          CHECK(same_bits(tp.grad(m.named()[k].var).data, tf.grad(mf.named()[k].var).data));
+      }
+      // Neither the [24, 256] logits nor their gradient on the tape: the
+      // values and gradients its nodes hold differ by exactly those.
+      auto node_bytes = [](const Tape<double>& tape) {
+        std::size_t n = 0;
+        for (const Node<double>& node : tape.nodes()) n += node.dims.size() * sizeof(double) * (node.grad ? 2 : 1);
+        return n;
+      };
+      CHECK(node_bytes(tf) + 2 * B * t * c.vocab * sizeof(double) == node_bytes(tp));
+    }
 }
 
 TEST_CASE("merge folds every adapter into its base weight: logits within 1e-12 relative at f64") {

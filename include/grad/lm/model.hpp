@@ -425,6 +425,22 @@ class Lm {
   // "layers.<l>.mlp_norm", "layers.<l>.mlp", "final_norm", "head", "loss";
   // the residual additions are "layers.<l>" itself.
   LmOutput<T> forward(Var<T> ids, Var<T> targets = {}, T ignore = T(-100)) {
+    return record_forward(ids, targets, ignore, Head::logits);
+  }
+  // forward(ids, targets, ignore).loss without the logits: the head and the
+  // cross-entropy as one linear_cross_entropy node ("loss"), which computes
+  // the [batch * seq, vocab] logits a chunk of rows at a time and keeps none
+  // of them (nor their gradient) on the tape. The same bits as forward's loss
+  // and every parameter's gradient. The targets' values are read now, when
+  // the node is recorded.
+  Var<T> forward_loss(Var<T> ids, Var<T> targets, T ignore = T(-100)) {
+    return record_forward(ids, targets, ignore, Head::fused_loss).loss;
+  }
+
+  // What record_forward records after the final norm: the logits (and the
+  // loss from them when targets are given), or the loss alone.
+  enum class Head { logits, fused_loss };
+  LmOutput<T> record_forward(Var<T> ids, Var<T> targets, T ignore, Head head) {
     Tape<T>& tp = *tp_;
     if (!tp.accept("nn::Lm::forward", {ids})) return {tp.rejected(), tp.rejected()};
     const Dims d = tp.dims(ids);
@@ -476,6 +492,12 @@ class Lm {
     {
       NameScope<T> scope(tp, "final_norm");
       normed = rmsnorm(x, final_norm_, eps);
+    }
+    if (head == Head::fused_loss) {
+      NameScope<T> scope(tp, "loss");
+      out.loss = c_.tied_embeddings ? linear_cross_entropy(normed, embed_, targets, ignore)
+                                    : linear_cross_entropy(normed, head_, targets, ignore, ClassAxis::columns);
+      return out;
     }
     {
       NameScope<T> scope(tp, "head");
