@@ -418,6 +418,26 @@ class Generator {
           const std::size_t b = g.param({g.dim(), g.dims(g.values_[a])[1]});
           g.binary_at(a, b, "matmul_nt", [](Var<T> x, Var<T> y) { return matmul_nt(x, y); });
         },
+        [](Generator& g) {  // linear_cross_entropy of a value's rows (at most 8 columns: the device modes'
+                            // per-item bodies recompute logits) against a new W in either layout
+          std::size_t a = g.as_matrix(g.pick());
+          const Dims d = g.dims(g.values_[a]);
+          if (d[1] > 8) {
+            const Shape lo{0, 0}, hi{d[0], 8};
+            g.unary_at(a, "slice to 8 columns", [lo, hi](Var<T> x) { return slice(x, std::span(lo), std::span(hi)); });
+            a = g.values_.size() - 1;
+          }
+          const std::size_t width = std::min<std::size_t>(d[1], 8), classes = g.dim() + 1;
+          const bool rows_layout = g.rng_.next() % 2;
+          const std::size_t w = g.param(rows_layout ? Shape{classes, width} : Shape{width, classes});
+          Tensor<T> ids({d[0]});
+          for (T& x : ids.data()) x = g.rng_.next() % 5 == 0 ? T(-1) : static_cast<T>(g.rng_.next() % classes);
+          const ClassAxis along = rows_layout ? ClassAxis::rows : ClassAxis::columns;
+          g.push([a, w, ids, along](Tape<T>& tp, const auto&, const auto& v) {
+            return linear_cross_entropy(v[a], v[w], tp.constant(ids), T(-1), along);
+          },
+                 "linear_cross_entropy(" + g.name(a) + ", " + g.name(w) + ", ids)");
+        },
         [](Generator& g) {  // rms_norm over the last axis with a new weight; eps 0.1 keeps a row near zero tame
           const std::size_t a = g.pick();
           const std::size_t w = g.param({g.dims(g.values_[a]).back()});
