@@ -255,6 +255,15 @@ class EmitPlan {
         throw EmitError(who + "node " + std::to_string(i) + " is a '" + std::string(op_name(n.op)) +
                         "' op, whose tag has no per-item bodies (forward_item and backward_item, "
                         "grad/tags/contract.hpp): there is nothing to emit for it");
+      // The emitted shapes hold one extra per axis of operand a (slice's
+      // starts); an op that keeps one per row (linear_cross_entropy's class
+      // ids) would lose them.
+      const bool row_ids = with_op(n.op, [](auto op) { return requires { decltype(op)::keeps_row_ids; }; });
+      if (row_ids)
+        throw EmitError(who + "node " + std::to_string(i) + " is a '" + std::string(op_name(n.op)) +
+                        "' op, which keeps one id per row on the tape's index pool: emitted code keeps one extra "
+                        "per axis and cannot hold them (record the op's composite instead, e.g. "
+                        "cross_entropy(matmul_nt(h, w), ids, ignore))");
       // The emitted code computes the captured episode, whose dropout keys
       // are the captured step's: a step() run again and again would train on
       // one mask. forward() and value_and_grad() compute that episode, masks
