@@ -11,7 +11,9 @@
 // Qwen2.5-0.5B width (f32): rms_norm at [512, 896] (forward + backward to x
 // and w) and the tied head [512, 896] x [151936, 896]^T (forward + backward
 // to x), each with the bytes its episode adds to the tape (values and
-// gradients) as a counter.
+// gradients) as a counter; and the tied head with its cross-entropy
+// (forward + backward to x) against linear_cross_entropy, which never holds
+// the logits.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -194,6 +196,40 @@ void tied_head_qwen(benchmark::State& state) {
   state.counters["tape_bytes"] = bytes;
 }
 
+Var<float> loss_unfused(Var<float> x, Var<float> embed, Var<float> ids) {
+  return grad::cross_entropy(grad::matmul_nt(x, embed), ids, -100.f);
+}
+Var<float> loss_fused(Var<float> x, Var<float> embed, Var<float> ids) {
+  return grad::linear_cross_entropy(x, embed, ids, -100.f);
+}
+
+// The tied head and its cross-entropy, forward + backward to x (the
+// embedding a constant, as under LoRA): cross_entropy(matmul_nt) against
+// linear_cross_entropy (the same bits, no [512, 151936] logits on the tape).
+// Counters: the episode's bytes on the tape and the tape's arena high-water mark.
+template <Var<float> (*Loss)(Var<float>, Var<float>, Var<float>)>
+void tied_head_loss_qwen(benchmark::State& state) {
+  const std::size_t rows = 512, d = 896, vocab = 151936;
+  Tape<float> tp;
+  Var<float> x = tp.param(filled_f32({rows, d}, -0.3f));
+  Var<float> embed = tp.constant(filled_f32({vocab, d}, -0.05f));
+  Tensor<float> targets({rows});
+  for (std::size_t i = 0; i < rows; ++i) targets[i] = static_cast<float>(i * 7919 % vocab);
+  Var<float> ids = tp.constant(targets);
+  const auto m = tp.mark();
+  double bytes = 0;
+  for (auto _ : state) {
+    const std::size_t first = tp.size();
+    Var<float> loss = Loss(x, embed, ids);
+    tp.backward(loss);
+    benchmark::DoNotOptimize(tp.grad(x).data.data());
+    bytes = episode_bytes(tp, first);
+    tp.reset_to(m);
+  }
+  state.counters["tape_bytes"] = bytes;
+  state.counters["arena_MiB"] = static_cast<double>(tp.arena_bytes()) / (1 << 20);
+}
+
 void sizes(benchmark::internal::Benchmark* b) { b->Args({8, 64})->Args({64, 256})->Args({256, 1024}); }
 
 BENCHMARK(row_mean_step<row_mean_by_matmul>)->Apply(sizes);
@@ -205,6 +241,8 @@ BENCHMARK(rmsnorm_qwen<rmsnorm_fused>)->Unit(benchmark::kMillisecond);
 // Arg: 0 forward only, 1 forward + backward to x.
 BENCHMARK(tied_head_qwen<head_composite>)->Arg(0)->Arg(1)->Iterations(2)->Unit(benchmark::kMillisecond);
 BENCHMARK(tied_head_qwen<head_fused>)->Arg(0)->Arg(1)->Iterations(2)->Unit(benchmark::kMillisecond);
+BENCHMARK(tied_head_loss_qwen<loss_unfused>)->Iterations(2)->Unit(benchmark::kMillisecond);
+BENCHMARK(tied_head_loss_qwen<loss_fused>)->Iterations(2)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

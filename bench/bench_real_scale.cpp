@@ -123,9 +123,10 @@ class Finetune {
   // false when the tape refused the step (tp.error() says why).
   bool step(bool profiled = false) {
     tp_.profile(profiled);
-    auto r = model_.forward(model_.ids(in_, 1, o_.seq), model_.ids(out_, o_.seq, 0));
-    if (!tp_.backward(r.loss) || !opt_.step()) return false;
-    std::printf("loss %d %a\n", ++steps_, static_cast<double>(tp_.scalar(r.loss)));
+    // The loss without the [seq, vocab] logits (forward_loss: forward's loss bit for bit).
+    const grad::Var<T> loss = model_.forward_loss(model_.ids(in_, 1, o_.seq), model_.ids(out_, o_.seq, 0));
+    if (!tp_.backward(loss) || !opt_.step()) return false;
+    std::printf("loss %d %a\n", ++steps_, static_cast<double>(tp_.scalar(loss)));
     if (profiled) {
       tp_.profile(false);
       std::printf("profile of one step (forward and backward; Adam not timed), by op:\n%s",

@@ -4,6 +4,7 @@
 // thread counts.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -137,6 +138,32 @@ TEST_CASE_TEMPLATE("the public gemm entry points match the reference on the best
   reference::gemm_tn(A.data(), G.data(), want_b.data(), m, k, n);
   gemm_tn(A.data(), G.data(), got_b.data(), m, k, n);
   CHECK(same_bits(want_b, got_b));
+}
+
+TEST_CASE_TEMPLATE("gemm_tn over rows in chunks, continued, gives one gemm_tn's bits (1 and 3 threads)", T, double,
+                   float) {
+  Rng rng(8);
+  const std::size_t m = 300, k = 45, n = 260;  // m spans two of the kc blocks
+  const auto A = operand<T>(m * k, rng), G = operand<T>(m * n, rng);
+  std::vector<T> want(k * n);
+  reference::gemm_tn(A.data(), G.data(), want.data(), m, k, n);
+  for (std::size_t threads : {1, 3}) {
+    set_num_threads(threads);
+    for (std::size_t chunk : {1, 7, 32, 299}) {
+      CAPTURE(threads);
+      CAPTURE(chunk);
+      std::vector<T> got(k * n, std::numeric_limits<T>::quiet_NaN());
+      for (std::size_t r0 = 0; r0 < m; r0 += chunk) {
+        const std::size_t rows = std::min(chunk, m - r0);
+        (r0 == 0 ? gemm_tn<T> : gemm_tn_continue<T>)(A.data() + r0 * k, G.data() + r0 * n, got.data(), rows, k, n);
+      }
+      CHECK(same_bits(want, got));
+    }
+  }
+  set_num_threads(1);
+  std::vector<T> kept(6, T(7));
+  gemm_tn_continue<T>(nullptr, nullptr, kept.data(), 0, 2, 3);  // no rows: C as it was
+  for (T x : kept) CHECK(x == T(7));
 }
 
 TEST_CASE_TEMPLATE("an empty sum (k = 0) gives zeros and empty outputs are left alone", T, double, float) {
