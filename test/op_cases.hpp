@@ -276,7 +276,7 @@ std::vector<OpCase<T>> op_cases() {
   add_large("layer_norm large", {r({300, 131})}, [](Tp, V v) { return layer_norm(v[0], T(1e-5)); });
   // linear_cross_entropy (after every earlier case, so that their draws stay
   // as they were): W in both layouts, ignored rows; the large case runs over
-  // several chunks of rows (chunk_rows: 32).
+  // two chunks of rows (chunk_rows: 128).
   add("linear_cross_entropy tied", {r({5, 4}), r({7, 4})},
       [](Tp, V v) { return linear_cross_entropy(v[0] * T(2), v[1], v[2], T(-100)); },
       {Tensor<T>({5}, {2, 6, -100, 0, 6})});
@@ -284,9 +284,9 @@ std::vector<OpCase<T>> op_cases() {
       [](Tp, V v) { return linear_cross_entropy(v[0] * T(2), v[1], v[2], T(-1), ClassAxis::columns); },
       {Tensor<T>({4, 1}, {5, -1, 0, 3})});
   {
-    Tensor<T> ids({70});
-    for (std::size_t i = 0; i < 70; ++i) ids[i] = i % 9 == 4 ? T(-100) : static_cast<T>(i * 7 % 40);
-    add("linear_cross_entropy over chunks", {r({70, 20}), r({40, 20})},
+    Tensor<T> ids({140});
+    for (std::size_t i = 0; i < 140; ++i) ids[i] = i % 9 == 4 ? T(-100) : static_cast<T>(i * 7 % 12);
+    add("linear_cross_entropy over chunks", {r({140, 8}), r({12, 8})},
         [](Tp, V v) { return linear_cross_entropy(v[0], v[1], v[2]); }, {ids});
     t.back().large = true;
   }

@@ -199,7 +199,7 @@ TEST_CASE_TEMPLATE("linear_cross_entropy is cross_entropy of matmul_nt (or matmu
                    T, double, float) {
   for (std::size_t threads : {1, 3}) {
     set_num_threads(threads);
-    for (std::size_t rows : {1, 5, 67})  // 67: three chunks of at most 32 rows
+    for (std::size_t rows : {1, 5, 67, 300})  // 300: three chunks of at most 128 rows
       for (std::size_t classes : {7, 301})
         for (ClassAxis along : {ClassAxis::rows, ClassAxis::columns})
           for (bool train_w : {true, false}) {
@@ -221,18 +221,19 @@ TEST_CASE_TEMPLATE("linear_cross_entropy is cross_entropy of matmul_nt (or matmu
   set_num_threads(1);
 }
 
-TEST_CASE("linear_cross_entropy: chunks bounded by 16 MiB of logits keep the bits (wide vocabulary)") {
-  // 131,073 classes of doubles: 15 rows per chunk, so 40 rows take three.
-  CHECK(LinearCrossEntropy::chunk_rows<double>(131073) == 15);
-  CHECK(LinearCrossEntropy::chunk_rows<float>(7) == 32);
-  CHECK(LinearCrossEntropy::chunk_rows<float>(std::size_t{1} << 23) == 1);
-  HeadLoss<double> fused(true, 40, 131073, 2, ClassAxis::rows, true, 5),
-      unfused(false, 40, 131073, 2, ClassAxis::rows, true, 5);
+TEST_CASE("linear_cross_entropy: chunks bounded by 64 MiB of logits keep the bits (wide vocabulary)") {
+  // 300,000 classes of floats: 55 rows per chunk, so 60 rows take two.
+  CHECK(LinearCrossEntropy::chunk_rows<float>(300000) == 55);
+  CHECK(LinearCrossEntropy::chunk_rows<float>(151936) == 110);  // Qwen2.5-0.5B's vocabulary
+  CHECK(LinearCrossEntropy::chunk_rows<double>(7) == 128);
+  CHECK(LinearCrossEntropy::chunk_rows<float>(std::size_t{1} << 25) == 1);
+  HeadLoss<float> fused(true, 60, 300000, 2, ClassAxis::rows, true, 5),
+      unfused(false, 60, 300000, 2, ClassAxis::rows, true, 5);
   CHECK(same_bits_of(fused.tp.value(fused.loss).data, unfused.tp.value(unfused.loss).data));
   CHECK(same_bits_of(fused.tp.grad(fused.h).data, unfused.tp.grad(unfused.h).data));
   CHECK(same_bits_of(fused.tp.grad(fused.w).data, unfused.tp.grad(unfused.w).data));
   // The tape keeps neither the logits nor their gradient.
-  CHECK(fused.tp.arena_bytes() + 2 * 40 * 131073 * sizeof(double) <= unfused.tp.arena_bytes());
+  CHECK(fused.tp.arena_bytes() + 2 * 60 * 300000 * sizeof(float) <= unfused.tp.arena_bytes());
 }
 
 TEST_CASE("linear_cross_entropy's host loops give its per-item bodies' bits; the device CPU backend too") {
