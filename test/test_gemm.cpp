@@ -42,6 +42,9 @@ std::vector<Dims3> shapes() {
   s.push_back({200, 6, 64});     // workload A's first layer
   s.push_back({200, 64, 6});     // and its last: one strip, a read straight from a
   s.push_back({130, 300, 600});  // large enough to be split across threads
+  s.push_back({1, 520, 1031});   // one row (multiply_row): kc crossed twice, a ragged tail
+  s.push_back({1, 257, 77});     // one row: whole strips, one-vector strips and scalar columns
+  s.push_back({1, 700, 2003});   // one row, split across threads by columns
   return s;
 }
 
