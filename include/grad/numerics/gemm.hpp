@@ -14,7 +14,9 @@
 //   - cache blocking splits the sum into KC-long runs in ascending order;
 //     between runs the partial sum is stored to C and reloaded unchanged;
 //   - threads take disjoint ranges of output columns (or rows), each
-//     element computed whole by one thread.
+//     element computed whole by one thread;
+//   - a single output row (a decoding step's x . W or x . W^T) skips the
+//     packing and reads b where it lies (multiply_row, multiply_row_transposed).
 // So the blocked kernels equal grad::reference::gemm_* bit for bit, on any
 // instruction set and thread count (test_gemm checks it over many shapes).
 //
