@@ -3,7 +3,9 @@
 // Hugging Face directory through grad::hf.
 //
 //   bench_real_scale write    --out DIR [--small]              config.json, model.safetensors, model.gguf (F32)
-//   bench_real_scale finetune --model DIR --threads N --reps R  L1: LoRA rank 16 on every projection, Adam
+//   bench_real_scale finetune --model DIR --threads N --reps R [--recompute]
+//                                                               L1: LoRA rank 16 on every projection, Adam
+//                                                               (--recompute: nn::Lm::set_recompute)
 //   bench_real_scale generate --model DIR --threads N --reps R  L2: prefill 512 tokens, 128 greedy tokens
 //
 // bench/real_scale.sh runs these beside PyTorch (bench/peer_torch_real_scale.py)
