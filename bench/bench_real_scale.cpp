@@ -3,7 +3,9 @@
 // Hugging Face directory through grad::hf.
 //
 //   bench_real_scale write    --out DIR [--small]              config.json, model.safetensors, model.gguf (F32)
-//   bench_real_scale finetune --model DIR --threads N --reps R  L1: LoRA rank 16 on every projection, Adam
+//   bench_real_scale finetune --model DIR --threads N --reps R [--recompute]
+//                                                               L1: LoRA rank 16 on every projection, Adam
+//                                                               (--recompute: nn::Lm::set_recompute)
 //   bench_real_scale generate --model DIR --threads N --reps R  L2: prefill 512 tokens, 128 greedy tokens
 //
 // bench/real_scale.sh runs these beside PyTorch (bench/peer_torch_real_scale.py)
@@ -101,6 +103,7 @@ int write_checkpoint(const std::string& dir, bool small, std::size_t small_hidde
 struct Options {
   std::string model;
   std::size_t threads = 1, reps = 5, seq = 512, prompt = 512, new_tokens = 128, rank = 16;
+  bool recompute = false;  // finetune: each layer in a recompute scope (nn::Lm::set_recompute)
   std::string profile;  // finetune: print grad's profile of one step (by op and by scope) and write a Chrome trace here
 };
 
@@ -111,6 +114,7 @@ class Finetune {
  public:
   explicit Finetune(const Options& o) : o_(o), model_(tp_, config(o), 1, nn::Lm<T>::Train::lora), opt_(T(1e-4)) {
     hf::load_weights(o.model, model_);
+    model_.set_recompute(o.recompute);
     for (const auto& p : model_.trainable()) opt_.add(p.var);
     const std::size_t vocab = model_.config().vocab;
     for (std::size_t i = 0; i < o.seq; ++i) {
@@ -119,6 +123,8 @@ class Finetune {
     }
     mark_ = tp_.mark();
     if (!step()) throw std::runtime_error(tp_.error());
+    std::printf("tape arenas after the warm-up step: %.1f MiB (recompute scopes' share %.1f MiB)\n",
+                static_cast<double>(tp_.arena_bytes()) / 1048576.0, static_cast<double>(tp_.recompute_bytes()) / 1048576.0);
   }
   // false when the tape refused the step (tp.error() says why).
   bool step(bool profiled = false) {
@@ -221,6 +227,9 @@ int main(int argc, char** argv) {
   }
   finetune_cmd->add_option("--seq", o.seq, "tokens per step")->check(cli::range<std::size_t>(2, 32768));
   finetune_cmd->add_option("--rank", o.rank, "LoRA rank")->check(cli::range<std::size_t>(1, 4096));
+  finetune_cmd->add_flag("--recompute", o.recompute,
+                         "activation recompute: each layer's inside computed again in backward instead of kept "
+                         "(the same bits, less memory)");
   finetune_cmd->add_option("--profile", o.profile,
                            "after the timed steps, profile one more and write its Chrome trace to this file");
   generate_cmd->add_option("--prompt", o.prompt, "prompt tokens")->check(cli::range<std::size_t>(1, 32768));

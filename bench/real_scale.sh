@@ -1,6 +1,7 @@
 #!/bin/bash
 # Issue 27's real-scale workloads, grad against PyTorch eager and llama.cpp:
 #   L1: LoRA finetune (rank 16 on q,k,v,o,gate,up,down; batch 1, sequence 512, f32, Adam), tokens/s
+#       (grad with activation recompute, nn::Lm::set_recompute: each layer computed again in backward)
 #   L2: prefill a 512-token prompt, then 128 greedy tokens with the KV cache (f32), tokens/s of each phase
 # on a Qwen2.5-0.5B-sized model (hidden 896, 24 layers, 14/2 heads of width 64,
 # MLP 4864, vocabulary 151,936, tied embeddings, q/k/v biases) with random
@@ -85,7 +86,7 @@ for r in $(seq 1 "$rounds"); do
   for t in $l1_threads; do
     profile=()
     [ "$r" = "$rounds" ] && [ "$t" = 1 ] && profile=(--profile "$logs/L1-grad-profile.json")
-    run L1-grad-t$t $bench finetune --model "$model" --threads $t --reps $reps --seq $seq "${profile[@]}" \
+    run L1-grad-t$t $bench finetune --model "$model" --threads $t --reps $reps --seq $seq --recompute "${profile[@]}" \
       --benchmark_out="$logs/L1-grad-t$t.r$r.json" --benchmark_out_format=json
     run L1-torch-t$t "${torch[@]}" finetune --model "$model" --threads $t --reps $reps --seq $seq
   done

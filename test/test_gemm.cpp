@@ -43,6 +43,9 @@ std::vector<Dims3> shapes() {
   s.push_back({200, 6, 64});     // workload A's first layer
   s.push_back({200, 64, 6});     // and its last: one strip, a read straight from a
   s.push_back({130, 300, 600});  // large enough to be split across threads
+  s.push_back({1, 520, 1031});   // one row (multiply_row): kc crossed twice, a ragged tail
+  s.push_back({1, 257, 77});     // one row: whole strips, one-vector strips and scalar columns
+  s.push_back({1, 700, 2003});   // one row, split across threads by columns
   return s;
 }
 
@@ -143,21 +146,25 @@ TEST_CASE_TEMPLATE("the public gemm entry points match the reference on the best
 TEST_CASE_TEMPLATE("gemm_tn over rows in chunks, continued, gives one gemm_tn's bits (1 and 3 threads)", T, double,
                    float) {
   Rng rng(8);
-  const std::size_t m = 300, k = 45, n = 260;  // m spans two of the kc blocks
-  const auto A = operand<T>(m * k, rng), G = operand<T>(m * n, rng);
-  std::vector<T> want(k * n);
-  reference::gemm_tn(A.data(), G.data(), want.data(), m, k, n);
-  for (std::size_t threads : {1, 3}) {
-    set_num_threads(threads);
-    for (std::size_t chunk : {1, 7, 32, 299}) {
-      CAPTURE(threads);
-      CAPTURE(chunk);
-      std::vector<T> got(k * n, std::numeric_limits<T>::quiet_NaN());
-      for (std::size_t r0 = 0; r0 < m; r0 += chunk) {
-        const std::size_t rows = std::min(chunk, m - r0);
-        (r0 == 0 ? gemm_tn<T> : gemm_tn_continue<T>)(A.data() + r0 * k, G.data() + r0 * n, got.data(), rows, k, n);
+  const std::size_t m = 300, n = 260;  // m spans two of the kc blocks
+  // k = 1: C is one row (the one-row paths, which sum from zero, must not take it)
+  for (std::size_t k : {45, 1}) {
+    const auto A = operand<T>(m * k, rng), G = operand<T>(m * n, rng);
+    std::vector<T> want(k * n);
+    reference::gemm_tn(A.data(), G.data(), want.data(), m, k, n);
+    for (std::size_t threads : {1, 3}) {
+      set_num_threads(threads);
+      for (std::size_t chunk : {1, 7, 32, 299}) {
+        CAPTURE(k);
+        CAPTURE(threads);
+        CAPTURE(chunk);
+        std::vector<T> got(k * n, std::numeric_limits<T>::quiet_NaN());
+        for (std::size_t r0 = 0; r0 < m; r0 += chunk) {
+          const std::size_t rows = std::min(chunk, m - r0);
+          (r0 == 0 ? gemm_tn<T> : gemm_tn_continue<T>)(A.data() + r0 * k, G.data() + r0 * n, got.data(), rows, k, n);
+        }
+        CHECK(same_bits(want, got));
       }
-      CHECK(same_bits(want, got));
     }
   }
   set_num_threads(1);

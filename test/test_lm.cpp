@@ -346,6 +346,20 @@ void randomize_adapters(nn::Lm<T>& m, std::uint64_t seed) {
     for (T& x : m.tape().leaf_value(p.var)) x = static_cast<T>(rng.uniform(-0.3, 0.3));
 }
 
+// One step() per token of each of the B sequences of t tokens: every
+// position's logits bitwise the tape's (logits [B * t, 256]).
+void check_steps(nn::KvDecoder<double>& dec, std::span<const int> in, std::span<const double> logits, std::size_t B,
+                 std::size_t t) {
+  for (std::size_t b = 0; b < B; ++b) {
+    dec.reset();
+    for (std::size_t p = 0; p < t; ++p) {
+      CAPTURE(b);
+      CAPTURE(p);
+      CHECK(same_bits(dec.step(in[b * t + p]), logits.subspan((b * t + p) * 256, 256)));
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("Lm records logits [batch * seq, vocab] and a loss near ln(vocab) at initialisation") {
@@ -442,15 +456,7 @@ TEST_CASE("the KV-cache decoder's logits are bitwise the tape's at every positio
     REQUIRE(tp.ok());
     const View<double> logits = tp.value(r.logits);
     nn::KvDecoder<double> dec(m);
-    for (std::size_t b = 0; b < B; ++b) {
-      dec.reset();
-      for (std::size_t p = 0; p < t; ++p) {
-        CAPTURE(b);
-        CAPTURE(p);
-        const std::span<const double> got = dec.step(in[b * t + p]);
-        CHECK(same_bits(got, logits.data.subspan((b * t + p) * 256, 256)));
-      }
-    }
+    check_steps(dec, in, logits.data, B, t);
     CHECK_THROWS_AS(dec.step(1), std::out_of_range);  // full
     dec.reset();
     CHECK_THROWS_WITH_AS(dec.step(256), doctest::Contains("token 256"), std::out_of_range);
@@ -494,13 +500,8 @@ TEST_CASE("tied embeddings: the head is one matmul_nt node on the embedding, and
   Var<double> embed = ref.param(tp.value(m.embed()).tensor());
   CHECK(same_bits(tp.value(r.logits).data, ref.value(matmul(normed, transpose(embed))).data));
   nn::KvDecoder<double> dec(m);
+  check_steps(dec, in, tp.value(r.logits).data, B, t);
   for (std::size_t b = 0; b < B; ++b) {
-    dec.reset();
-    for (std::size_t p = 0; p < t; ++p) {
-      CAPTURE(b);
-      CAPTURE(p);
-      CHECK(same_bits(dec.step(in[b * t + p]), tp.value(r.logits).data.subspan((b * t + p) * 256, 256)));
-    }
     dec.reset();
     CHECK(same_bits(dec.prefill(std::span<const int>(in).subspan(b * t, t)),
                     tp.value(r.logits).data.subspan((b * t + t - 1) * 256, 256)));

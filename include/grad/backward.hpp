@@ -99,6 +99,7 @@ void Tape<T>::watch_growth() {
 template <class T>
 bool Tape<T>::walk(Var<T> loss) {
   if (!accept("backward", {loss})) return false;
+  if (open_scope_ != no_node) return fail("backward: a recompute scope is open; call backward after its block returns");
   if (std::string why = inference_refusal(loss); !why.empty()) return fail(std::move(why));
   const Node<T>& root = nodes_[loss.index_];
   if (root.dims.size() != 1)
@@ -115,9 +116,18 @@ bool Tape<T>::walk(Var<T> loss) {
     if constexpr (Op::arity > 0) backward_steps_[op_code<Op>] = &Tape::backward_node<Op>;
   });
 #endif
+  // Recompute scopes (recompute.hpp) at or below the loss, not yet replayed:
+  // the first node of one that the walk must step through brings back the
+  // values of the scope's transient nodes up to there, in recording order.
+  std::size_t scopes =
+      static_cast<std::size_t>(std::upper_bound(scopes_.begin(), scopes_.end(), loss.index_,
+                                                [](std::uint32_t i, const Scope& s) { return i < s.begin; }) -
+                               scopes_.begin());
   for (std::size_t i = loss.index_ + 1; i-- > 0;) {
     Node<T>& n = nodes_[i];
     if (!n.touched || !backward_steps_[n.op]) continue;
+    while (scopes > 0 && scopes_[scopes - 1].begin > i) --scopes;  // passed without a step inside
+    if (scopes > 0 && i < scopes_[scopes - 1].end) replay(scopes_[--scopes].begin, i);
     if (watch_ != 0) [[unlikely]] {
       if (!backward_watched(i)) return false;  // timed and/or checked (inspect/tape_hooks.hpp)
     } else {

@@ -1,5 +1,6 @@
 // grad's CPU core without the extras: tensors, the tape, every op, the
-// reverse walk, the optimizers and the portable random generator. What a
+// reverse walk, recompute scopes, the optimizers and the portable random
+// generator. What a
 // training program needs; grad/grad.hpp adds checkpoints and nn layers.
 //
 // With GRAD_COMPILED_KERNELS (grad_kernels_dep, grad-kernels.pc) the hot
@@ -13,6 +14,7 @@
 #include "grad/config.hpp"
 #include "grad/opt.hpp"
 #include "grad/random.hpp"
+#include "grad/recompute.hpp"
 #include "grad/record.hpp"
 #include "grad/tape.hpp"
 #include "grad/tensor.hpp"

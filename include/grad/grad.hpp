@@ -14,6 +14,8 @@
 //   tape.hpp         Tape<T>, Var<T>: nodes, poisoning, requires-grad, mark/reset
 //   record.hpp       a + b, matmul(a, b), softmax(a, axis), ...: record_op<Op>, one node each
 //   backward.hpp     the one reverse walk
+//   recompute.hpp    grad::recompute(tp, block): activation recompute (a block's
+//                    nodes computed again in backward instead of kept)
 //   opt.hpp          SGD (momentum, Nesterov), Adam (efficient or PyTorch form), AdamW,
 //                    LrSchedule (warm-up + cosine, step, multi-step, exponential,
 //                    one-cycle, plateau): per-parameter decay, global-norm clipping,

@@ -92,6 +92,10 @@ struct Node {
   bool touched = false;        // the latest backward wrote into grad
   bool inference =
       false;  // recorded under an InferenceGuard (no gradient buffer, even below a parameter), or from such a node
+  // Recorded inside a recompute scope (grad/recompute.hpp) and not one of its
+  // outputs: value and gradient live in memory the next scope reuses, so
+  // the reverse walk computes the value again before it needs it.
+  bool transient = false;
   std::uint32_t a = no_node, b = no_node;
   std::uint32_t axis = 0;
   std::uint32_t extra = no_node;  // offset of per-axis parameters in the tape's index pool
@@ -148,20 +152,22 @@ class Tape {
 
   // Queries never poison: an invalid, foreign or dropped Var reads as empty
   // (scalar reads NaN).
+  // A node recorded inside a recompute scope and not returned from it reads
+  // as empty too: its value is not kept.
   View<T> value(Var<T> v) const {
     const Node<T>* n = find(v);
-    if (!n) return {};
+    if (!n || n->transient) return {};
     return {n->dims.span(), {n->value, n->dims.size()}};
   }
   View<T> grad(Var<T> v) const {
     const Node<T>* n = find(v);
-    if (!n) return {};
+    if (!n || n->transient) return {};
     if (n->touched) return {n->dims.span(), {n->grad, n->dims.size()}};
     return {n->dims.span(), {zeros(n->dims.size()), n->dims.size()}};
   }
   T scalar(Var<T> v) const {
     const Node<T>* n = find(v);
-    return n ? n->value[0] : std::numeric_limits<T>::quiet_NaN();
+    return n && !n->transient ? n->value[0] : std::numeric_limits<T>::quiet_NaN();
   }
   bool requires_grad(Var<T> v) const {
     const Node<T>* n = find(v);
@@ -228,7 +234,10 @@ class Tape {
   }
   // Bytes the value and gradient arenas have reserved: their high-water mark
   // (rewinding keeps every chunk).
-  std::size_t arena_bytes() const { return (values_.reserved() + grads_.reserved()) * sizeof(T); }
+  std::size_t arena_bytes() const { return (values_.reserved() + grads_.reserved()) * sizeof(T) + recompute_bytes(); }
+  // Of those, the bytes recompute scopes share: the largest scope's values
+  // and gradients (every scope reuses the same memory).
+  std::size_t recompute_bytes() const { return (scope_values_.reserved() + scope_grads_.reserved()) * sizeof(T); }
 
   bool ok() const { return error_.empty(); }
   const std::string& error() const { return error_; }
@@ -239,7 +248,7 @@ class Tape {
   std::size_t grad_bytes() const {
     std::size_t n = 0;
     for (const Node<T>& node : nodes_)
-      if (node.grad) n += node.dims.size() * sizeof(T);
+      if (node.grad && !node.transient) n += node.dims.size() * sizeof(T);
     return n;
   }
 
@@ -265,6 +274,45 @@ class Tape {
   // The same, keeping the survivors' gradients (between the micro-batches
   // of backward(loss, grad::accumulate)).
   void reset_to(const Mark& m, KeepGradients) { rewind(m); }
+
+  // ---- recompute scopes (grad/recompute.hpp, which documents them) ----
+  // Opens one: until close_recompute, computed nodes get their value and
+  // gradient from memory every scope reuses. False (poisoned) if one is open.
+  bool open_recompute() {
+    if (!ok()) return false;
+    if (open_scope_ != no_node)
+      return fail("recompute: a scope is already open (opened at node " + std::to_string(open_scope_) +
+                  "); scopes do not nest");
+    open_scope_ = static_cast<std::uint32_t>(nodes_.size());
+    scope_values_.rewind({});
+    scope_grads_.rewind({});
+    return true;
+  }
+  // Closes the open scope: the outputs (nodes recorded inside it; others are
+  // left as they are) get memory of their own and keep their values; every
+  // other computed node recorded inside becomes transient. False (poisoned)
+  // when an output is not a live node of this tape.
+  bool close_recompute(std::span<const Var<T>> outputs) {
+    const std::uint32_t begin = open_scope_;
+    open_scope_ = no_node;
+    if (begin == no_node) return fail("recompute: no scope is open");
+    const std::size_t end = nodes_.size();
+    for (std::size_t i = begin; i < end; ++i)
+      nodes_[i].transient = nodes_[i].op != op_code<Param> && nodes_[i].op != op_code<Const>;
+    bool kept = true;
+    for (std::size_t k = 0; k < outputs.size() && kept; ++k) {
+      const Var<T>& v = outputs[k];
+      if (!find(v))
+        kept = fail("recompute: output " + std::to_string(k + 1) + " " +
+                    (v.tape_ == this ? dropped_description(v) : std::string("(of another tape or none)")) +
+                    " is not a live node of this tape");
+      else if (v.index_ >= begin && nodes_[v.index_].transient)
+        kept = keep(nodes_[v.index_]);
+    }
+    if (end > begin) scopes_.push_back({begin, static_cast<std::uint32_t>(end)});
+    return kept && ok();
+  }
+  bool recompute_open() const { return open_scope_ != no_node; }
 
   // ---- what optimizers tell the tape (opt.hpp) ----
   // An optimizer holds parameters of this tape: from now on a backward that
@@ -328,6 +376,11 @@ class Tape {
                     " was dropped by reset_to: a Var lives until the tape is reset below it. A parameter must be "
                     "created before the mark (take the mark after registering parameters); anything else, record again "
                     "after the reset");
+      if (nodes_[v.index_].transient)
+        return fail(which() + " (node " + std::to_string(v.index_) + ", the output of " +
+                    std::string(op_name(nodes_[v.index_].op)) + " " + shape_string(nodes_[v.index_].dims) +
+                    ") was recorded inside a recompute scope and is not one of its outputs, so its value was not "
+                    "kept: return it from the scope's block");
     }
     return true;
   }
@@ -356,7 +409,8 @@ class Tape {
       n.inference = true;
       n.requires_grad = false;  // no gradient buffer, so backward does no work below it
     }
-    if (!allocate(n, Op::name)) return rejected();
+    if (!allocate(n, Op::name, open_scope_ != no_node)) return rejected();
+    replay_steps_[op_code<Op>] = &Tape::replay_node<Op>;
     if (!extra.empty()) {  // after the allocation, so that a failed one has nothing to undo
       n.extra = static_cast<std::uint32_t>(extras_.size());
       extras_.insert(extras_.end(), extra.begin(), extra.end());
@@ -399,31 +453,53 @@ class Tape {
     n.op = op_code<Op>;
     n.dims = t.rank() == 0 ? Dims::of(std::array<std::size_t, 1>{1}) : Dims::of(t.shape());
     n.requires_grad = std::is_same_v<Op, Param>;
-    if (!allocate(n, Op::name)) return rejected();
+    if (!allocate(n, Op::name, false)) return rejected();  // a leaf's value is kept, inside a recompute scope too
     std::copy(t.data().begin(), t.data().end(), n.value);
     if (watch_ & inspect_detail::watch_anomalies) [[unlikely]]
       return check_leaf(push(n));
     return push(n);
   }
 
-  // Value (and gradient) buffers for a new node. An allocation failure poisons
-  // the tape with the size that was asked for and leaves both arenas as they
-  // were: std::bad_alloc never escapes an op.
-  bool allocate(Node<T>& n, std::string_view op) {
+  // Value (and gradient) buffers for a new node, from the recompute scopes'
+  // shared arenas when `scoped`. An allocation failure poisons the tape with
+  // the size that was asked for and leaves both arenas as they were:
+  // std::bad_alloc never escapes an op.
+  bool allocate(Node<T>& n, std::string_view op, bool scoped) {
     const std::size_t size = n.dims.size();
-    const auto values_at = values_.position(), grads_at = grads_.position();
+    Arena<T>& values = scoped ? scope_values_ : values_;
+    Arena<T>& grads = scoped ? scope_grads_ : grads_;
+    const auto values_at = values.position(), grads_at = grads.position();
     try {
-      n.value = values_.allocate(size);
-      if (n.requires_grad)
-        n.grad = grads_.allocate(size);  // written whole by its first contribution: never zero-filled
+      n.value = values.allocate(size);
+      if (n.requires_grad) n.grad = grads.allocate(size);  // written whole by its first contribution: never zero-filled
       return true;
     } catch (const std::bad_alloc&) {
-      values_.rewind(values_at);
-      grads_.rewind(grads_at);
+      values.rewind(values_at);
+      grads.rewind(grads_at);
       const std::size_t buffers = n.requires_grad ? 2 : 1;
       poison(std::string(op) + ": out of memory allocating " + std::to_string(buffers) + " x " +
              std::to_string(size * sizeof(T)) + " bytes for output shape " + shape_string(n.dims));
       return false;
+    }
+  }
+
+  // A recompute scope's output: its value moves to memory of its own (its
+  // gradient buffer too), so it outlives the scope.
+  bool keep(Node<T>& n) {
+    const std::size_t size = n.dims.size();
+    const auto values_at = values_.position(), grads_at = grads_.position();
+    try {
+      T* value = values_.allocate(size);
+      T* grad = n.grad ? grads_.allocate(size) : nullptr;
+      std::copy_n(n.value, size, value);
+      n.value = value;
+      n.grad = grad;
+      n.transient = false;
+      return true;
+    } catch (const std::bad_alloc&) {
+      values_.rewind(values_at);
+      grads_.rewind(grads_at);
+      return fail("recompute: out of memory keeping an output of " + std::to_string(size * sizeof(T)) + " bytes");
     }
   }
 
@@ -461,6 +537,11 @@ class Tape {
   // Drops the nodes after m; false (poisoned) for a mark of another tape or a stale one.
   bool rewind(const Mark& m) {
     if (m.tape != this) return fail("reset_to: the mark was taken on a different tape");
+    if (open_scope_ != no_node) return fail("reset_to: a recompute scope is open; reset after its block returns");
+    for (const Scope& s : scopes_)
+      if (m.nodes > s.begin && m.nodes < s.end)
+        return fail("reset_to: the mark was taken inside a recompute scope (nodes " + std::to_string(s.begin) + " to " +
+                    std::to_string(s.end - 1) + "); take it before or after the scope");
     if (m.nodes > nodes_.size() || (m.nodes > 0 && nodes_[m.nodes - 1].serial != m.last_serial))
       return fail("reset_to: stale mark: it was taken at " + std::to_string(m.nodes) +
                   " nodes, but the tape has since been reset below that point (it now has " +
@@ -480,6 +561,7 @@ class Tape {
     values_.rewind(m.values);
     grads_.rewind(m.grads);
     growth_.reset_to(m.nodes);
+    while (!scopes_.empty() && scopes_.back().begin >= m.nodes) scopes_.pop_back();
     return true;
   }
 
@@ -491,6 +573,15 @@ class Tape {
 
   template <class Op>
   void backward_node(Node<T>& n);
+  // Computes a transient node's value again (the reverse walk, entering a recompute scope).
+  template <class Op>
+  void replay_node(Node<T>& n) {
+    Op::forward_tensor(args(n), n.value);
+  }
+  void replay(std::size_t first, std::size_t last) {
+    for (std::size_t i = first; i <= last; ++i)
+      if (nodes_[i].transient) (this->*replay_steps_[nodes_[i].op])(nodes_[i]);
+  }
 
   // Inspection hooks, defined in inspect/tape_hooks.hpp; entered only when a
   // watch is on.
@@ -517,6 +608,17 @@ class Tape {
 #endif
   }
   std::array<BackwardStep, op_count> backward_steps_{};
+  // Each recorded op's forward, for replay (record<Op> enters it).
+  using ReplayStep = void (Tape::*)(Node<T>&);
+  std::array<ReplayStep, op_count> replay_steps_{};
+  // Closed recompute scopes, nodes [begin, end), ascending; the open one's
+  // first node (no_node when none is open); the memory all scopes share.
+  struct Scope {
+    std::uint32_t begin, end;
+  };
+  std::vector<Scope> scopes_;
+  std::uint32_t open_scope_ = no_node;
+  Arena<T> scope_values_, scope_grads_;
 
   std::vector<Node<T>> nodes_;
   std::vector<std::size_t> extras_;

@@ -338,10 +338,29 @@ void read_into(const std::string& path, const TensorInfo& t, std::span<T> out) {
   }
 }
 
+// Hands a read tensor's pages of the (private, read-only) mapping back to the
+// kernel: a model is copied out tensor by tensor, and without this every
+// page read stays resident until the file closes, so loading a model peaked
+// at twice its size (the copy plus the mapping). A page shared with the next
+// tensor is simply read from the file again.
+void release_pages(std::span<const unsigned char> bytes) {
+  if (bytes.empty()) return;
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto first = reinterpret_cast<std::uintptr_t>(bytes.data()) / page * page;
+  const auto end = reinterpret_cast<std::uintptr_t>(bytes.data() + bytes.size());
+  ::madvise(reinterpret_cast<void*>(first), end - first, MADV_DONTNEED);  // advice: a failure changes nothing
+}
+
 }  // namespace
 
-void SafetensorsFile::read(const TensorInfo& t, std::span<double> out) const { read_into(path_, t, out); }
-void SafetensorsFile::read(const TensorInfo& t, std::span<float> out) const { read_into(path_, t, out); }
+void SafetensorsFile::read(const TensorInfo& t, std::span<double> out) const {
+  read_into(path_, t, out);
+  release_pages(t.bytes);
+}
+void SafetensorsFile::read(const TensorInfo& t, std::span<float> out) const {
+  read_into(path_, t, out);
+  release_pages(t.bytes);
+}
 
 // ---- writing ----
 

@@ -82,7 +82,8 @@ class Program {
                                   " node; only constants (tape.constant) are inputs");
     if (!(Dims::of(values.shape()) == node(i).dims))
       throw std::invalid_argument("grad::device::set_input: node " + std::to_string(i) + " has shape " +
-                                  shape_string(node(i).dims) + " but the tensor has shape " + shape_string(values.shape()));
+                                  shape_string(node(i).dims) + " but the tensor has shape " +
+                                  shape_string(values.shape()));
     with_engine([&](auto& e, auto zero) {
       using S = decltype(zero);
       if constexpr (std::is_same_v<S, T>) {
@@ -142,7 +143,9 @@ class Program {
   T loss() { return read(loss_, false)[0]; }
 
   // A captured node's value / gradient (zeros for a node without gradient).
-  Tensor<T> value(Var<T> v) { return Tensor<T>(node(node_of(v, "value")).dims.shape(), read(node_of(v, "value"), false)); }
+  Tensor<T> value(Var<T> v) {
+    return Tensor<T>(node(node_of(v, "value")).dims.shape(), read(node_of(v, "value"), false));
+  }
   Tensor<T> grad(Var<T> v) { return Tensor<T>(node(node_of(v, "grad")).dims.shape(), read(node_of(v, "grad"), true)); }
 
   // Writes every captured parameter's device value into the tape it came from.
@@ -353,6 +356,14 @@ std::string episode_refusal(const Tape<T>& tape, Var<T> loss, std::string_view d
     return "the tape is poisoned (" + tape.error() + "); record a clean episode before " + std::string(doing);
   if (loss.tape() != &tape) return "the loss Var belongs to a different tape (or to none)";
   if (tape.value(loss).empty()) return "the loss Var is not a live node of the tape (rejected, or dropped by reset_to)";
+  // A recompute scope's transient values are not kept, and both engines read
+  // every node's value from the tape.
+  for (std::uint32_t i = 0; i <= loss.index(); ++i)
+    if (tape.nodes()[i].transient)
+      return "node " + std::to_string(i) + " (a '" + std::string(op_name(tape.nodes()[i].op)) +
+             "' op) was recorded inside a recompute scope (grad::recompute), whose values are not kept; record the "
+             "episode without recompute scopes before " +
+             std::string(doing);
   return "";
 }
 

@@ -23,6 +23,7 @@
 #include "grad/model_file.hpp"
 #include "grad/nn.hpp"
 #include "grad/random.hpp"
+#include "grad/recompute.hpp"
 
 namespace grad::nn {
 
@@ -125,7 +126,7 @@ struct LmConfig {
       add(block, mul(2, proj_shape(Proj::k)[1]));
     }
     std::size_t total = mul(tied_embeddings ? 1 : 2, mul(vocab, d_model));  // embed, head
-    add(total, d_model);                                                   // final_norm
+    add(total, d_model);                                                    // final_norm
     add(total, mul(layers, block));
     if (overflow) return std::nullopt;
     return total;
@@ -145,7 +146,7 @@ struct LmConfig {
     if (max_seq < 2)
       return "max_seq " + n(max_seq) + ": expected at least 2 (generation restarts on max_seq / 2 tokens)";
     const std::pair<const char*, std::size_t> dims[] = {
-        {"vocab", vocab}, {"d_model", d_model}, {"heads", heads},          {"kv_heads", kv_heads},
+        {"vocab", vocab}, {"d_model", d_model}, {"heads", heads},         {"kv_heads", kv_heads},
         {"ffn", ffn},     {"max_seq", max_seq}, {"lora_rank", lora_rank}, {"head_width", head_width}};
     for (const auto& [name, value] : dims)
       if (value > max_dim) return std::string(name) + " " + n(value) + ": expected at most " + n(max_dim);
@@ -349,8 +350,8 @@ class Lm {
       for (const Proj p : {Proj::q, Proj::k, Proj::v}) {
         if (!c_.qkv_bias) break;
         const std::size_t i = static_cast<std::size_t>(p);
-        L.bias[i] = leaf(pre + std::string(proj_names[i]) + "_bias", Tensor<T>({c_.proj_shape(p)[1]}), ParamKind::bias,
-                         false);
+        L.bias[i] =
+            leaf(pre + std::string(proj_names[i]) + "_bias", Tensor<T>({c_.proj_shape(p)[1]}), ParamKind::bias, false);
       }
       for (std::size_t p = 0; p < proj_count; ++p) {
         if (!c_.has_adapter(Proj(p))) continue;
@@ -369,8 +370,8 @@ class Lm {
     }
     if (!c_.tied_embeddings) {
       NameScope<T> scope(tp, "head");
-      head_ = leaf("head", uniform({c_.d_model, c_.vocab}, s3 / std::sqrt(double(c_.d_model)), base),
-                   ParamKind::weight, false);
+      head_ = leaf("head", uniform({c_.d_model, c_.vocab}, s3 / std::sqrt(double(c_.d_model)), base), ParamKind::weight,
+                   false);
     }
     const auto stored = c_.stored();
     Tensor<T> cfg({LmConfig::stored_fields});
@@ -398,6 +399,14 @@ class Lm {
   Var<T> final_norm() const { return final_norm_; }
   Var<T> head() const { return head_; }  // invalid under tied_embeddings: the logits read embed()
   Var<T> config_var() const { return config_var_; }
+  // Activation recompute (grad/recompute.hpp), off by default: forward
+  // records each layer in a recompute scope, so a training step keeps one
+  // layer's activations at a time instead of every layer's, for one more
+  // forward of each layer in backward. Values and gradients are the same bits
+  // either way (test_recompute). The device engine and emitted code take
+  // episodes recorded without it.
+  void set_recompute(bool on) { recompute_ = on; }
+  bool recomputes() const { return recompute_; }
   std::size_t parameter_count() const {
     std::size_t n = 0;
     for (const auto& p : named_) n += tp_->value(p.var).size();
@@ -462,30 +471,37 @@ class Lm {
     // The expressions are the ones before the scopes were added, in the same
     // order (their operands' evaluation order decides the nodes' order, and
     // so the order gradients are summed in): the same bits.
+    // With recompute on, each layer is one recompute scope: only its output
+    // (and the parameters) stay on the tape; backward records nothing new and
+    // computes the layer's inside again, the same bits.
     for (std::size_t l = 0; l < c_.layers && tp.ok(); ++l) {
       const LmLayer<T>& L = layers_[l];
       NameScope<T> layers(tp, "layers"), block(tp, std::to_string(l));
-      Var<T> h, attended, mlp;
-      {
-        NameScope<T> scope(tp, "attn_norm");
-        h = rmsnorm(x, L.attn_norm, eps);
-      }
-      {
-        NameScope<T> scope(tp, "attention");
-        Var<T> ctx = nn::detail::causal_attention(proj(L, Proj::q, h), proj(L, Proj::k, h), proj(L, Proj::v, h), B, t,
-                                                  c_.heads, c_.kv_heads, c_.head_dim(), cos, sin);
-        attended = proj(L, Proj::o, ctx);
-      }
-      x = x + attended;
-      {
-        NameScope<T> scope(tp, "mlp_norm");
-        h = rmsnorm(x, L.mlp_norm, eps);
-      }
-      {
-        NameScope<T> scope(tp, "mlp");
-        mlp = proj(L, Proj::down, swiglu(proj(L, Proj::gate, h), proj(L, Proj::up, h)));
-      }
-      x = x + mlp;
+      auto layer = [&, y = x]() mutable {
+        Var<T> h, attended, mlp;
+        {
+          NameScope<T> scope(tp, "attn_norm");
+          h = rmsnorm(y, L.attn_norm, eps);
+        }
+        {
+          NameScope<T> scope(tp, "attention");
+          Var<T> ctx = nn::detail::causal_attention(proj(L, Proj::q, h), proj(L, Proj::k, h), proj(L, Proj::v, h), B, t,
+                                                    c_.heads, c_.kv_heads, c_.head_dim(), cos, sin);
+          attended = proj(L, Proj::o, ctx);
+        }
+        y = y + attended;
+        {
+          NameScope<T> scope(tp, "mlp_norm");
+          h = rmsnorm(y, L.mlp_norm, eps);
+        }
+        {
+          NameScope<T> scope(tp, "mlp");
+          mlp = proj(L, Proj::down, swiglu(proj(L, Proj::gate, h), proj(L, Proj::up, h)));
+        }
+        y = y + mlp;
+        return y;
+      };
+      x = recompute_ ? grad::recompute(tp, layer) : layer();
     }
     LmOutput<T> out;
     Var<T> normed;
@@ -529,14 +545,14 @@ class Lm {
   const Tables& tables(std::size_t t) {
     auto it = tables_.find(t);
     if (it == tables_.end())
-      it = tables_.emplace(t, Tables{rope_tables<T>(t, c_.head_dim(), static_cast<T>(c_.rope_base))})
-               .first;
+      it = tables_.emplace(t, Tables{rope_tables<T>(t, c_.head_dim(), static_cast<T>(c_.rope_base))}).first;
     return it->second;
   }
 
   Tape<T>* tp_;
   LmConfig c_;
   Train train_;
+  bool recompute_ = false;
   Var<T> embed_, final_norm_, head_, config_var_;
   std::vector<LmLayer<T>> layers_;
   std::vector<NamedParameter<T>> named_, base_names_, adapter_names_;

@@ -14,7 +14,9 @@
 //   - cache blocking splits the sum into KC-long runs in ascending order;
 //     between runs the partial sum is stored to C and reloaded unchanged;
 //   - threads take disjoint ranges of output columns (or rows), each
-//     element computed whole by one thread.
+//     element computed whole by one thread;
+//   - a single output row (a decoding step's x . W or x . W^T) skips the
+//     packing and reads b where it lies (multiply_row, multiply_row_transposed).
 // So the blocked kernels equal grad::reference::gemm_* bit for bit, on any
 // instruction set and thread count (test_gemm checks it over many shapes).
 //
@@ -28,6 +30,7 @@
 #include <unistd.h>  // sysconf: the cache sizes
 #endif
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "grad/config.hpp"
@@ -184,10 +187,11 @@ struct StridedPanel {
 
 // The MR x (NV vectors) tile of C at c (row stride ldc) after kc more terms:
 // lane by lane acc = fma(a, b, acc) in ascending p, from zero or from what c
-// holds (one vfmadd per vector in the AVX-512 and AVX2 copies).
+// holds (one vfmadd per vector in the AVX-512 and AVX2 copies). Term p's NV
+// vectors of b are at bp + p * ldb: a packed strip's, or b's own row.
 template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV, class Panel>
 [[gnu::always_inline]] inline void micro_kernel(std::size_t kc, Panel ap, const T* __restrict bp, T* __restrict c,
-                                                std::size_t ldc, bool accumulate) {
+                                                std::size_t ldc, bool accumulate, std::size_t ldb = NV * Lanes) {
   using V = typename Vec<T, Lanes>::type;
   V acc[MR][NV];
   GRAD_GEMM_UNROLL
@@ -201,7 +205,7 @@ template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV, class Pane
   for (std::size_t p = 0; p < kc; ++p) {
     V b[NV];
     GRAD_GEMM_UNROLL
-    for (std::size_t v = 0; v < NV; ++v) __builtin_memcpy(&b[v], bp + (p * NV + v) * Lanes, sizeof(V));
+    for (std::size_t v = 0; v < NV; ++v) __builtin_memcpy(&b[v], bp + p * ldb + v * Lanes, sizeof(V));
     GRAD_GEMM_UNROLL
     for (std::size_t r = 0; r < MR; ++r) {
       const V a = simd::splat<V>(ap.at(r, p));
@@ -247,6 +251,44 @@ template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV, class Pane
   }
 }
 
+// dst[i * dst_stride + j] = src[j * src_stride + i] for a Lanes x Lanes
+// square: Lanes vector loads, log2(Lanes) rounds of two-input shuffles (round
+// d swaps the d-blocks across pairs of rows d apart), Lanes vector stores.
+// Copies only: no value changes.
+template <class T, std::size_t Lanes>
+[[gnu::always_inline]] inline void transpose_square(const T* src, std::size_t src_stride, T* dst,
+                                                    std::size_t dst_stride) {
+#if GRAD_SIMD
+  using V = typename Vec<T, Lanes>::type;
+  using I = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>;
+  typedef I M __attribute__((vector_size(Lanes * sizeof(T))));
+  V r[Lanes];
+  GRAD_GEMM_UNROLL
+  for (std::size_t i = 0; i < Lanes; ++i) __builtin_memcpy(&r[i], src + i * src_stride, sizeof(V));
+  GRAD_GEMM_UNROLL
+  for (std::size_t d = Lanes / 2; d > 0; d /= 2) {
+    M keep, swap;  // lane l of row i: its own (bit d of l clear) or row i + d's lane l - d; row i + d the mirror
+    GRAD_GEMM_UNROLL
+    for (std::size_t l = 0; l < Lanes; ++l) {
+      keep[l] = static_cast<I>(l & d ? Lanes + (l ^ d) : l);
+      swap[l] = static_cast<I>(l & d ? Lanes + l : l ^ d);
+    }
+    GRAD_GEMM_UNROLL
+    for (std::size_t i = 0; i < Lanes; ++i)
+      if ((i & d) == 0) {
+        const V a = r[i], b = r[i + d];
+        r[i] = __builtin_shuffle(a, b, keep);
+        r[i + d] = __builtin_shuffle(a, b, swap);
+      }
+  }
+  GRAD_GEMM_UNROLL
+  for (std::size_t i = 0; i < Lanes; ++i) __builtin_memcpy(dst + i * dst_stride, &r[i], sizeof(V));
+#else
+  for (std::size_t i = 0; i < Lanes; ++i)
+    for (std::size_t j = 0; j < Lanes; ++j) dst[i * dst_stride + j] = src[j * src_stride + i];
+#endif
+}
+
 // Strips of b's block, each kc x width with width = NR (full) or Lanes (the
 // tail), zero-padded past the last column.
 template <class T, std::size_t Lanes, std::size_t NV>
@@ -273,13 +315,18 @@ template <class T, std::size_t Lanes, std::size_t NV>
         }
       }
     } else {  // columns of b contiguous (b.rs == 1) or general strides
-      // A transpose, in runs of 16 terms so that the written lines stay in L1.
-      for (std::size_t run = 0; run < kc; run += 16) {
-        const std::size_t run_end = std::min(kc, run + 16);
-        for (std::size_t j = 0; j < cols; ++j) {
-          const T* col = src + j * b.cs;
-          for (std::size_t p = run; p < run_end; ++p) out[p * width + j] = col[p * b.rs];
-        }
+      // A transpose in squares of Lanes columns by Lanes terms (whole squares
+      // in vector registers when b's terms are contiguous): each square reads
+      // Lanes short runs of b's columns and writes whole vectors of the strip,
+      // so b streams in order instead of missing its cache lines column by column.
+      const std::size_t square_cols = b.rs == 1 ? cols / Lanes * Lanes : 0, square_terms = kc / Lanes * Lanes;
+      for (std::size_t j0 = 0; j0 < square_cols; j0 += Lanes)
+        for (std::size_t p = 0; p < square_terms; p += Lanes)
+          transpose_square<T, Lanes>(src + j0 * b.cs + p, b.cs, out + p * width + j0, width);
+      for (std::size_t j0 = 0; j0 < cols; j0 += Lanes) {  // the rest, element by element
+        const std::size_t j1 = std::min(cols, j0 + Lanes);
+        for (std::size_t p = j0 < square_cols ? square_terms : 0; p < kc; ++p)
+          for (std::size_t j = j0; j < j1; ++j) out[p * width + j] = src[j * b.cs + p * b.rs];
       }
       for (std::size_t p = 0; p < kc; ++p)
         for (std::size_t j = cols; j < width; ++j) out[p * width + j] = T(0);
@@ -315,10 +362,80 @@ template <class T, std::size_t MR>
   }
 }
 
+// One output row (a decoding step's matrix-vector product) against b with
+// contiguous rows: b is read where it lies, with neither the copy into
+// packed strips nor the MR - 1 padded rows a register tile would compute
+// and drop, so the product runs at the speed b streams from memory. Each
+// element's sum is the blocked kernel's: ascending p, from zero, stored and
+// reloaded unchanged between KC-long runs; columns past the last whole
+// vector by scalar fma.
+template <class T, std::size_t Lanes, std::size_t NV>
+[[gnu::always_inline]] inline void multiply_row(const Problem<T>& pr, std::size_t i, std::size_t j0, std::size_t j1) {
+  constexpr std::size_t nr = NV * Lanes;
+  const std::size_t KC = Blocking<T>::kc();
+  const T* a = pr.a.p + i * pr.a.rs;
+  T* c = pr.c + i * pr.n;
+  for (std::size_t pc = 0; pc < pr.k; pc += KC) {
+    const std::size_t kc = std::min(KC, pr.k - pc);
+    const StridedPanel<T> ap{a + pc * pr.a.cs, 0, pr.a.cs};
+    const T* b = pr.b.p + pc * pr.b.rs;
+    std::size_t j = j0;
+    for (; j + nr <= j1; j += nr) micro_kernel<T, Lanes, 1, NV>(kc, ap, b + j, c + j, pr.n, pc > 0, pr.b.rs);
+    for (; j + Lanes <= j1; j += Lanes) micro_kernel<T, Lanes, 1, 1>(kc, ap, b + j, c + j, pr.n, pc > 0, pr.b.rs);
+    for (; j < j1; ++j) {
+      T acc = pc > 0 ? c[j] : T(0);
+      for (std::size_t p = 0; p < kc; ++p) acc = fma_hd(ap.at(0, p), b[p * pr.b.rs + j], acc);
+      c[j] = acc;
+    }
+  }
+}
+
+// One output row against b with contiguous columns (x . W^T with W [n, k],
+// a decoding step's tied output layer): Lanes columns at a time, their terms
+// turned into vectors by transpose_square in registers (no packed strip
+// written and read back), each lane's sum ascending p from zero; the terms
+// past the last square and the columns past the last vector by scalar fma.
+template <class T, std::size_t Lanes>
+[[gnu::always_inline]] inline void multiply_row_transposed(const Problem<T>& pr, std::size_t i, std::size_t j0,
+                                                           std::size_t j1) {
+  using V = typename Vec<T, Lanes>::type;
+  const T* a = pr.a.p + i * pr.a.rs;
+  T* c = pr.c + i * pr.n;
+  const std::size_t terms = pr.k / Lanes * Lanes;
+  std::size_t j = j0;
+  for (; j + Lanes <= j1; j += Lanes) {
+    const T* b = pr.b.p + j * pr.b.cs;
+    V acc = V{};
+    for (std::size_t p = 0; p < terms; p += Lanes) {
+      alignas(64) T square[Lanes * Lanes];
+      transpose_square<T, Lanes>(b + p, pr.b.cs, square, Lanes);
+      GRAD_GEMM_UNROLL
+      for (std::size_t q = 0; q < Lanes; ++q) {
+        V terms_q;
+        __builtin_memcpy(&terms_q, square + q * Lanes, sizeof(V));
+        acc = simd::fma_lanes<T>(simd::splat<V>(a[(p + q) * pr.a.cs]), terms_q, acc);
+      }
+    }
+    alignas(64) T out[Lanes];
+    __builtin_memcpy(out, &acc, sizeof(V));
+    for (std::size_t l = 0; l < Lanes; ++l)
+      for (std::size_t p = terms; p < pr.k; ++p) out[l] = fma_hd(a[p * pr.a.cs], b[l * pr.b.cs + p], out[l]);
+    __builtin_memcpy(c + j, out, sizeof(V));
+  }
+  for (; j < j1; ++j) {
+    T acc = T(0);
+    for (std::size_t p = 0; p < pr.k; ++p) acc = fma_hd(a[p * pr.a.cs], pr.b.p[j * pr.b.cs + p], acc);
+    c[j] = acc;
+  }
+}
+
 // Output rows [i0, i1) x columns [j0, j1) of the problem (k > 0).
 template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
 [[gnu::always_inline]] inline void multiply_block(const Problem<T>& pr, std::size_t i0, std::size_t i1, std::size_t j0,
                                                   std::size_t j1) {
+  // The one-row paths sum from zero: a continued product takes the blocked one.
+  if (i1 - i0 == 1 && pr.b.cs == 1 && !pr.continued) return multiply_row<T, Lanes, 2 * NV>(pr, i0, j0, j1);
+  if (i1 - i0 == 1 && pr.b.rs == 1 && !pr.continued) return multiply_row_transposed<T, Lanes>(pr, i0, j0, j1);
   constexpr std::size_t nr = NV * Lanes;
   constexpr std::size_t MC = Blocking<T>::mc;
   const std::size_t KC = Blocking<T>::kc(), NC = std::max(Blocking<T>::nc() / nr * nr, nr);

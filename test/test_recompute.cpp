@@ -1,0 +1,248 @@
+// Recompute scopes (grad/recompute.hpp): the same values and gradients, bit
+// for bit, as the same recording without them, in less memory; and the
+// refusals of what a scope cannot do.
+#include <doctest/doctest.h>
+
+#include <grad/device/device.hpp>
+#include <grad/emit.hpp>
+#include <grad/lm.hpp>
+
+#include "support.hpp"
+
+using namespace grad;
+using namespace grad::testing;
+
+namespace {
+
+// A residual stack of blocks, each matmul -> tanh -> softmax -> matmul plus
+// a layer-normalised skip; its parameters read outside the blocks too (the
+// final product reuses w[0]), so some gradients sum contributions from
+// inside and outside the scopes.
+template <class T>
+struct Stack {
+  Tape<T> tp;
+  std::vector<Var<T>> w, v;
+  Var<T> x, loss;
+  std::vector<Var<T>> block_out;
+
+  Stack(std::size_t rows, std::size_t width, std::size_t blocks, bool scoped, bool frozen_first = false) {
+    Rng rng(42);
+    x = tp.constant(random_tensor<T>({rows, width}, rng));
+    for (std::size_t b = 0; b < blocks; ++b) {
+      w.push_back(tp.param(random_tensor<T>({width, width}, rng, -0.5, 0.5)));
+      v.push_back(tp.param(random_tensor<T>({width, width}, rng, -0.5, 0.5)));
+    }
+    if (frozen_first) {  // no gradient work inside the first scope
+      tp.set_requires_grad(w[0], false);
+      tp.set_requires_grad(v[0], false);
+    }
+    Var<T> h = x;
+    for (std::size_t b = 0; b < blocks; ++b) {
+      auto block = [&, b, in = h] {
+        Var<T> a = softmax(tanh(matmul(in, w[b])), -1);
+        return in + matmul(a, v[b]) * in;  // `in` read twice inside, once outside (below)
+      };
+      h = scoped ? recompute(tp, block) : block();
+      block_out.push_back(h);
+    }
+    loss = mean(matmul(h + x, w[0]) * h);
+  }
+
+  bool same_as(const Stack& o) const {
+    bool same = bitwise_equal(tp.value(loss).data, o.tp.value(o.loss).data);
+    for (std::size_t b = 0; b < w.size(); ++b)
+      same = same && bitwise_equal(tp.grad(w[b]).data, o.tp.grad(o.w[b]).data) &&
+             bitwise_equal(tp.grad(v[b]).data, o.tp.grad(o.v[b]).data);
+    return same;
+  }
+};
+
+template <class T>
+void check_stack(std::size_t threads) {
+  set_num_threads(threads);
+  for (bool frozen : {false, true}) {
+    Stack<T> plain(256, 64, 4, false, frozen), scoped(256, 64, 4, true, frozen);
+    REQUIRE(plain.tp.backward(plain.loss));
+    REQUIRE(scoped.tp.backward(scoped.loss));
+    CHECK(scoped.same_as(plain));
+    // A second walk over the same recording replays again: the same bits.
+    REQUIRE(scoped.tp.backward(scoped.loss));
+    CHECK(scoped.same_as(plain));
+    // Only the blocks' outputs are kept; the shared memory is one block's.
+    CHECK(scoped.tp.arena_bytes() < plain.tp.arena_bytes());
+    CHECK(scoped.tp.recompute_bytes() > 0);
+    CHECK(plain.tp.recompute_bytes() == 0);
+  }
+  set_num_threads(1);
+}
+
+nn::LmConfig lm_config(std::size_t lora_rank, bool tied) {
+  nn::LmConfig c;
+  c.vocab = 256;
+  c.d_model = 16;
+  c.layers = 3;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.ffn = 24;
+  c.max_seq = 16;
+  c.lora_rank = lora_rank;
+  c.lora_scale = 0.5;
+  c.tied_embeddings = tied;
+  return c;
+}
+
+std::vector<int> tokens(std::size_t n, std::uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int> t(n);
+  for (int& x : t) x = static_cast<int>(rng.next() % 256);
+  return t;
+}
+
+// Two Adam steps of the LM with and without recompute: every loss, every
+// gradient and the parameters after the steps equal bit for bit.
+template <class T>
+void check_lm(typename nn::Lm<T>::Train train, bool tied) {
+  const nn::LmConfig c = lm_config(train == nn::Lm<T>::Train::lora ? 4 : 0, tied);
+  Tape<T> tp_a, tp_b;
+  nn::Lm<T> a(tp_a, c, 11, train), b(tp_b, c, 11, train);
+  for (nn::Lm<T>* m : {&a, &b}) {
+    Rng rng(5);
+    for (const auto& p : m->adapters())  // B starts at zero: make the adapters matter
+      for (T& x : m->tape().leaf_value(p.var)) x = static_cast<T>(rng.uniform(-0.3, 0.3));
+  }
+  b.set_recompute(true);
+  CHECK(b.recomputes());
+  Adam<T> opt_a(T(1e-2)), opt_b(T(1e-2));
+  for (const auto& p : a.trainable()) opt_a.add(p.var);
+  for (const auto& p : b.trainable()) opt_b.add(p.var);
+  const auto mark_a = tp_a.mark(), mark_b = tp_b.mark();
+  for (int step = 0; step < 2; ++step) {
+    tp_a.reset_to(mark_a);
+    tp_b.reset_to(mark_b);
+    const std::vector<int> in = tokens(2 * 12, 100 + step), out = tokens(2 * 12, 200 + step);
+    auto ra = a.forward(a.ids(in, 2, 12), a.ids(out, 24, 0));
+    auto rb = b.forward(b.ids(in, 2, 12), b.ids(out, 24, 0));
+    REQUIRE(tp_a.backward(ra.loss));
+    REQUIRE(tp_b.backward(rb.loss));
+    CHECK(bitwise_equal(tp_a.value(ra.loss).data, tp_b.value(rb.loss).data));
+    CHECK(bitwise_equal(tp_a.value(ra.logits).data, tp_b.value(rb.logits).data));
+    for (std::size_t i = 0; i < a.named().size(); ++i) {
+      INFO(a.named()[i].name);
+      CHECK(bitwise_equal(tp_a.grad(a.named()[i].var).data, tp_b.grad(b.named()[i].var).data));
+    }
+    REQUIRE(opt_a.step());
+    REQUIRE(opt_b.step());
+  }
+  for (std::size_t i = 0; i < a.named().size(); ++i)
+    CHECK(bitwise_equal(tp_a.value(a.named()[i].var).data, tp_b.value(b.named()[i].var).data));
+}
+
+}  // namespace
+
+TEST_CASE("recompute: the same loss and gradients as without scopes, in less memory") {
+  check_stack<float>(1);
+  check_stack<double>(1);
+  check_stack<float>(3);
+}
+
+TEST_CASE("recompute: the LM with recompute on trains to the same bits") {
+  check_lm<float>(nn::Lm<float>::Train::full, false);
+  check_lm<float>(nn::Lm<float>::Train::lora, true);
+  check_lm<double>(nn::Lm<double>::Train::lora, false);
+  set_num_threads(2);
+  check_lm<float>(nn::Lm<float>::Train::lora, true);
+  set_num_threads(1);
+}
+
+TEST_CASE("recompute: gradient accumulation and a loss that is a scope's output") {
+  Stack<double> plain(9, 8, 2, false), scoped(9, 8, 2, true);
+  // The last block's output itself as the loss's input, summed: the walk starts inside a scope's range.
+  const Var<double> lp = sum(plain.block_out.back()), ls = sum(scoped.block_out.back());
+  REQUIRE(plain.tp.backward(lp, accumulate));
+  REQUIRE(scoped.tp.backward(ls, accumulate));
+  REQUIRE(plain.tp.backward(plain.loss, accumulate));
+  REQUIRE(scoped.tp.backward(scoped.loss, accumulate));
+  CHECK(scoped.same_as(plain));
+}
+
+TEST_CASE("recompute: what a scope keeps and what it refuses") {
+  Tape<double> tp;
+  Rng rng(3);
+  const Var<double> w = tp.param(random_tensor<double>({4, 4}, rng));
+  const Var<double> x = tp.constant(random_tensor<double>({2, 4}, rng));
+  Var<double> inner, made;
+  const Var<double> y = recompute(tp, [&] {
+    inner = tanh(matmul(x, w));
+    made = tp.param(random_tensor<double>({2, 4}, rng));  // a leaf made inside is kept
+    return inner * made;
+  });
+  REQUIRE(tp.ok());
+  CHECK(tp.value(y).size() == 8);
+  CHECK(tp.value(made).size() == 8);
+  CHECK(tp.value(inner).empty());  // not kept
+  SUBCASE("an inner node as an operand afterwards") {
+    CHECK_FALSE((inner + y).valid());
+    CHECK(tp.error().find("recorded inside a recompute scope and is not one of its outputs") != std::string::npos);
+    CHECK(tp.error().find("tanh") != std::string::npos);
+  }
+  SUBCASE("scopes do not nest") {
+    recompute(tp, [&] { return recompute(tp, [&] { return x * 2.0; }); });
+    CHECK(tp.error().find("scopes do not nest") != std::string::npos);
+  }
+  SUBCASE("no backward or reset_to inside a scope") {
+    recompute(tp, [&] {
+      tp.backward(sum(y));
+      return y;
+    });
+    CHECK(tp.error().find("backward: a recompute scope is open") != std::string::npos);
+    Tape<double> tp2;
+    const auto m2 = tp2.mark();
+    const Var<double> c = tp2.constant(Tensor<double>({1}, {1.0}));
+    recompute(tp2, [&] {
+      tp2.reset_to(m2);
+      return c;
+    });
+    CHECK(tp2.error().find("reset_to: a recompute scope is open") != std::string::npos);
+  }
+  SUBCASE("a mark taken inside a scope") {
+    Tape<double>::Mark inside;
+    const Var<double> z = recompute(tp, [&] {
+      const Var<double> a = x * 3.0;
+      inside = tp.mark();
+      return a * a;
+    });
+    REQUIRE(z.valid());
+    tp.reset_to(inside);
+    CHECK(tp.error().find("the mark was taken inside a recompute scope") != std::string::npos);
+  }
+  SUBCASE("an exception from the block closes the scope") {
+    CHECK_THROWS_AS(recompute(tp, [&]() -> Var<double> { throw std::runtime_error("block"); }), std::runtime_error);
+    CHECK(tp.ok());
+    CHECK_FALSE(tp.recompute_open());
+    CHECK(recompute(tp, [&] { return x * 2.0; }).valid());  // a new scope opens
+  }
+  SUBCASE("the device engine and emitted code refuse a tape with scopes") {
+    const Var<double> loss = sum(y);
+    REQUIRE(tp.ok());
+    try {
+      (void)device::capture(tp, loss);
+      FAIL("capture accepted a tape with a recompute scope");
+    } catch (const device::CaptureError& e) {
+      CHECK(std::string(e.what()).find("recorded inside a recompute scope") != std::string::npos);
+    }
+    CHECK_THROWS_WITH_AS(emit(tp, loss), doctest::Contains("recorded inside a recompute scope"), EmitError);
+  }
+  SUBCASE("backward through it equals the plain recording") {
+    Tape<double> plain;
+    Rng rng2(3);
+    const Var<double> pw = plain.param(random_tensor<double>({4, 4}, rng2));
+    const Var<double> px = plain.constant(random_tensor<double>({2, 4}, rng2));
+    const Var<double> pmade = plain.param(random_tensor<double>({2, 4}, rng2));
+    const Var<double> py = tanh(matmul(px, pw)) * pmade;
+    REQUIRE(plain.backward(sum(py)));
+    REQUIRE(tp.backward(sum(y)));
+    CHECK(bitwise_equal(tp.grad(w).data, plain.grad(pw).data));
+    CHECK(bitwise_equal(tp.grad(made).data, plain.grad(pmade).data));
+    CHECK(tp.grad(inner).empty());
+  }
+}
