@@ -155,7 +155,6 @@ TEST_CASE("the host loops of embedding and cross_entropy give the per-item bodie
   CHECK(same_bits(e1, e2));
 }
 
-
 // ------------------------------------------- linear_cross_entropy (fused) --
 
 namespace {
@@ -176,8 +175,7 @@ struct HeadLoss {
            std::uint64_t seed) {
     Rng rng(seed);
     const Tensor<T> h0 = random_tensor<T>({rows, d}, rng, -2, 2);
-    const Tensor<T> w0 =
-        random_tensor<T>(along == ClassAxis::rows ? Shape{classes, d} : Shape{d, classes}, rng, -2, 2);
+    const Tensor<T> w0 = random_tensor<T>(along == ClassAxis::rows ? Shape{classes, d} : Shape{d, classes}, rng, -2, 2);
     Tensor<T> ids({rows});
     for (std::size_t r = 0; r < rows; ++r) ids[r] = r % 4 == 1 ? T(-100) : static_cast<T>(rng.next() % classes);
     h = tp.param(h0);
@@ -186,8 +184,7 @@ struct HeadLoss {
     if (fused)
       loss = linear_cross_entropy(scaled, w, targets, T(-100), along);
     else
-      loss = grad::cross_entropy(along == ClassAxis::rows ? matmul_nt(scaled, w) : matmul(scaled, w), targets,
-                                 T(-100));
+      loss = grad::cross_entropy(along == ClassAxis::rows ? matmul_nt(scaled, w) : matmul(scaled, w), targets, T(-100));
     REQUIRE(tp.ok());
     REQUIRE(tp.backward(loss));
   }
@@ -195,8 +192,8 @@ struct HeadLoss {
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("linear_cross_entropy is cross_entropy of matmul_nt (or matmul) bit for bit: loss, dh and dW",
-                   T, double, float) {
+TEST_CASE_TEMPLATE("linear_cross_entropy is cross_entropy of matmul_nt (or matmul) bit for bit: loss, dh and dW", T,
+                   double, float) {
   for (std::size_t threads : {1, 3}) {
     set_num_threads(threads);
     for (std::size_t rows : {1, 5, 67, 300})  // 300: three chunks of at most 128 rows
@@ -514,35 +511,38 @@ TEST_CASE("Lm::forward_loss: forward's loss and every gradient bit for bit, with
   std::vector<int> out = some_tokens(B * t, 32);
   out[5] = -100;  // a padded position
   for (bool tied : {false, true})
-    for (std::size_t rank : {0, 4}) {
-      CAPTURE(tied);
-      CAPTURE(rank);
-      nn::LmConfig c = small_config(rank);
-      c.tied_embeddings = tied;
-      const auto train = rank == 0 ? nn::Lm<double>::Train::full : nn::Lm<double>::Train::lora;
-      Tape<double> tp, tf;
-      nn::Lm<double> m(tp, c, 17, train), mf(tf, c, 17, train);
-      const Var<double> loss = m.forward(m.ids(in, B, t), m.ids(out, B * t, 0)).loss;
-      const Var<double> fused = mf.forward_loss(mf.ids(in, B, t), mf.ids(out, B * t, 0));
-      REQUIRE(tp.backward(loss));
-      REQUIRE(tf.backward(fused));
-      CHECK(tf.nodes()[fused.index()].op == op_code<LinearCrossEntropy>);
-      CHECK(tp.scalar(loss) == tf.scalar(fused));
-      for (std::size_t k = 0; k < m.named().size(); ++k) {
-        CAPTURE(m.named()[k].name);
-        REQUIRE(tp.has_grad(m.named()[k].var) == tf.has_grad(mf.named()[k].var));
-        if (tp.has_grad(m.named()[k].var))
-          CHECK(same_bits(tp.grad(m.named()[k].var).data, tf.grad(mf.named()[k].var).data));
+    for (std::size_t rank : {0, 4})
+      for (bool recompute : {false, true}) {
+        CAPTURE(tied);
+        CAPTURE(rank);
+        CAPTURE(recompute);
+        nn::LmConfig c = small_config(rank);
+        c.tied_embeddings = tied;
+        const auto train = rank == 0 ? nn::Lm<double>::Train::full : nn::Lm<double>::Train::lora;
+        Tape<double> tp, tf;
+        nn::Lm<double> m(tp, c, 17, train), mf(tf, c, 17, train);
+        mf.set_recompute(recompute);  // the layers in recompute scopes: the fused loss after them keeps the bits
+        const Var<double> loss = m.forward(m.ids(in, B, t), m.ids(out, B * t, 0)).loss;
+        const Var<double> fused = mf.forward_loss(mf.ids(in, B, t), mf.ids(out, B * t, 0));
+        REQUIRE(tp.backward(loss));
+        REQUIRE(tf.backward(fused));
+        CHECK(tf.nodes()[fused.index()].op == op_code<LinearCrossEntropy>);
+        CHECK(tp.scalar(loss) == tf.scalar(fused));
+        for (std::size_t k = 0; k < m.named().size(); ++k) {
+          CAPTURE(m.named()[k].name);
+          REQUIRE(tp.has_grad(m.named()[k].var) == tf.has_grad(mf.named()[k].var));
+          if (tp.has_grad(m.named()[k].var))
+            CHECK(same_bits(tp.grad(m.named()[k].var).data, tf.grad(mf.named()[k].var).data));
+        }
+        // Neither the [24, 256] logits nor their gradient on the tape: the
+        // values and gradients its nodes hold differ by exactly those.
+        auto node_bytes = [](const Tape<double>& tape) {
+          std::size_t n = 0;
+          for (const Node<double>& node : tape.nodes()) n += node.dims.size() * sizeof(double) * (node.grad ? 2 : 1);
+          return n;
+        };
+        if (!recompute) CHECK(node_bytes(tf) + 2 * B * t * c.vocab * sizeof(double) == node_bytes(tp));
       }
-      // Neither the [24, 256] logits nor their gradient on the tape: the
-      // values and gradients its nodes hold differ by exactly those.
-      auto node_bytes = [](const Tape<double>& tape) {
-        std::size_t n = 0;
-        for (const Node<double>& node : tape.nodes()) n += node.dims.size() * sizeof(double) * (node.grad ? 2 : 1);
-        return n;
-      };
-      CHECK(node_bytes(tf) + 2 * B * t * c.vocab * sizeof(double) == node_bytes(tp));
-    }
 }
 
 TEST_CASE("merge folds every adapter into its base weight: logits within 1e-12 relative at f64") {

@@ -433,10 +433,11 @@ class Generator {
           Tensor<T> ids({d[0]});
           for (T& x : ids.data()) x = g.rng_.next() % 5 == 0 ? T(-1) : static_cast<T>(g.rng_.next() % classes);
           const ClassAxis along = rows_layout ? ClassAxis::rows : ClassAxis::columns;
-          g.push([a, w, ids, along](Tape<T>& tp, const auto&, const auto& v) {
-            return linear_cross_entropy(v[a], v[w], tp.constant(ids), T(-1), along);
-          },
-                 "linear_cross_entropy(" + g.name(a) + ", " + g.name(w) + ", ids)");
+          g.push(
+              [a, w, ids, along](Tape<T>& tp, const auto&, const auto& v) {
+                return linear_cross_entropy(v[a], v[w], tp.constant(ids), T(-1), along);
+              },
+              "linear_cross_entropy(" + g.name(a) + ", " + g.name(w) + ", ids)");
         },
         [](Generator& g) {  // rms_norm over the last axis with a new weight; eps 0.1 keeps a row near zero tame
           const std::size_t a = g.pick();

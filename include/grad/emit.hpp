@@ -258,7 +258,9 @@ class EmitPlan {
       // The emitted shapes hold one extra per axis of operand a (slice's
       // starts); an op that keeps one per row (linear_cross_entropy's class
       // ids) would lose them.
-      const bool row_ids = with_op(n.op, [](auto op) { return requires { decltype(op)::keeps_row_ids; }; });
+      const bool row_ids = with_op(n.op, [](auto op) {
+        return requires { decltype(op)::keeps_row_ids; };
+      });
       if (row_ids)
         throw EmitError(who + "node " + std::to_string(i) + " is a '" + std::string(op_name(n.op)) +
                         "' op, which keeps one id per row on the tape's index pool: emitted code keeps one extra "

@@ -226,8 +226,8 @@ struct LinearCrossEntropy {
         for (std::size_t r = r0; r < r0 + m; ++r) {
           const std::size_t t = class_of(x, r);
           if (t == classes) continue;
-          total = total + CrossEntropy::row_loss_packs<pack_for<T, decltype(width)>>(logits + (r - r0) * classes,
-                                                                                     classes, t);
+          total = total +
+                  CrossEntropy::row_loss_packs<pack_for<T, decltype(width)>>(logits + (r - r0) * classes, classes, t);
           ++count;
         }
       });

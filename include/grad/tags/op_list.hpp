@@ -50,7 +50,7 @@ using OpList = boost::mp11::mp_list<Param, Const,                               
                                     AxisMax, AxisMin, LogSoftmax,                           //
                                     Dropout,                                                //
                                     CausalAttentionProbs, AttentionContext,                 //
-                                    MatmulNt, RmsNorm, LayerNorm,                          //
+                                    MatmulNt, RmsNorm, LayerNorm,                           //
                                     LinearCrossEntropy>;
 
 inline constexpr std::size_t op_count = boost::mp11::mp_size<OpList>::value;
