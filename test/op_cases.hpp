@@ -274,6 +274,13 @@ std::vector<OpCase<T>> op_cases() {
   add("layer_norm rank 3, large eps", {r({2, 3, 4})}, [](Tp, V v) { return layer_norm(v[0], T(0.5)); });
   add("layer_norm one row", {r({1, 6})}, [](Tp, V v) { return layer_norm(v[0] * T(3), T(1e-5)) + T(2); });  // + 2: a loss far from zero
   add_large("layer_norm large", {r({300, 131})}, [](Tp, V v) { return layer_norm(v[0], T(1e-5)); });
+  // attention's layouts: rows [batch*t, heads*hd] to heads-major [batch*heads, t, hd] (batch 2, t 3, 3 heads of
+  // 4) and back; RoPE on the way with a trainable [2, t, hd] table (2 heads of 6; one head of 2)
+  add("heads_major", {r({6, 12})}, [](Tp, V v) { return heads_major(v[0], 2, 3); });
+  add("rows_major", {r({6, 3, 4})}, [](Tp, V v) { return rows_major(v[0], 2); });
+  add("rope_heads_major", {r({6, 12}), r({2, 3, 6})}, [](Tp, V v) { return rope_heads_major(v[0], v[1]); });
+  add("rope_heads_major one head of 2", {r({4, 2}), r({2, 4, 2})},
+      [](Tp, V v) { return rope_heads_major(v[0], v[1]); });
   return t;
 }
 
