@@ -75,15 +75,25 @@ void row_mean_step(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * rows * cols));
 }
 
-// The recording nn::attention replaced: k and v repeated per query head by
-// concat, the scores plus nn::causal_mask, softmax, bmm.
+// The recording nn::attention replaced: [t, n*hd] to heads-major [n, t, hd]
+// and back by reshapes and transposes, RoPE as slice, neg, slice, concat,
+// two muls and an add, k and v repeated per query head by concat, the
+// scores plus nn::causal_mask, softmax, bmm.
+Var<float> heads_major_composite(Var<float> m, std::size_t t, std::size_t n, std::size_t hd) {
+  return grad::transpose(grad::reshape(grad::transpose(grad::reshape(m, {1, t, n * hd})), {n, hd, t}));
+}
+Var<float> rope_composite(Var<float> h, Var<float> cos, Var<float> sin, std::size_t n, std::size_t t, std::size_t hd) {
+  const std::size_t half = hd / 2;
+  Var<float> rotated =
+      grad::concat(-grad::slice(h, {0, 0, half}, {n, t, hd}), grad::slice(h, {0, 0, 0}, {n, t, half}), -1);
+  return h * cos + rotated * sin;
+}
 Var<float> unfused_attention(Tape<float>& tp, Var<float> q, Var<float> k, Var<float> v, Var<float> cos,
                              Var<float> sin, std::size_t t, std::size_t H, std::size_t KV, std::size_t hd) {
-  namespace d = grad::nn::detail;
   const std::size_t group = H / KV;
-  Var<float> q3 = d::rope_heads(d::heads_major(q, 1, t, H, hd), cos, sin, H, t, hd);
-  Var<float> k3 = d::rope_heads(d::heads_major(k, 1, t, KV, hd), cos, sin, KV, t, hd);
-  Var<float> v3 = d::heads_major(v, 1, t, KV, hd);
+  Var<float> q3 = rope_composite(heads_major_composite(q, t, H, hd), cos, sin, H, t, hd);
+  Var<float> k3 = rope_composite(heads_major_composite(k, t, KV, hd), cos, sin, KV, t, hd);
+  Var<float> v3 = heads_major_composite(v, t, KV, hd);
   auto repeat = [&](Var<float> m) {
     Var<float> one = grad::reshape(m, {KV, 1, t * hd}), all = one;
     for (std::size_t g = 1; g < group; ++g) all = grad::concat(all, one, 1);
@@ -95,7 +105,8 @@ Var<float> unfused_attention(Tape<float>& tp, Var<float> q, Var<float> k, Var<fl
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   Var<float> scores = grad::bmm(q3, grad::transpose(k3)) * scale + tp.constant(grad::nn::causal_mask<float>(t));
-  return d::rows_major(grad::bmm(grad::softmax(scores, -1), v3), 1, t, H, hd);
+  Var<float> context = grad::bmm(grad::softmax(scores, -1), v3);  // [H, t, hd]
+  return grad::reshape(grad::transpose(grad::reshape(grad::transpose(context), {1, H * hd, t})), {t, H * hd});
 }
 
 template <bool Fused>

@@ -1,13 +1,17 @@
 """PyTorch eager peer for examples/tinylm: the identical model (test/oracle/lm_torch.py,
 float32, one thread) timed side by side with `tinylm bench` in the same run.
 
-    /usr/bin/python3 bench/peer_torch_lm.py [path/to/tinylm]
+    /usr/bin/python3 bench/peer_torch_lm.py [path/to/tinylm] [--d 64] [--layers 2]
+        [--batch 4] [--seq 256] [--train-only]
 
-Training: forward, cross-entropy, backward and Adam on batch 4 x 256 byte
-windows. Generation: greedy decoding with a KV cache (torch.no_grad), 256
-positions from a one-byte prompt. Skipped (exit 0 with a note) when torch is
-absent."""
+Training: forward, cross-entropy, backward and Adam on batch x seq byte
+windows (default 4 x 256). Generation: greedy decoding with a KV cache
+(torch.no_grad), 256 positions from a one-byte prompt (--train-only skips
+it on both sides). --d and --layers change the model's width and depth (the
+other sizes stay tinylm's defaults); both sides get the same options.
+Skipped (exit 0 with a note) when torch is absent."""
 
+import argparse
 import os
 import re
 import subprocess
@@ -89,22 +93,37 @@ def generate_rate(p, cos, sin):
 
 
 def main():
+    global BATCH, SEQ
+    ap = argparse.ArgumentParser(description="PyTorch eager peer for examples/tinylm")
+    ap.add_argument("tinylm", nargs="?", help="path to examples/tinylm (omitted: torch's figures only)")
+    ap.add_argument("--d", type=int, default=CFG["d"], help="model width")
+    ap.add_argument("--layers", type=int, default=CFG["layers"], help="transformer blocks")
+    ap.add_argument("--batch", type=int, default=BATCH, help="windows per training step")
+    ap.add_argument("--seq", type=int, default=SEQ, help="bytes per window (at most 256)")
+    ap.add_argument("--train-only", action="store_true", help="time training only, no generation")
+    args = ap.parse_args()
+    CFG["d"], CFG["layers"], BATCH, SEQ = args.d, args.layers, args.batch, args.seq
     torch.set_num_threads(1)
     p = init_params(CFG, torch.Generator().manual_seed(1), torch.float32)
     cos, sin = rope_tables(MAX_SEQ, CFG["d"] // CFG["heads"], CFG["base"], torch.float32)
     mask = causal_mask(SEQ, torch.float32)
     n = sum(t.numel() for t in p.values())
     torch_train = train_rate(p, cos, sin, mask)
-    torch_gen = generate_rate(p, cos, sin)
-    print(f"model: vocab 256, d_model 64, layers 2, heads 4, kv_heads 2, ffn 176, max_seq 256; {n} parameters; "
-          f"float32, 1 thread; torch {torch.__version__}")
+    torch_gen = None if args.train_only else generate_rate(p, cos, sin)
+    print(f"model: vocab 256, d_model {CFG['d']}, layers {CFG['layers']}, heads 4, kv_heads 2, ffn 176, max_seq 256; "
+          f"{n} parameters; batch {BATCH} x {SEQ}; float32, 1 thread; torch {torch.__version__}")
     grad_train = grad_gen = None
-    if len(sys.argv) > 1:
-        text = subprocess.run([sys.argv[1], "bench"], capture_output=True, text=True, check=True).stdout
+    if args.tinylm:
+        cmd = [args.tinylm, "bench", "--d", str(CFG["d"]), "--layers", str(CFG["layers"]), "--batch", str(BATCH),
+               "--seq", str(SEQ)] + (["--train-only"] if args.train_only else [])
+        text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         grad_train = float(re.search(r"train_tokens_per_s (\d+)", text).group(1))
-        grad_gen = float(re.search(r"generate_tokens_per_s (\d+)", text).group(1))
+        if not args.train_only:
+            grad_gen = float(re.search(r"generate_tokens_per_s (\d+)", text).group(1))
     print(f"{'':28}{'grad':>10}{'torch eager':>14}{'ratio':>8}")
     for name, g, t in [("training tokens/s", grad_train, torch_train), ("KV-cache generation tok/s", grad_gen, torch_gen)]:
+        if t is None:
+            continue
         gs = f"{g:10.0f}" if g else f"{'-':>10}"
         rs = f"{g / t:7.2f}x" if g else f"{'-':>8}"
         print(f"{name:28}{gs}{t:14.0f}{rs}")

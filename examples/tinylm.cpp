@@ -206,14 +206,19 @@ void add_options(CLI::App& c, GenerateOptions& o) {
 }
 
 struct BenchOptions {
-  std::size_t seq = 256, batch = 4;
+  std::size_t seq = 256, batch = 4, d = nn::LmConfig{}.d_model, layers = nn::LmConfig{}.layers;
   long steps = 20;
+  bool train_only = false;
 };
 
 void add_options(CLI::App& c, BenchOptions& o) {
   c.add_option("--seq", o.seq, "bytes per window")->check(cli::range<std::size_t>(1, 256));
   c.add_option("--batch", o.batch, "windows per step")->check(cli::range<std::size_t>(1, 32));
   c.add_option("--steps", o.steps, "timed steps (after 2 untimed)")->check(cli::range(1L, 100'000L));
+  c.add_option("--d", o.d, "model width (d_model; a multiple of 2 x the 4 heads)")
+      ->check(cli::range<std::size_t>(8, 1024));
+  c.add_option("--layers", o.layers, "transformer blocks")->check(cli::range<std::size_t>(1, 16));
+  c.add_flag("--train-only", o.train_only, "time training only (no generation)");
 }
 
 struct ExportOptions {
@@ -724,8 +729,10 @@ int export_model([[maybe_unused]] const ExportOptions& o) {
 // Speed at the default size, one thread: training steps (forward, backward,
 // Adam) on batch x seq windows, and greedy KV-cache generation.
 int bench(const BenchOptions& o) {
-  nn::LmConfig c;  // the example's default size (train)
+  nn::LmConfig c;  // the example's default size (train), --d and --layers aside
   c.max_seq = 256;
+  c.d_model = o.d;
+  c.layers = o.layers;
   const std::size_t seq = o.seq, batch = o.batch;
   const long steps = o.steps;
   grad::Tape<T> tp;
@@ -746,6 +753,9 @@ int bench(const BenchOptions& o) {
     if (s >= 0) seconds += std::chrono::duration<double>(Clock::now() - t0).count();
   }
   const double train_rate = static_cast<double>(batch * seq) * static_cast<double>(steps) / seconds;
+  std::printf("tinylm bench: %s, %zu parameters, float32, 1 thread\n", c.describe().c_str(), model.parameter_count());
+  std::printf("train_tokens_per_s %.0f (batch %zu x %zu, forward + backward + Adam)\n", train_rate, batch, seq);
+  if (o.train_only) return 0;
   nn::KvDecoder<T> dec(model);
   const std::size_t gen = c.max_seq - 1;
   const std::vector<int> prompt = {84};
@@ -755,8 +765,6 @@ int bench(const BenchOptions& o) {
   for (int i = 0; i < reps; ++i) nn::generate(dec, prompt, gen);
   const double gen_rate =
       static_cast<double>(reps * (gen + 1)) / std::chrono::duration<double>(Clock::now() - t0).count();
-  std::printf("tinylm bench: %s, %zu parameters, float32, 1 thread\n", c.describe().c_str(), model.parameter_count());
-  std::printf("train_tokens_per_s %.0f (batch %zu x %zu, forward + backward + Adam)\n", train_rate, batch, seq);
   std::printf("generate_tokens_per_s %.0f (greedy, KV cache, %zu positions)\n", gen_rate, gen + 1);
   return 0;
 }

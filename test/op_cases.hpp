@@ -290,6 +290,13 @@ std::vector<OpCase<T>> op_cases() {
         [](Tp, V v) { return linear_cross_entropy(v[0], v[1], v[2]); }, {ids});
     t.back().large = true;
   }
+  // attention's layouts: rows [batch*t, heads*hd] to heads-major [batch*heads, t, hd] (batch 2, t 3, 3 heads of
+  // 4) and back; RoPE on the way with a trainable [2, t, hd] table (2 heads of 6; one head of 2)
+  add("heads_major", {r({6, 12})}, [](Tp, V v) { return heads_major(v[0], 2, 3); });
+  add("rows_major", {r({6, 3, 4})}, [](Tp, V v) { return rows_major(v[0], 2); });
+  add("rope_heads_major", {r({6, 12}), r({2, 3, 6})}, [](Tp, V v) { return rope_heads_major(v[0], v[1]); });
+  add("rope_heads_major one head of 2", {r({4, 2}), r({2, 4, 2})},
+      [](Tp, V v) { return rope_heads_major(v[0], v[1]); });
   return t;
 }
 

@@ -359,6 +359,43 @@ TEST_CASE("gqa_attention: the first position attends only to itself, so its cont
     for (std::size_t j = 0; j < hd; ++j) CHECK(c[h * hd + j] == vv[j]);
 }
 
+// The layouts nn::attention recorded before its layout tags (heads.hpp):
+// [B*t, n*hd] -> [B*n, t, hd] and back by reshapes and transposes, RoPE as
+// seven nodes (slice, neg, slice, concat, two muls, an add).
+template <class T>
+Var<T> heads_major_composite(Var<T> m, std::size_t B, std::size_t t, std::size_t n, std::size_t hd) {
+  Var<T> x = transpose(reshape(m, {B, t, n * hd}));  // [B, n*hd, t]
+  return transpose(reshape(x, {B * n, hd, t}));      // [B*n, t, hd]
+}
+template <class T>
+Var<T> rows_major_composite(Var<T> c, std::size_t B, std::size_t t, std::size_t n, std::size_t hd) {
+  Var<T> x = transpose(reshape(transpose(c), {B, n * hd, t}));  // [B, t, n*hd]
+  return reshape(x, {B * t, n * hd});
+}
+template <class T>
+Var<T> rope_heads_composite(Var<T> h, Var<T> cos, Var<T> sin, std::size_t N, std::size_t t, std::size_t hd) {
+  const std::size_t half = hd / 2;
+  Var<T> rotated = concat(-slice(h, {0, 0, half}, {N, t, hd}), slice(h, {0, 0, 0}, {N, t, half}), -1);
+  return h * cos + rotated * sin;
+}
+
+// nn::detail::causal_attention as it was recorded before the layout tags:
+// the fused attention ops between the composite layouts.
+template <class T>
+Var<T> composite_layout_attention(Var<T> q, Var<T> k, Var<T> v, std::size_t B, std::size_t t, std::size_t H,
+                                  std::size_t KV, std::size_t hd, Var<T> cos, Var<T> sin) {
+  const std::size_t group = H / KV, N = B * KV;
+  Var<T> q3 = heads_major_composite(q, B, t, H, hd);
+  if (cos.valid()) q3 = rope_heads_composite(q3, cos, sin, B * H, t, hd);
+  Var<T> k3 = heads_major_composite(k, B, t, KV, hd);
+  if (cos.valid()) k3 = rope_heads_composite(k3, cos, sin, N, t, hd);
+  Var<T> v3 = heads_major_composite(v, B, t, KV, hd);
+  const T scale = T(1) / std::sqrt(static_cast<T>(hd));
+  Var<T> probs = causal_attention_probs(reshape(q3, {N, group * t, hd}), k3, scale);
+  Var<T> context = reshape(attention_context(probs, v3), {B * H, t, hd});
+  return rows_major_composite(context, B, t, H, hd);
+}
+
 // The recording nn::attention replaced (nn::Lm's before the fused ops): k
 // and v repeated once per query head of their group by concat, the scores
 // plus nn::causal_mask, softmax, bmm.
@@ -367,11 +404,11 @@ Var<T> unfused_attention(Var<T> q, Var<T> k, Var<T> v, std::size_t B, std::size_
                          Var<T> sin) {
   Tape<T>& tp = *q.tape();
   const std::size_t hd = tp.dims(q)[1] / H, t = tp.dims(q)[0] / B, group = H / KV;
-  Var<T> q3 = nn::detail::heads_major(q, B, t, H, hd);
-  if (cos.valid()) q3 = nn::detail::rope_heads(q3, cos, sin, B * H, t, hd);
-  Var<T> k3 = nn::detail::heads_major(k, B, t, KV, hd);
-  if (cos.valid()) k3 = nn::detail::rope_heads(k3, cos, sin, B * KV, t, hd);
-  Var<T> v3 = nn::detail::heads_major(v, B, t, KV, hd);
+  Var<T> q3 = heads_major_composite(q, B, t, H, hd);
+  if (cos.valid()) q3 = rope_heads_composite(q3, cos, sin, B * H, t, hd);
+  Var<T> k3 = heads_major_composite(k, B, t, KV, hd);
+  if (cos.valid()) k3 = rope_heads_composite(k3, cos, sin, B * KV, t, hd);
+  Var<T> v3 = heads_major_composite(v, B, t, KV, hd);
   if (group > 1) {
     auto repeat = [&](Var<T> m) {
       Var<T> one = reshape(m, {B * KV, 1, t * hd}), all = one;
@@ -383,7 +420,7 @@ Var<T> unfused_attention(Var<T> q, Var<T> k, Var<T> v, std::size_t B, std::size_
   }
   const T scale = T(1) / std::sqrt(static_cast<T>(hd));
   Var<T> scores = bmm(q3, transpose(k3)) * scale + tp.constant(nn::causal_mask<T>(t));
-  return nn::detail::rows_major(bmm(softmax(scores, -1), v3), B, t, H, hd);
+  return rows_major_composite(bmm(softmax(scores, -1), v3), B, t, H, hd);
 }
 
 // Records nn::attention (fused) or the unfused path on the same inputs and
@@ -440,6 +477,130 @@ TEST_CASE("attention (fused causal probabilities, no mask, no repeated k/v) give
       }
   check_attention_bits<double>(2, 4, 2, 5, false);  // without RoPE
   check_attention_bits<float>(2, 7, 1, 33, false);
+  // past two of causal_attention_probs' blocks of 32 positions (the last one partial), on 1 and 3 threads
+  for (const std::size_t threads : {1, 3}) {
+    set_num_threads(threads);
+    check_attention_bits<float>(2, 4, 2, 70, true);
+    check_attention_bits<double>(1, 3, 1, 70, true);
+  }
+  set_num_threads(1);
+}
+
+namespace {
+
+// nn::detail::causal_attention (the layout tags) against the composite
+// layouts on the same inputs: the context and the gradients of q, k, v and
+// of upstream parameters x (q, k, v are x's products, so every gradient
+// reaching x passes the layouts). The loss weights hold +0 and -0 as well,
+// and position 0's query gradient is exactly zero: a +-0 that RoPE's
+// backward must turn into the composite's +0.
+template <class T>
+void check_layout_bits(std::size_t B, std::size_t H, std::size_t KV, std::size_t t, std::size_t hd, bool rotary) {
+  CAPTURE(B);
+  CAPTURE(H);
+  CAPTURE(KV);
+  CAPTURE(t);
+  CAPTURE(hd);
+  CAPTURE(rotary);
+  Rng rng(10000 * B + 1000 * H + 100 * KV + 10 * t + hd);
+  const std::size_t d = 5;
+  const Tensor<T> x = random_tensor<T>({B * t, d}, rng, -2, 2), wq = random_tensor<T>({d, H * hd}, rng, -1, 1),
+                  wk = random_tensor<T>({d, KV * hd}, rng, -1, 1), wv = random_tensor<T>({d, KV * hd}, rng, -1, 1);
+  Tensor<T> weights = random_tensor<T>({B * t, H * hd}, rng, -1, 1);
+  for (std::size_t i = 0; i < weights.size(); i += 3) weights[i] = i % 2 ? T(-0.0) : T(0);
+  const auto tables = nn::rope_tables<T>(t, hd, T(10000));
+  auto run = [&](bool tags) {
+    Tape<T> tp;
+    Var<T> vx = tp.param(x), vq = tp.param(wq), vk = tp.param(wk), vv = tp.param(wv);
+    Var<T> q = matmul(vx, vq), k = matmul(vx, vk), v = matmul(vx, vv), cos, sin;
+    if (rotary) {
+      cos = tp.constant(tables.cos);
+      sin = tp.constant(tables.sin);
+    }
+    Var<T> ctx = tags ? nn::detail::causal_attention(q, k, v, B, t, H, KV, hd, cos, sin)
+                      : composite_layout_attention(q, k, v, B, t, H, KV, hd, cos, sin);
+    REQUIRE(tp.backward(grad::sum(ctx * tp.constant(weights))));
+    std::vector<std::vector<T>> out;
+    auto copy = [&](View<T> view) { out.emplace_back(view.begin(), view.end()); };
+    copy(tp.value(ctx));
+    for (Var<T> p : {q, k, v, vx, vq, vk, vv}) copy(tp.grad(p));
+    return out;
+  };
+  const auto tags = run(true), composite = run(false);
+  const std::string what[] = {"context", "dq", "dk", "dv", "dx", "dwq", "dwk", "dwv"};
+  for (std::size_t i = 0; i < tags.size(); ++i) {
+    CAPTURE(what[i]);
+    CHECK(bitwise_equal<T>(tags[i], composite[i]));
+  }
+}
+
+// rope_heads_major alone against heads_major_composite + rope_heads_composite
+// (and rows_major(heads_major(m)) against the composite round trip), with
+// loss weights of which about half are +0 or -0: pairs (c, c + hd/2) of
+// zero gradients whose products are -0, where the composite's walk turns
+// the sum into +0.
+template <class T>
+void check_rope_bits(std::size_t B, std::size_t n, std::size_t t, std::size_t hd) {
+  CAPTURE(B);
+  CAPTURE(n);
+  CAPTURE(t);
+  CAPTURE(hd);
+  Rng rng(1000 * B + 100 * n + 10 * t + hd);
+  const Tensor<T> m = random_tensor<T>({B * t, n * hd}, rng, -2, 2);
+  Tensor<T> weights = random_tensor<T>({B * n, t, hd}, rng, -1, 1);
+  for (T& w : weights.data())
+    if (rng.next() % 2) w = rng.next() % 2 ? T(-0.0) : T(0);
+  const auto tables = nn::rope_tables<T>(t, hd, T(10000));
+  // Each on its own tape: the gradient of m is the one op's alone.
+  auto run = [&](bool tags, bool round_trip) {
+    Tape<T> tp;
+    Var<T> vm = tp.param(m), cos = tp.constant(tables.cos), sin = tp.constant(tables.sin);
+    Var<T> table = concat(reshape(cos, {1, t, hd}), reshape(sin, {1, t, hd}), 0);
+    Var<T> heads = tags ? heads_major(vm, B, n) : heads_major_composite(vm, B, t, n, hd);
+    Var<T> y = !round_trip ? tags ? rope_heads_major(vm, table) : rope_heads_composite(heads, cos, sin, B * n, t, hd)
+               : tags      ? rows_major(heads, B)
+                           : rows_major_composite(heads, B, t, n, hd);
+    REQUIRE(tp.backward(grad::sum(y * tp.constant(round_trip ? m : weights))));
+    return std::vector<std::vector<T>>{{tp.value(y).begin(), tp.value(y).end()},
+                                       {tp.grad(vm).begin(), tp.grad(vm).end()}};
+  };
+  const auto rope_tags = run(true, false), rope_composite = run(false, false);
+  const auto trip_tags = run(true, true), trip_composite = run(false, true);
+  const std::vector<std::vector<T>> tags{rope_tags[0], trip_tags[0], rope_tags[1], trip_tags[1]},
+      composite{rope_composite[0], trip_composite[0], rope_composite[1], trip_composite[1]};
+  const std::string what[] = {"rotated", "round trip", "dm (rope)", "dm (round trip)"};
+  for (std::size_t i = 0; i < tags.size(); ++i) {
+    CAPTURE(what[i]);
+    CHECK(bitwise_equal<T>(tags[i], composite[i]));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the attention layout tags (heads_major, rope_heads_major, rows_major) give the composite layouts' bits: "
+          "context and every gradient") {
+  struct Heads {
+    std::size_t H, KV;
+  };
+  for (const std::size_t threads : {1, 3}) {
+    set_num_threads(threads);
+    for (const Heads h : {Heads{2, 2}, Heads{4, 2}, Heads{3, 1}})  // MHA, GQA with groups of 2 and 3
+      for (const std::size_t t : {1, 5, 33})
+        for (const std::size_t B : {1, 2})
+          for (const std::size_t hd : {2, 6, 16, 24}) {  // 16, 24: the host loops' packs and their tails
+            check_layout_bits<double>(B, h.H, h.KV, t, hd, true);
+            check_layout_bits<float>(B, h.H, h.KV, t, hd, true);
+          }
+    check_layout_bits<double>(2, 4, 2, 5, 16, false);  // without RoPE
+    check_layout_bits<float>(2, 3, 1, 33, 6, false);
+  }
+  for (const std::size_t hd : {2, 6, 16, 24})
+    for (const std::size_t t : {1, 5, 33}) {
+      check_rope_bits<double>(2, 3, t, hd);
+      check_rope_bits<float>(2, 3, t, hd);
+      check_rope_bits<float>(1, 1, t, hd);
+    }
+  set_num_threads(1);
 }
 
 TEST_CASE("causal_attention_probs: rows sum to 1, keys after the query's position get exactly 0") {
@@ -815,6 +976,31 @@ TEST_CASE("bad input: causal_attention_probs and attention_context with operands
            [&](Tape<double>& tp) { attention_context(c(tp, {1, 6, 2}), c(tp, {1, 3, 4})); });
   poisoned("attention_context", {"whole number G", "p [1, 5, 3]", "v [1, 3, 4]"},
            [&](Tape<double>& tp) { attention_context(c(tp, {1, 5, 3}), c(tp, {1, 3, 4})); });
+}
+
+TEST_CASE("bad input: heads_major, rows_major and rope_heads_major with shapes that do not fit") {
+  auto poisoned = [](const char* op, std::initializer_list<std::string> mentions, auto record) {
+    Tape<double> tp;
+    record(tp);
+    check_poisoned(tp, op, mentions);
+  };
+  auto c = [](Tape<double>& tp, Shape s) { return tp.constant(Tensor<double>(std::move(s))); };
+  poisoned("heads_major", {"rows [6, 4]", "batch 4", "3 heads", "expected [batch*t, heads*head_dim]"},
+           [&](Tape<double>& tp) { heads_major(c(tp, {6, 4}), 4, 3); });
+  poisoned("heads_major", {"rows [2, 3, 4]", "batch 1", "expected [batch*t, heads*head_dim]"},
+           [&](Tape<double>& tp) { heads_major(c(tp, {2, 3, 4}), 1, 1); });
+  poisoned("heads_major", {"rows [6, 4]", "batch 0"}, [&](Tape<double>& tp) { heads_major(c(tp, {6, 4}), 0, 1); });
+  poisoned("rows_major", {"heads-major [5, 3, 4]", "batch 2", "expected [batch*heads, t, head_dim]"},
+           [&](Tape<double>& tp) { rows_major(c(tp, {5, 3, 4}), 2); });
+  poisoned("rows_major", {"heads-major [6, 4]", "batch 1"}, [&](Tape<double>& tp) { rows_major(c(tp, {6, 4}), 1); });
+  poisoned("rope_heads_major", {"rows [6, 12]", "table [3, 3, 6]", "expected a table [2, t, head_dim]"},
+           [&](Tape<double>& tp) { rope_heads_major(c(tp, {6, 12}), c(tp, {3, 3, 6})); });
+  poisoned("rope_heads_major", {"rows [6, 10]", "table [2, 3, 5]", "even head_dim"},
+           [&](Tape<double>& tp) { rope_heads_major(c(tp, {6, 10}), c(tp, {2, 3, 5})); });
+  poisoned("rope_heads_major", {"rows [5, 12]", "table [2, 3, 6]", "expected rows [batch*3, heads*6]"},
+           [&](Tape<double>& tp) { rope_heads_major(c(tp, {5, 12}), c(tp, {2, 3, 6})); });
+  poisoned("rope_heads_major", {"rows [6, 8]", "table [2, 3, 6]", "expected rows [batch*3, heads*6]"},
+           [&](Tape<double>& tp) { rope_heads_major(c(tp, {6, 8}), c(tp, {2, 3, 6})); });
 }
 
 TEST_CASE("bad input: attention with heads that do not divide, rows that are not whole sequences, or bad RoPE") {

@@ -76,6 +76,10 @@ class Generator {
       REQUIRE_MESSAGE(tp_.ok(), tp_.error() << "\n" << g_.describe());
       if (g_.steps.size() > before && max_abs(last()) > 50) unary("tanh", [](Var<T> x) { return grad::tanh(x); });
     }
+    if (!wide_) {
+      layout_generators()[rng_.next() % layout_generators().size()](*this);
+      REQUIRE_MESSAGE(tp_.ok(), tp_.error() << "\n" << g_.describe());
+    }
     return std::move(g_);
   }
 
@@ -464,6 +468,42 @@ class Generator {
           const std::size_t v = g.param({1, t, g.dim()});
           g.binary_at(a, v, "attention_context G " + std::to_string(m / t),
                       [m, t](Var<T> x, Var<T> y) { return attention_context(reshape(x, {1, m, t}), y); });
+        },
+    };
+    return all;
+  }
+
+  // Attention's layout ops, one as the last step of every small graph (make):
+  // drawn after the other generators' steps, so those graphs stay the ones
+  // the suite has always drawn; wide graphs leave them out (no threaded loops).
+  static const std::vector<Gen>& layout_generators() {
+    static const std::vector<Gen> all = {
+        // (heads_major's and rope_heads_major's results go back to [m, w]: as
+        // matrices [m * heads, w / heads] they would grow tall)
+        [](Generator& g) {  // heads_major: a matrix [m, w] as batch (dividing m) x heads (dividing w)
+          const std::size_t a = g.as_matrix(g.pick());
+          const Dims d = g.dims(g.values_[a]);
+          const std::size_t m = d[0], w = d[1], batch = m % 2 == 0 && g.rng_.next() % 2 ? 2 : 1,
+                            heads = w % 2 == 0 ? 2 : 1;
+          g.unary_at(a, "heads_major batch " + std::to_string(batch) + " heads " + std::to_string(heads),
+                     [m, w, batch, heads](Var<T> x) { return reshape(heads_major(x, batch, heads), {m, w}); });
+        },
+        [](Generator& g) {  // rows_major: a matrix [m, c] as heads-major [m, 1, c] (batch 1 or 2): rows stay rows
+          const std::size_t a = g.as_matrix(g.pick());
+          const Dims d = g.dims(g.values_[a]);
+          const std::size_t m = d[0], c = d[1], batch = m % 2 == 0 && g.rng_.next() % 2 ? 2 : 1;
+          g.unary_at(a, "rows_major batch " + std::to_string(batch) + " of [m, 1, c]",
+                     [m, c, batch](Var<T> x) { return rows_major(reshape(x, {m, 1, c}), batch); });
+        },
+        [](Generator& g) {  // rope_heads_major: a matrix [m, w] (w even), heads of 2 (of w past 8), a new table
+          const std::size_t a = g.as_matrix(g.pick());
+          const Dims d = g.dims(g.values_[a]);
+          if (d[1] % 2 != 0) return;
+          const std::size_t t = d[0] % 2 == 0 && g.rng_.next() % 2 ? d[0] / 2 : d[0], hd = d[1] > 8 ? d[1] : 2;
+          const std::size_t table = g.param({2, t, hd});
+          g.binary_at(a, table, "rope_heads_major", [d](Var<T> x, Var<T> y) {
+            return reshape(rope_heads_major(x, y), {d[0], d[1]});
+          });
         },
     };
     return all;

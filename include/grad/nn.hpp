@@ -267,42 +267,34 @@ Var<T> gqa_attention(Var<T> q, Var<T> k, Var<T> v, Var<T> cos, Var<T> sin, Var<T
 
 namespace detail {
 
-// [B*t, n*hd] -> [B*n, t, hd] (heads lead) and back.
-template <class T>
-Var<T> heads_major(Var<T> m, std::size_t B, std::size_t t, std::size_t n, std::size_t hd) {
-  Var<T> x = transpose(reshape(m, {B, t, n * hd}));  // [B, n*hd, t]
-  return transpose(reshape(x, {B * n, hd, t}));      // [B*n, t, hd]
-}
-template <class T>
-Var<T> rows_major(Var<T> c, std::size_t B, std::size_t t, std::size_t n, std::size_t hd) {
-  Var<T> x = transpose(reshape(transpose(c), {B, n * hd, t}));  // [B, t, n*hd]
-  return reshape(x, {B * t, n * hd});
-}
-// nn::rope over [N, t, hd]: h * cos + rotate_half(h) * sin.
-template <class T>
-Var<T> rope_heads(Var<T> h, Var<T> cos, Var<T> sin, std::size_t N, std::size_t t, std::size_t hd) {
-  const std::size_t half = hd / 2;
-  Var<T> rotated = concat(-slice(h, {0, 0, half}, {N, t, hd}), slice(h, {0, 0, 0}, {N, t, half}), -1);
-  return h * cos + rotated * sin;
-}
-
 // nn::attention's recording, for operands it has checked (nn::Lm's, whose
 // config is checked once; it records under its own "attention" scope).
+// The layouts are one node each (heads.hpp): q and k to heads-major with
+// RoPE on the way (cos and sin joined into one [2, t, hd] table, a few
+// thousand elements, once per call), v to heads-major, the context back to
+// rows. Values and every gradient of q, k and v are the bits of the
+// composite they replace (reshapes and transposes; RoPE as h * cos +
+// rotate_half(h) * sin by slice, neg, concat, mul and add). A trainable
+// cos or sin gets the right gradient, summed in another order.
 template <class T>
 Var<T> causal_attention(Var<T> q, Var<T> k, Var<T> v, std::size_t batch, std::size_t t, std::size_t heads,
                         std::size_t kv_heads, std::size_t head_dim, Var<T> cos, Var<T> sin) {
   const bool rotary = cos.valid();
   const std::size_t group = heads / kv_heads, N = batch * kv_heads;
-  Var<T> q3 = heads_major(q, batch, t, heads, head_dim);
-  if (rotary) q3 = rope_heads(q3, cos, sin, batch * heads, t, head_dim);
-  Var<T> k3 = heads_major(k, batch, t, kv_heads, head_dim);
-  if (rotary) k3 = rope_heads(k3, cos, sin, N, t, head_dim);
-  Var<T> v3 = heads_major(v, batch, t, kv_heads, head_dim);
+  Var<T> q3, k3;
+  if (rotary) {
+    const Var<T> table = concat(reshape(cos, {1, t, head_dim}), reshape(sin, {1, t, head_dim}), 0);
+    q3 = rope_heads_major(q, table);
+    k3 = rope_heads_major(k, table);
+  } else {
+    q3 = heads_major(q, batch, heads);
+    k3 = heads_major(k, batch, kv_heads);
+  }
+  Var<T> v3 = heads_major(v, batch, kv_heads);
   const T scale = T(1) / std::sqrt(static_cast<T>(head_dim));
   // [batch*heads, t, hd] is [N, group*t, hd]: a group's query heads are consecutive.
   Var<T> probs = causal_attention_probs(reshape(q3, {N, group * t, head_dim}), k3, scale);
-  Var<T> context = reshape(attention_context(probs, v3), {batch * heads, t, head_dim});
-  return rows_major(context, batch, t, heads, head_dim);
+  return rows_major(reshape(attention_context(probs, v3), {batch * heads, t, head_dim}), batch);
 }
 
 }  // namespace detail

@@ -377,6 +377,32 @@ Var<T> attention_context(Var<T> p, Var<T> v) {
   return record_op<AttentionContext>(p, v);
 }
 
+// ---- attention's layouts (heads.hpp) ----
+// rows [batch*t, heads*hd] (a projection's output: a row per position, the
+// heads side by side) -> heads-major [batch*heads, t, hd]: head h of
+// sequence b at position p is row b*t + p's columns [h*hd, (h+1)*hd).
+template <class T>
+Var<T> heads_major(Var<T> rows, std::size_t batch, std::size_t heads) {
+  const std::array<std::size_t, 2> sizes{batch, heads};
+  return record_op<HeadsMajor>(rows, {}, OpAttrs{0, sizes, {}});
+}
+
+// heads-major [batch*heads, t, hd] -> rows [batch*t, heads*hd]: heads_major's inverse.
+template <class T>
+Var<T> rows_major(Var<T> heads, std::size_t batch) {
+  const std::array<std::size_t, 1> sizes{batch};
+  return record_op<RowsMajor>(heads, {}, OpAttrs{0, sizes, {}});
+}
+
+// heads_major(rows, batch, heads) rotated by RoPE with the table [2, t, hd]
+// (cos, then sin; t and hd give batch and heads): h * cos +
+// rotate_half(h) * sin, rotate_half(h) = [-h2, h1] for h = [h1, h2] split
+// at hd / 2, with the bits of that composite (nn::rope's).
+template <class T>
+Var<T> rope_heads_major(Var<T> rows, Var<T> table) {
+  return record_op<RopeHeadsMajor>(rows, table);
+}
+
 // ---- token ids (embedding.hpp, cross_entropy.hpp) ----
 // Ids are a constant (tape.constant) of exact integers held in T, refreshed
 // per batch like any input (Program::set_input on a device). These two ops

@@ -69,15 +69,82 @@ GRAD_HD void add_head(T& total, T part, std::size_t n) {
   total = n == 0 ? part : total + part;
 }
 
+// CausalAttentionProbs' products on the gemm (numerics/gemm.hpp), a block
+// of causal_block positions of one head at a time, each only as far as the
+// causal mask lets any of them see: about half the square products' work
+// at t = 256. What is left out is masked: scores that softmax overwrites
+// with 0, and terms with a masked ds, an exact zero: the last terms of a
+// row's ascending sum (ds . k) or the first of a key's (ds^T . q).
+// (AttentionContext's p is any [N, G*t, t]: its products stay whole.) fma(+-0, x, acc) == acc for finite x and an
+// accumulator that starts at +0 (it never is -0), so either way the sum
+// keeps its bits.
+inline constexpr std::size_t causal_block = 32;
+
+// f(s, first, count, end) for every block: rows [first, first + count) of
+// slice s are one head's positions [end - count, end). Blocks run over the
+// pool when the product (`row_work` multiply-adds per row) is large.
+template <class F>
+void causal_blocks(const Sizes& z, std::size_t row_work, F&& f) {
+  const std::size_t per_head = (z.t + causal_block - 1) / causal_block, blocks = z.slices * z.group * per_head;
+  const std::size_t grain = std::max<std::size_t>(1, (std::size_t{1} << 20) / std::max<std::size_t>(1, causal_block * row_work));
+  parallel_ranges(blocks, grain, [&](std::size_t lo, std::size_t hi) {
+    for (std::size_t b = lo; b < hi; ++b) {
+      const std::size_t p0 = b % per_head * causal_block, count = std::min(causal_block, z.t - p0);
+      f(b / (z.group * per_head), b / per_head % z.group * z.t + p0, count, p0 + count);
+    }
+  });
+}
+
+// Per slice, c [rows, t] = a [rows, width] . b [t, width]^T, each row's
+// scores up to its block's last position (the rest is left as it was).
+template <class T>
+void causal_scores(const T* a, const T* b, T* c, const Sizes& z) {
+  const gemm_detail::Isa isa = gemm_detail::best_isa();
+  causal_blocks(z, z.t * z.width, [&](std::size_t s, std::size_t first, std::size_t count, std::size_t end) {
+    const gemm_detail::Problem<T> pr{{a + s * z.rows * z.width, z.width, 1}, {b + s * z.t * z.width, 1, z.width},
+                                     c + s * z.rows * z.t, z.rows, z.t, z.width};
+    gemm_detail::multiply_range(isa, pr, first, first + count, 0, end);
+  });
+}
+
+// Per slice, c [rows, width] = a [rows, t] . b [t, width], a lower-triangular
+// per head (ds): each row's sum over the keys up to its block's end.
+template <class T>
+void causal_rows(const T* a, const T* b, T* c, const Sizes& z) {
+  const gemm_detail::Isa isa = gemm_detail::best_isa();
+  causal_blocks(z, z.t * z.width, [&](std::size_t s, std::size_t first, std::size_t count, std::size_t end) {
+    const gemm_detail::Problem<T> pr{{a + s * z.rows * z.t, z.t, 1}, {b + s * z.t * z.width, z.width, 1},
+                                     c + s * z.rows * z.width, z.rows, z.width, end};
+    gemm_detail::multiply_range(isa, pr, first, first + count, 0, z.width);
+  });
+}
+
+// c [t, width] = a_h^T . b_h for one head (a_h [t, t] lower-triangular, b_h
+// [t, width]): each key's sum over the rows from its block's first position.
+template <class T>
+void causal_keys(const T* a, const T* b, T* c, const Sizes& z) {
+  const gemm_detail::Isa isa = gemm_detail::best_isa();
+  const Sizes one{1, z.t, z.t, z.width, 1};
+  causal_blocks(one, z.t * z.width, [&](std::size_t, std::size_t p0, std::size_t count, std::size_t) {
+    const gemm_detail::Problem<T> pr{{a + p0 * z.t, 1, z.t}, {b + p0 * z.width, z.width, 1}, c, z.t, z.width,
+                                     z.t - p0};
+    gemm_detail::multiply_range(isa, pr, p0, p0 + count, 0, z.width);
+  });
+}
+
 // A key/value gradient of one slice on the host: per head of the group, in
 // the tape's order, head = a_h^T . b_h on the gemm (a_h [t, t] and b_h
 // [t, width] the head's rows of a and b, which point at the slice's first
-// row), added into d [t, width] as add_head adds it. `head` is scratch.
+// row; causal_keys when a is lower-triangular per head), added into d
+// [t, width] as add_head adds it. `head` is scratch.
 template <class T>
-void sum_heads_tn(const T* a, const T* b, T* d, T* head, const Sizes& z) {
+void sum_heads_tn(const T* a, const T* b, T* d, T* head, const Sizes& z, bool causal) {
   for (std::size_t n = 0; n < z.group; ++n) {
     const std::size_t first = head_in_sum_order(n, z.group) * z.t;
-    gemm_tn(a + first * z.t, b + first * z.width, head, z.t, z.t, z.width);
+    if (causal)
+      causal_keys(a + first * z.t, b + first * z.width, head, z);
+    else
+      gemm_tn(a + first * z.t, b + first * z.width, head, z.t, z.t, z.width);
     for (std::size_t e = 0; e < z.t * z.width; ++e) add_head(d[e], head[e], n);
   }
 }
@@ -216,9 +283,7 @@ struct CausalAttentionProbs {
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
     const auto z = sizes(x);
-    for (std::size_t s = 0; s < z.slices; ++s)
-      gemm_nt(x.a.data + s * z.rows * z.width, x.b.data + s * z.t * z.width, y + s * z.rows * z.t, z.rows, z.width,
-              z.t);
+    attention_detail::causal_scores(x.a.data, x.b.data, y, z);
     parallel_ranges(z.slices * z.rows, row_grain(z.t), [&](std::size_t lo, std::size_t hi) {
       with_best_isa([&](auto width) {
         using P = pack_for<T, decltype(width)>;
@@ -250,29 +315,66 @@ struct CausalAttentionProbs {
   template <int In, class T>
   static void backward_tensor(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
     const auto z = sizes(x);
-    // ds of every row of one slice (exact zeros at the masked positions).
+    // ds of every row of one slice (exact zeros at the masked positions):
+    // the rows' dots eight at a time (each its own ascending chain), ds on packs.
     std::vector<T> ds(z.rows * z.t), head(In == 1 ? z.t * z.width : 0);
     for (std::size_t s = 0; s < z.slices; ++s) {
       const T *ys = y + s * z.rows * z.t, *gs = g + s * z.rows * z.t;
       parallel_ranges(z.rows, row_grain(z.t), [&](std::size_t lo, std::size_t hi) {
-        with_best_isa([&] {
-          for (std::size_t r = lo; r < hi; ++r) {
-            const std::size_t last = r % z.t;
-            const T *p = ys + r * z.t, *gr = gs + r * z.t;
-            const T dot = row_dot(p, gr, last);
-            T* d = ds.data() + r * z.t;
-            for (std::size_t j = 0; j <= last; ++j) d[j] = score_gradient(p[j], gr[j], dot, x.scalar);
-            std::fill(d + last + 1, d + z.t, T(0));
+        with_best_isa([&](auto width) {
+          using P = pack_for<T, decltype(width)>;
+          using namespace kernels_detail;
+          for (std::size_t r0 = lo; r0 < hi; r0 += dot_rows) {
+            std::array<T, dot_rows> dots;
+            row_dots(ys, gs, r0, std::min(dot_rows, hi - r0), z.t, dots);
+            for (std::size_t r = r0; r < std::min(r0 + dot_rows, hi); ++r) {
+              const std::size_t last = r % z.t;
+              const T *p = ys + r * z.t, *gr = gs + r * z.t;
+              const T dot = dots[r - r0];
+              T* d = ds.data() + r * z.t;
+              for_packs<P, T>(last + 1, [&](std::size_t i, auto v) {  // score_gradient's operations
+                using V = decltype(v);
+                store_as((load_as<V>(p + i) * (load_as<V>(gr + i) - V(dot))) * V(x.scalar), d + i);
+              });
+              std::fill(d + last + 1, d + z.t, T(0));
+            }
           }
         });
       });
-      const T* k = x.b.data + s * z.t * z.width;
       if constexpr (In == 0) {  // dq = ds . k
-        gemm_nn(ds.data(), k, dx + s * z.rows * z.width, z.rows, z.t, z.width);
+        attention_detail::causal_rows(ds.data(), x.b.data + s * z.t * z.width, dx + s * z.rows * z.width,
+                                      attention_detail::Sizes{1, z.rows, z.t, z.width, z.group});
       } else {  // dk = per head ds^T . q, then the heads in the tape's order
         attention_detail::sum_heads_tn(ds.data(), x.a.data + s * z.rows * z.width, dx + s * z.t * z.width,
-                                       head.data(), z);
+                                       head.data(), z, true);
       }
+    }
+  }
+
+ private:
+  // row_dot of `count` (at most dot_rows) consecutive rows from r0, as
+  // independent chains side by side while all of them run, then each on
+  // its own: every dot's terms in ascending order, one fma each.
+  static constexpr std::size_t dot_rows = 8;
+  template <class T>
+  GRAD_INLINE static void row_dots(const T* y, const T* g, std::size_t r0, std::size_t count, std::size_t t,
+                                   std::array<T, dot_rows>& dots) {
+    std::size_t common = t;
+    for (std::size_t i = 0; i < count; ++i) common = std::min(common, (r0 + i) % t + 1);
+    dots.fill(T(0));
+    if (count == dot_rows)
+      for (std::size_t j = 0; j < common; ++j) {
+        GRAD_GEMM_UNROLL
+        for (std::size_t i = 0; i < dot_rows; ++i) {
+          const std::size_t at = (r0 + i) * t + j;
+          dots[i] = fma_hd(g[at], y[at], dots[i]);
+        }
+      }
+    else
+      common = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::size_t row = (r0 + i) * t, last = (r0 + i) % t;
+      for (std::size_t j = common; j <= last; ++j) dots[i] = fma_hd(g[row + j], y[row + j], dots[i]);
     }
   }
 };
@@ -353,7 +455,7 @@ struct AttentionContext {
       std::vector<T> head(z.t * z.width);
       for (std::size_t s = 0; s < z.slices; ++s)
         attention_detail::sum_heads_tn(x.a.data + s * z.rows * z.t, g + s * z.rows * z.width, dx + s * z.t * z.width,
-                                       head.data(), z);
+                                       head.data(), z, false);
     }
   }
 };

@@ -12,6 +12,7 @@
 #include "grad/tags/dropout.hpp"
 #include "grad/tags/elementwise.hpp"
 #include "grad/tags/embedding.hpp"
+#include "grad/tags/heads.hpp"
 #include "grad/tags/layer_norm.hpp"
 #include "grad/tags/layout.hpp"
 #include "grad/tags/linalg.hpp"
@@ -51,7 +52,8 @@ using OpList = boost::mp11::mp_list<Param, Const,                               
                                     Dropout,                                                //
                                     CausalAttentionProbs, AttentionContext,                 //
                                     MatmulNt, RmsNorm, LayerNorm,                           //
-                                    LinearCrossEntropy>;
+                                    LinearCrossEntropy,                                     //
+                                    HeadsMajor, RowsMajor, RopeHeadsMajor>;
 
 inline constexpr std::size_t op_count = boost::mp11::mp_size<OpList>::value;
 static_assert(op_count <= 256, "op codes are one byte");
