@@ -320,13 +320,13 @@ template <class T, std::size_t Lanes, std::size_t NV>
       // Lanes short runs of b's columns and writes whole vectors of the strip,
       // so b streams in order instead of missing its cache lines column by column.
       const std::size_t square_cols = b.rs == 1 ? cols / Lanes * Lanes : 0, square_terms = kc / Lanes * Lanes;
-      for (std::size_t j0 = 0; j0 < square_cols; j0 += Lanes)
+      for (std::size_t js = 0; js < square_cols; js += Lanes)
         for (std::size_t p = 0; p < square_terms; p += Lanes)
-          transpose_square<T, Lanes>(src + j0 * b.cs + p, b.cs, out + p * width + j0, width);
-      for (std::size_t j0 = 0; j0 < cols; j0 += Lanes) {  // the rest, element by element
-        const std::size_t j1 = std::min(cols, j0 + Lanes);
-        for (std::size_t p = j0 < square_cols ? square_terms : 0; p < kc; ++p)
-          for (std::size_t j = j0; j < j1; ++j) out[p * width + j] = src[j * b.cs + p * b.rs];
+          transpose_square<T, Lanes>(src + js * b.cs + p, b.cs, out + p * width + js, width);
+      for (std::size_t js = 0; js < cols; js += Lanes) {  // the rest, element by element
+        const std::size_t je = std::min(cols, js + Lanes);
+        for (std::size_t p = js < square_cols ? square_terms : 0; p < kc; ++p)
+          for (std::size_t j = js; j < je; ++j) out[p * width + j] = src[j * b.cs + p * b.rs];
       }
       for (std::size_t p = 0; p < kc; ++p)
         for (std::size_t j = cols; j < width; ++j) out[p * width + j] = T(0);
