@@ -267,7 +267,7 @@ template <class T, std::size_t Lanes>
   for (std::size_t i = 0; i < Lanes; ++i) __builtin_memcpy(&r[i], src + i * src_stride, sizeof(V));
   GRAD_GEMM_UNROLL
   for (std::size_t d = Lanes / 2; d > 0; d /= 2) {
-    M keep, swap;  // lane l of row i: its own (bit d of l clear) or row i + d's lane l - d; row i + d the mirror
+    M keep{}, swap{};  // lane l of row i: its own (bit d of l clear) or row i + d's lane l - d; row i + d the mirror
     GRAD_GEMM_UNROLL
     for (std::size_t l = 0; l < Lanes; ++l) {
       keep[l] = static_cast<I>(l & d ? Lanes + (l ^ d) : l);
