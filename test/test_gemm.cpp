@@ -147,7 +147,7 @@ TEST_CASE_TEMPLATE("gemm_tn over rows in chunks, continued, gives one gemm_tn's 
                    float) {
   Rng rng(8);
   const std::size_t m = 300, n = 260;  // m spans two of the kc blocks
-  // k = 1: C is one row (the one-row paths, which sum from zero, must not take it)
+  // k = 1: C is one row (multiply_row, continuing from what C holds)
   for (std::size_t k : {45, 1}) {
     const auto A = operand<T>(m * k, rng), G = operand<T>(m * n, rng);
     std::vector<T> want(k * n);

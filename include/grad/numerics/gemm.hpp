@@ -366,9 +366,9 @@ template <class T, std::size_t MR>
 // contiguous rows: b is read where it lies, with neither the copy into
 // packed strips nor the MR - 1 padded rows a register tile would compute
 // and drop, so the product runs at the speed b streams from memory. Each
-// element's sum is the blocked kernel's: ascending p, from zero, stored and
-// reloaded unchanged between KC-long runs; columns past the last whole
-// vector by scalar fma.
+// element's sum is the blocked kernel's: ascending p, from zero (or from C
+// when continued), stored and reloaded unchanged between KC-long runs;
+// columns past the last whole vector by scalar fma.
 template <class T, std::size_t Lanes, std::size_t NV>
 [[gnu::always_inline]] inline void multiply_row(const Problem<T>& pr, std::size_t i, std::size_t j0, std::size_t j1) {
   constexpr std::size_t nr = NV * Lanes;
@@ -379,11 +379,12 @@ template <class T, std::size_t Lanes, std::size_t NV>
     const std::size_t kc = std::min(KC, pr.k - pc);
     const StridedPanel<T> ap{a + pc * pr.a.cs, 0, pr.a.cs};
     const T* b = pr.b.p + pc * pr.b.rs;
+    const bool accumulate = pc > 0 || pr.continued;
     std::size_t j = j0;
-    for (; j + nr <= j1; j += nr) micro_kernel<T, Lanes, 1, NV>(kc, ap, b + j, c + j, pr.n, pc > 0, pr.b.rs);
-    for (; j + Lanes <= j1; j += Lanes) micro_kernel<T, Lanes, 1, 1>(kc, ap, b + j, c + j, pr.n, pc > 0, pr.b.rs);
+    for (; j + nr <= j1; j += nr) micro_kernel<T, Lanes, 1, NV>(kc, ap, b + j, c + j, pr.n, accumulate, pr.b.rs);
+    for (; j + Lanes <= j1; j += Lanes) micro_kernel<T, Lanes, 1, 1>(kc, ap, b + j, c + j, pr.n, accumulate, pr.b.rs);
     for (; j < j1; ++j) {
-      T acc = pc > 0 ? c[j] : T(0);
+      T acc = accumulate ? c[j] : T(0);
       for (std::size_t p = 0; p < kc; ++p) acc = fma_hd(ap.at(0, p), b[p * pr.b.rs + j], acc);
       c[j] = acc;
     }
@@ -393,7 +394,8 @@ template <class T, std::size_t Lanes, std::size_t NV>
 // One output row against b with contiguous columns (x . W^T with W [n, k],
 // a decoding step's tied output layer): Lanes columns at a time, their terms
 // turned into vectors by transpose_square in registers (no packed strip
-// written and read back), each lane's sum ascending p from zero; the terms
+// written and read back), each lane's sum ascending p from zero (or from C
+// when continued); the terms
 // past the last square and the columns past the last vector by scalar fma.
 template <class T, std::size_t Lanes>
 [[gnu::always_inline]] inline void multiply_row_transposed(const Problem<T>& pr, std::size_t i, std::size_t j0,
@@ -406,6 +408,7 @@ template <class T, std::size_t Lanes>
   for (; j + Lanes <= j1; j += Lanes) {
     const T* b = pr.b.p + j * pr.b.cs;
     V acc = V{};
+    if (pr.continued) __builtin_memcpy(&acc, c + j, sizeof(V));
     for (std::size_t p = 0; p < terms; p += Lanes) {
       alignas(64) T square[Lanes * Lanes];
       transpose_square<T, Lanes>(b + p, pr.b.cs, square, Lanes);
@@ -423,7 +426,7 @@ template <class T, std::size_t Lanes>
     __builtin_memcpy(c + j, out, sizeof(V));
   }
   for (; j < j1; ++j) {
-    T acc = T(0);
+    T acc = pr.continued ? c[j] : T(0);
     for (std::size_t p = 0; p < pr.k; ++p) acc = fma_hd(a[p * pr.a.cs], pr.b.p[j * pr.b.cs + p], acc);
     c[j] = acc;
   }
@@ -433,9 +436,8 @@ template <class T, std::size_t Lanes>
 template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
 [[gnu::always_inline]] inline void multiply_block(const Problem<T>& pr, std::size_t i0, std::size_t i1, std::size_t j0,
                                                   std::size_t j1) {
-  // The one-row paths sum from zero: a continued product takes the blocked one.
-  if (i1 - i0 == 1 && pr.b.cs == 1 && !pr.continued) return multiply_row<T, Lanes, 2 * NV>(pr, i0, j0, j1);
-  if (i1 - i0 == 1 && pr.b.rs == 1 && !pr.continued) return multiply_row_transposed<T, Lanes>(pr, i0, j0, j1);
+  if (i1 - i0 == 1 && pr.b.cs == 1) return multiply_row<T, Lanes, 2 * NV>(pr, i0, j0, j1);
+  if (i1 - i0 == 1 && pr.b.rs == 1) return multiply_row_transposed<T, Lanes>(pr, i0, j0, j1);
   constexpr std::size_t nr = NV * Lanes;
   constexpr std::size_t MC = Blocking<T>::mc;
   const std::size_t KC = Blocking<T>::kc(), NC = std::max(Blocking<T>::nc() / nr * nr, nr);
