@@ -40,10 +40,11 @@ class KvDecoder {
     const std::size_t widest = std::max({c_.d_model, c_.heads * hd, c_.ffn, c_.vocab});
     for (auto* b : {&x_, &h_, &t1_, &t2_, &t3_, &q_, &k_, &v_, &ctx_, &gate_, &up_})
       b->assign(std::max(widest, c_.max_seq * hd), T(0));
-    scores_.assign(c_.max_seq, T(0));
-    probs_.assign(c_.max_seq, T(0));
-    zeros_.assign(c_.max_seq, T(0));
-    kt_.assign(c_.max_seq * hd, T(0));
+    const std::size_t group = c_.heads / c_.kv_heads;
+    queries_.assign(group * hd, T(0));
+    scores_.assign(group * c_.max_seq, T(0));
+    probs_.assign(scores_.size(), T(0));
+    zeros_.assign(scores_.size(), T(0));
     logits_.assign(c_.vocab, T(0));
   }
 
@@ -114,19 +115,23 @@ class KvDecoder {
           const T* vr = v_.data() + (r * KV + j) * hd;
           std::copy(vr, vr + hd, value(l, j, p0 + r));
         }
+      // A key-value head's `group` query heads at once: their scores against the
+      // cached keys read in place ([n, hd] rows, as matmul_nt reads b), one
+      // softmax row each, then their contexts against the cached values. Every
+      // score and context element is the same ascending sum as the tape's.
       for (std::size_t r = 0; r < rows; ++r) {
         const std::size_t p = p0 + r, n = p + 1;
-        for (std::size_t i = 0; i < H; ++i) {
-          const std::size_t j = i / group;
-          rope_row(q_.data() + (r * H + i) * hd, p, t1_.data());
-          for (std::size_t e = 0; e < hd; ++e)  // keys transposed: [hd, n]
-            for (std::size_t s = 0; s < n; ++s) kt_[e * n + s] = key(l, j, s)[e];
-          run2<Bmm>(t1_.data(), dims({1, 1, hd}), kt_.data(), dims({1, hd, n}), scores_.data(), dims({1, 1, n}));
-          run1<MulScalar>(scores_.data(), dims({1, 1, n}), t2_.data(), scale);
-          run2<Add>(t2_.data(), dims({1, 1, n}), zeros_.data(), dims({1, 1, n}), scores_.data(), dims({1, 1, n}));
-          Softmax::forward_lane(scores_.data(), probs_.data(), n, std::size_t{1});
-          run2<Bmm>(probs_.data(), dims({1, 1, n}), value(l, j, 0), dims({1, n, hd}),
-                    ctx_.data() + (r * H + i) * hd, dims({1, 1, hd}));
+        const Dims gn = dims({group, n});
+        for (std::size_t j = 0; j < KV; ++j) {
+          for (std::size_t g = 0; g < group; ++g)
+            rope_row(q_.data() + (r * H + j * group + g) * hd, p, queries_.data() + g * hd);
+          run2<MatmulNt>(queries_.data(), dims({group, hd}), key(l, j, 0), dims({n, hd}), scores_.data(), gn);
+          run1<MulScalar>(scores_.data(), gn, probs_.data(), scale);
+          run2<Add>(probs_.data(), gn, zeros_.data(), gn, scores_.data(), gn);
+          for (std::size_t g = 0; g < group; ++g)
+            Softmax::forward_lane(scores_.data() + g * n, probs_.data() + g * n, n, std::size_t{1});
+          run2<Matmul>(probs_.data(), gn, value(l, j, 0), dims({n, hd}), ctx_.data() + (r * H + j * group) * hd,
+                       dims({group, hd}));
         }
       }
       project(L, Proj::o, ctx_.data(), t1_.data(), rows);
@@ -242,7 +247,7 @@ class KvDecoder {
   RopeTables<T> rope_;
   std::size_t pos_ = 0;
   std::vector<T> keys_, values_;
-  std::vector<T> x_, h_, t1_, t2_, t3_, q_, k_, v_, ctx_, gate_, up_, scores_, probs_, zeros_, kt_, logits_;
+  std::vector<T> x_, h_, t1_, t2_, t3_, q_, k_, v_, ctx_, gate_, up_, queries_, scores_, probs_, zeros_, logits_;
   std::vector<T> lora_base_, lora_mid_, lora_low_, rope_rot_, bias_in_, ids_;
 };
 
