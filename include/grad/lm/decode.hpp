@@ -128,8 +128,7 @@ class KvDecoder {
           run2<MatmulNt>(queries_.data(), dims({group, hd}), key(l, j, 0), dims({n, hd}), scores_.data(), gn);
           run1<MulScalar>(scores_.data(), gn, probs_.data(), scale);
           run2<Add>(probs_.data(), gn, zeros_.data(), gn, scores_.data(), gn);
-          for (std::size_t g = 0; g < group; ++g)
-            Softmax::forward_lane(scores_.data() + g * n, probs_.data() + g * n, n, std::size_t{1});
+          softmax_rows(scores_.data(), gn, probs_.data());
           run2<Matmul>(probs_.data(), gn, value(l, j, 0), dims({n, hd}), ctx_.data() + (r * H + j * group) * hd,
                        dims({group, hd}));
         }
@@ -190,6 +189,14 @@ class KvDecoder {
     Op::forward_tensor(x, y);
   }
 
+  // softmax along each row of a [rows, n] block (the tape's lanes: its host loop on packs).
+  static void softmax_rows(const T* a, const Dims& d, T* y) {
+    NodeArgs<T> x;
+    x.a = {a, d};
+    x.out = d;
+    x.axis = 1;
+    Softmax::forward_tensor(x, y);
+  }
   // nn::rmsnorm on `rows` rows: its rms_norm node, x / sqrt(row_sum(x * x) / cols + eps) * w, row by row.
   void rmsnorm_rows(const T* x, const T* w, T* out, std::size_t rows) {
     const std::size_t d = c_.d_model;
