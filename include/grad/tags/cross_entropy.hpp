@@ -111,16 +111,22 @@ struct CrossEntropy {
   GRAD_HD static std::size_t backward_items(const NodeArgs<T>& x) {
     return In == 0 ? x.a.dims.d[0] : x.b.dims.size();
   }
+  // Row w of the logits' gradient when w's id is the ignored one: zeros
+  // (the row adds nothing); false for a counted row, left to the caller.
+  template <class T>
+  GRAD_HD static bool zero_if_ignored(const NodeArgs<T>& x, T* dx, std::size_t w) {
+    if (x.b.data[w] != x.scalar) return false;
+    const std::size_t n = x.a.dims.d[1];
+    for (std::size_t j = 0; j < n; ++j) dx[w * n + j] = T(0);
+    return true;
+  }
   // Row w of the logits' gradient, given the number of counted rows.
   template <class T>
   GRAD_HD static void backward_row(const NodeArgs<T>& x, const T* g, T* dx, std::size_t w, std::size_t count) {
+    if (zero_if_ignored(x, dx, w)) return;
     const std::size_t n = x.a.dims.d[1];
     const T* xr = x.a.data + w * n;
     T* d = dx + w * n;
-    if (x.b.data[w] == x.scalar) {
-      for (std::size_t j = 0; j < n; ++j) d[j] = T(0);
-      return;
-    }
     const T scale = g[0] / static_cast<T>(count);
     const std::size_t t = Embedding::row_of(x.b.data[w], n);
     const RowStats<T> s = row_stats(xr, n);
@@ -201,13 +207,10 @@ struct CrossEntropy {
   template <class P, class T>
   GRAD_INLINE static void backward_row_packs(const NodeArgs<T>& x, const T* g, T* dx, std::size_t w,
                                              std::size_t count) {
+    if (zero_if_ignored(x, dx, w)) return;
     const std::size_t n = x.a.dims.d[1];
-    T* d = dx + w * n;
-    if (x.b.data[w] == x.scalar) {
-      for (std::size_t j = 0; j < n; ++j) d[j] = T(0);
-      return;
-    }
-    counted_row_packs<P>(x.a.data + w * n, d, n, Embedding::row_of(x.b.data[w], n), g[0] / static_cast<T>(count));
+    counted_row_packs<P>(x.a.data + w * n, dx + w * n, n, Embedding::row_of(x.b.data[w], n),
+                         g[0] / static_cast<T>(count));
   }
   template <int In, class T>
   static void backward_tensor(const NodeArgs<T>& x, const T*, const T* g, T* dx) {

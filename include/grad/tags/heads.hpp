@@ -73,9 +73,46 @@ inline std::string heads_major_dims(const Dims& rows, std::size_t t, std::size_t
   return {};
 }
 
+// The copy between the two layouts, shared by the two tags (Tag::sizes
+// gives the heads-major sizes): ToHeads copies rows to heads-major (forward
+// of HeadsMajor, backward of RowsMajor), else back. The per-item bodies copy
+// an element, the host loops a run of head_dim.
+template <class Tag, bool ToHeads>
+struct LayoutCopy {
+  template <class T>
+  GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t w) {
+    const Sizes z = Tag::sizes(x);
+    y[w] = x.a.data[ToHeads ? z.row_index(w) : z.heads_index(w)];
+  }
+  template <int In, class T>
+  GRAD_HD static void backward_item(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
+    const Sizes z = Tag::sizes(x);
+    dx[w] = g[ToHeads ? z.heads_index(w) : z.row_index(w)];
+  }
+  template <class T>
+  static void forward_tensor(const NodeArgs<T>& x, T* y) {
+    copy_runs<ToHeads>(x.out.size(), Tag::sizes(x), x.a.data, y);
+  }
+  template <int In, class T>
+  static void backward_tensor(const NodeArgs<T>& x, const T*, const T* g, T* dx) {
+    copy_runs<!ToHeads>(x.out.size(), Tag::sizes(x), g, dx);
+  }
+
+ private:
+  template <bool RowsToHeads, class T>
+  static void copy_runs(std::size_t count, const Sizes& z, const T* from, T* to) {
+    each_run(count, z, [&](std::size_t h, std::size_t r, std::size_t) {
+      if constexpr (RowsToHeads)
+        std::copy_n(from + r, z.hd, to + h);
+      else
+        std::copy_n(from + h, z.hd, to + r);
+    });
+  }
+};
+
 }  // namespace heads_detail
 
-struct HeadsMajor {
+struct HeadsMajor : heads_detail::LayoutCopy<HeadsMajor, true> {
   static constexpr std::string_view name = "heads_major";
   static constexpr std::string_view torch =
       "a.reshape(a.shape[0] // dims[1], dims[1], a.shape[1] // dims[2], dims[2]).transpose(1, 2).reshape(dims)";
@@ -93,33 +130,9 @@ struct HeadsMajor {
   GRAD_HD static heads_detail::Sizes sizes(const NodeArgs<T>& x) {
     return {x.a.dims[1] / x.out[2], x.out[1], x.out[2]};
   }
-
-  // The per-item bodies: copies.
-  template <class T>
-  GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t w) {
-    y[w] = x.a.data[sizes(x).row_index(w)];
-  }
-  template <int In, class T>
-  GRAD_HD static void backward_item(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
-    dx[w] = g[sizes(x).heads_index(w)];
-  }
-
-  // The host loops: the same copies, a run of head_dim at a time.
-  template <class T>
-  static void forward_tensor(const NodeArgs<T>& x, T* y) {
-    heads_detail::each_run(x.out.size(), sizes(x), [&](std::size_t h, std::size_t r, std::size_t) {
-      std::copy_n(x.a.data + r, x.out[2], y + h);
-    });
-  }
-  template <int In, class T>
-  static void backward_tensor(const NodeArgs<T>& x, const T*, const T* g, T* dx) {
-    heads_detail::each_run(x.out.size(), sizes(x), [&](std::size_t h, std::size_t r, std::size_t) {
-      std::copy_n(g + h, x.out[2], dx + r);
-    });
-  }
 };
 
-struct RowsMajor {
+struct RowsMajor : heads_detail::LayoutCopy<RowsMajor, false> {
   static constexpr std::string_view name = "rows_major";
   static constexpr std::string_view torch =
       "a.reshape(dims[0] // a.shape[1], a.shape[0] // (dims[0] // a.shape[1]), a.shape[1], a.shape[2])"
@@ -136,30 +149,6 @@ struct RowsMajor {
   template <class T>
   GRAD_HD static heads_detail::Sizes sizes(const NodeArgs<T>& x) {
     return {x.out[1] / x.a.dims[2], x.a.dims[1], x.a.dims[2]};
-  }
-
-  // The per-item bodies: copies.
-  template <class T>
-  GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t w) {
-    y[w] = x.a.data[sizes(x).heads_index(w)];
-  }
-  template <int In, class T>
-  GRAD_HD static void backward_item(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
-    dx[w] = g[sizes(x).row_index(w)];
-  }
-
-  // The host loops: the same copies, a run of head_dim at a time.
-  template <class T>
-  static void forward_tensor(const NodeArgs<T>& x, T* y) {
-    heads_detail::each_run(x.out.size(), sizes(x), [&](std::size_t h, std::size_t r, std::size_t) {
-      std::copy_n(x.a.data + h, x.a.dims[2], y + r);
-    });
-  }
-  template <int In, class T>
-  static void backward_tensor(const NodeArgs<T>& x, const T*, const T* g, T* dx) {
-    heads_detail::each_run(x.out.size(), sizes(x), [&](std::size_t h, std::size_t r, std::size_t) {
-      std::copy_n(g + r, x.a.dims[2], dx + h);
-    });
   }
 };
 
