@@ -404,36 +404,42 @@ template <class T, std::size_t Lanes, std::size_t NV>
 // Each element's sum is the blocked kernel's: ascending p, one fma per term,
 // from zero (or from what C holds when continued), stored and reloaded
 // unchanged between passes; columns past the last whole vector by scalar fma.
+// One pass of multiply_row: R rows of b from term p, added into c[j0, j1).
+// A function, not a lambda: at -O1 a lambda is not inlined into the
+// instruction set's copy, and its vector code would lack the target.
+template <class T, std::size_t Lanes, std::size_t R>
+[[gnu::always_inline]] inline void row_pass(const Problem<T>& pr, const T* a, T* c, std::size_t p, std::size_t j0,
+                                            std::size_t vectors_end, std::size_t j1) {
+  using V = typename Vec<T, Lanes>::type;
+  const std::size_t rs = pr.b.rs;
+  const T* b = pr.b.p + p * rs;
+  V splats[R];
+  GRAD_GEMM_UNROLL
+  for (std::size_t r = 0; r < R; ++r) splats[r] = simd::splat<V>(a[(p + r) * pr.a.cs]);
+  for (std::size_t j = j0; j < vectors_end; j += Lanes) {
+    V acc;
+    __builtin_memcpy(&acc, c + j, sizeof(V));
+    GRAD_GEMM_UNROLL
+    for (std::size_t r = 0; r < R; ++r) {
+      V terms;
+      __builtin_memcpy(&terms, b + r * rs + j, sizeof(V));
+      acc = simd::fma_lanes<T>(splats[r], terms, acc);
+    }
+    __builtin_memcpy(c + j, &acc, sizeof(V));
+  }
+  for (std::size_t j = vectors_end; j < j1; ++j)
+    for (std::size_t r = 0; r < R; ++r) c[j] = fma_hd(a[(p + r) * pr.a.cs], b[r * rs + j], c[j]);
+}
 template <class T, std::size_t Lanes>
 [[gnu::always_inline]] inline void multiply_row(const Problem<T>& pr, std::size_t i, std::size_t j0, std::size_t j1) {
-  using V = typename Vec<T, Lanes>::type;
   constexpr std::size_t Rows = 8;
   const T* a = pr.a.p + i * pr.a.rs;
   T* c = pr.c + i * pr.n;
-  const std::size_t rs = pr.b.rs, vectors_end = j0 + (j1 - j0) / Lanes * Lanes;
+  const std::size_t vectors_end = j0 + (j1 - j0) / Lanes * Lanes;
   if (!pr.continued) std::fill(c + j0, c + j1, T(0));
-  const auto pass = [&]<std::size_t R>(std::size_t p) {
-    const T* b = pr.b.p + p * rs;
-    V splats[R];
-    GRAD_GEMM_UNROLL
-    for (std::size_t r = 0; r < R; ++r) splats[r] = simd::splat<V>(a[(p + r) * pr.a.cs]);
-    for (std::size_t j = j0; j < vectors_end; j += Lanes) {
-      V acc;
-      __builtin_memcpy(&acc, c + j, sizeof(V));
-      GRAD_GEMM_UNROLL
-      for (std::size_t r = 0; r < R; ++r) {
-        V terms;
-        __builtin_memcpy(&terms, b + r * rs + j, sizeof(V));
-        acc = simd::fma_lanes<T>(splats[r], terms, acc);
-      }
-      __builtin_memcpy(c + j, &acc, sizeof(V));
-    }
-    for (std::size_t j = vectors_end; j < j1; ++j)
-      for (std::size_t r = 0; r < R; ++r) c[j] = fma_hd(a[(p + r) * pr.a.cs], b[r * rs + j], c[j]);
-  };
   std::size_t p = 0;
-  for (; p + Rows <= pr.k; p += Rows) pass.template operator()<Rows>(p);
-  for (; p < pr.k; ++p) pass.template operator()<1>(p);
+  for (; p + Rows <= pr.k; p += Rows) row_pass<T, Lanes, Rows>(pr, a, c, p, j0, vectors_end, j1);
+  for (; p < pr.k; ++p) row_pass<T, Lanes, 1>(pr, a, c, p, j0, vectors_end, j1);
 }
 
 // One output row against b with contiguous columns (x . W^T with W [n, k],
