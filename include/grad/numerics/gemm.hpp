@@ -373,7 +373,8 @@ inline constexpr std::size_t narrow_row_strips = 2;
 // C when continued), stored and reloaded unchanged between KC-long runs;
 // columns past the last whole vector by scalar fma.
 template <class T, std::size_t Lanes, std::size_t NV>
-[[gnu::always_inline]] inline void multiply_narrow_row(const Problem<T>& pr, std::size_t i, std::size_t j0, std::size_t j1) {
+[[gnu::always_inline]] inline void multiply_narrow_row(const Problem<T>& pr, std::size_t i, std::size_t j0,
+                                                       std::size_t j1) {
   constexpr std::size_t nr = NV * Lanes;
   const std::size_t KC = Blocking<T>::kc();
   const T* a = pr.a.p + i * pr.a.rs;
@@ -394,16 +395,6 @@ template <class T, std::size_t Lanes, std::size_t NV>
   }
 }
 
-// One output row (a decoding step's matrix-vector product) against b with
-// contiguous rows: b is read where it lies and in the order it lies, Rows
-// whole rows per pass over the output row, which waits in cache between
-// passes; neither the copy into packed strips nor the MR - 1 padded rows a
-// register tile would compute and drop, nor the column strips that would
-// read each row of b a few lines at a time. So the product runs at the speed
-// b streams from memory (measured 1.3-2x the strip order on 896 x 4864).
-// Each element's sum is the blocked kernel's: ascending p, one fma per term,
-// from zero (or from what C holds when continued), stored and reloaded
-// unchanged between passes; columns past the last whole vector by scalar fma.
 // One pass of multiply_row: R rows of b from term p, added into c[j0, j1).
 // A function, not a lambda: at -O1 a lambda is not inlined into the
 // instruction set's copy, and its vector code would lack the target.
@@ -430,6 +421,16 @@ template <class T, std::size_t Lanes, std::size_t R>
   for (std::size_t j = vectors_end; j < j1; ++j)
     for (std::size_t r = 0; r < R; ++r) c[j] = fma_hd(a[(p + r) * pr.a.cs], b[r * rs + j], c[j]);
 }
+// One output row (a decoding step's matrix-vector product) against b with
+// contiguous rows: b is read where it lies and in the order it lies, Rows
+// whole rows per pass over the output row, which waits in cache between
+// passes; neither the copy into packed strips nor the MR - 1 padded rows a
+// register tile would compute and drop, nor the column strips that would
+// read each row of b a few lines at a time. So the product runs at the speed
+// b streams from memory (measured 1.3-2x the strip order on 896 x 4864).
+// Each element's sum is the blocked kernel's: ascending p, one fma per term,
+// from zero (or from what C holds when continued), stored and reloaded
+// unchanged between passes; columns past the last whole vector by scalar fma.
 template <class T, std::size_t Lanes>
 [[gnu::always_inline]] inline void multiply_row(const Problem<T>& pr, std::size_t i, std::size_t j0, std::size_t j1) {
   constexpr std::size_t Rows = 8;
