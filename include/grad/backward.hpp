@@ -127,7 +127,7 @@ bool Tape<T>::walk(Var<T> loss) {
     Node<T>& n = nodes_[i];
     if (!n.touched || !backward_steps_[n.op]) continue;
     while (scopes > 0 && scopes_[scopes - 1].begin > i) --scopes;  // passed without a step inside
-    if (scopes > 0 && i < scopes_[scopes - 1].end) replay(scopes_[--scopes].begin, i);
+    if (scopes > 0 && i < scopes_[scopes - 1].end && !replay(scopes_[--scopes].begin, i)) return false;
     if (watch_ != 0) [[unlikely]] {
       if (!backward_watched(i)) return false;  // timed and/or checked (inspect/tape_hooks.hpp)
     } else {

@@ -284,8 +284,7 @@ class Tape {
       return fail("recompute: a scope is already open (opened at node " + std::to_string(open_scope_) +
                   "); scopes do not nest");
     open_scope_ = static_cast<std::uint32_t>(nodes_.size());
-    scope_values_.rewind({});
-    scope_grads_.rewind({});
+    restart_scope_memory();
     return true;
   }
   // Closes the open scope: the outputs (nodes recorded inside it; others are
@@ -310,6 +309,7 @@ class Tape {
         kept = keep(nodes_[v.index_]);
     }
     if (end > begin) scopes_.push_back({begin, static_cast<std::uint32_t>(end)});
+    in_scope_memory_ = {begin, static_cast<std::uint32_t>(end)};
     return kept && ok();
   }
   bool recompute_open() const { return open_scope_ != no_node; }
@@ -562,6 +562,7 @@ class Tape {
     grads_.rewind(m.grads);
     growth_.reset_to(m.nodes);
     while (!scopes_.empty() && scopes_.back().begin >= m.nodes) scopes_.pop_back();
+    if (in_scope_memory_.end > m.nodes) in_scope_memory_ = {};  // a mark is never inside a scope: all of it went
     return true;
   }
 
@@ -578,9 +579,28 @@ class Tape {
   void replay_node(Node<T>& n) {
     Op::forward_tensor(args(n), n.value);
   }
-  void replay(std::size_t first, std::size_t last) {
+  // The transient nodes of a scope up to `last`, in recording order: their
+  // buffers from the restarted scope memory (so every scope's pass is one
+  // run through it: Arena::restart), then their values. False (poisoned)
+  // when memory runs out.
+  bool replay(std::size_t first, std::size_t last) {
+    restart_scope_memory();
+    for (std::size_t i = first; i <= last; ++i)
+      if (nodes_[i].transient && !allocate(nodes_[i], op_name(nodes_[i].op), true)) return false;
+    in_scope_memory_ = {static_cast<std::uint32_t>(first), static_cast<std::uint32_t>(last + 1)};
     for (std::size_t i = first; i <= last; ++i)
       if (nodes_[i].transient) (this->*replay_steps_[nodes_[i].op])(nodes_[i]);
+    return true;
+  }
+  // Hands the scope memory to another scope: the transient nodes whose
+  // buffers it held lose them (they read as empty anyway).
+  void restart_scope_memory() {
+    const std::size_t end = std::min<std::size_t>(in_scope_memory_.end, nodes_.size());
+    for (std::size_t i = in_scope_memory_.begin; i < end; ++i)
+      if (nodes_[i].transient) nodes_[i].value = nodes_[i].grad = nullptr;
+    in_scope_memory_ = {};
+    scope_values_.restart();
+    scope_grads_.restart();
   }
 
   // Inspection hooks, defined in inspect/tape_hooks.hpp; entered only when a
@@ -614,11 +634,12 @@ class Tape {
   // Closed recompute scopes, nodes [begin, end), ascending; the open one's
   // first node (no_node when none is open); the memory all scopes share.
   struct Scope {
-    std::uint32_t begin, end;
+    std::uint32_t begin = 0, end = 0;
   };
   std::vector<Scope> scopes_;
   std::uint32_t open_scope_ = no_node;
   Arena<T> scope_values_, scope_grads_;
+  Scope in_scope_memory_;  // the nodes whose transient buffers the scope memory holds now
 
   std::vector<Node<T>> nodes_;
   std::vector<std::size_t> extras_;
