@@ -297,6 +297,12 @@ std::vector<OpCase<T>> op_cases() {
   add("rope_heads_major", {r({6, 12}), r({2, 3, 6})}, [](Tp, V v) { return rope_heads_major(v[0], v[1]); });
   add("rope_heads_major one head of 2", {r({4, 2}), r({2, 4, 2})},
       [](Tp, V v) { return rope_heads_major(v[0], v[1]); });
+  // the fused elementwise pairs (tags/gated.hpp)
+  add("add_scaled", {r({3, 5}), r({3, 5})}, [](Tp, V v) { return add_scaled(v[0], v[1], T(2.5)); });
+  add("add_scaled broadcast", {r({4, 3}), r({3})}, [](Tp, V v) { return add_scaled(v[0], v[1], T(-0.75)); });
+  add("silu_mul", {r({3, 5}), r({3, 5})}, [](Tp, V v) { return silu_mul(v[0] * T(3), v[1]); });
+  add("silu_mul broadcast gate", {r({5}), r({2, 5})}, [](Tp, V v) { return silu_mul(v[0], v[1]); });
+  add_large("silu_mul large", {r({37, 300}), r({37, 300})}, [](Tp, V v) { return silu_mul(v[0] * T(4), v[1]); });
   return t;
 }
 

@@ -575,7 +575,66 @@ void check_rope_bits(std::size_t B, std::size_t n, std::size_t t, std::size_t hd
   }
 }
 
+// silu_mul and add_scaled (tags/gated.hpp) against the composites they
+// replace, each on its own tape: values and both operands' gradients bit for
+// bit. The loss weights hold +0 and -0 and the gate values large magnitudes
+// (sigmoid saturating to 0 and 1); `later` gives the first operand a later
+// consumer recorded after the op, whose gradient the walk sums first.
+template <class T>
+void check_gated_bits(const Shape& sa, const Shape& sb, T scale, bool later) {
+  CAPTURE(shape_string(Dims::of(sa)));
+  CAPTURE(shape_string(Dims::of(sb)));
+  Rng rng(sa.back() * 31 + sb.size());
+  Tensor<T> a = random_tensor<T>(sa, rng, -3, 3), b = random_tensor<T>(sb, rng, -2, 2);
+  for (std::size_t i = 0; i < a.size(); i += 7) a.data()[i] *= T(12);
+  Dims out;
+  REQUIRE(broadcast_dims(Dims::of(sa), Dims::of(sb), out));
+  Tensor<T> weights = random_tensor<T>(out.shape(), rng, -1, 1);
+  for (T& w : weights.data())
+    if (rng.next() % 4 == 0) w = rng.next() % 2 ? T(-0.0) : T(0);
+  for (const bool silu : {true, false}) {
+    CAPTURE(silu);
+    auto run = [&](bool fused) {
+      Tape<T> tp;
+      Var<T> va = tp.param(a), vb = tp.param(b);
+      Var<T> y = silu ? (fused ? silu_mul(va, vb) : nn::silu(va) * vb)
+                      : (fused ? add_scaled(va, vb, scale) : va + vb * scale);
+      Var<T> loss = grad::sum(y * tp.constant(weights));
+      if (later) loss = loss + grad::sum(va * va);
+      REQUIRE(tp.backward(loss));
+      return std::vector<std::vector<T>>{{tp.value(y).begin(), tp.value(y).end()},
+                                         {tp.grad(va).begin(), tp.grad(va).end()},
+                                         {tp.grad(vb).begin(), tp.grad(vb).end()}};
+    };
+    const auto fused = run(true), composite = run(false);
+    CHECK(bitwise_equal<T>(fused[0], composite[0]));
+    // A later consumer of the gate: the composite adds silu's two terms to
+    // its gradient one by one, the node their sum; a broadcast gate: the
+    // composite sums d silu over the rows first (both documented).
+    if (!(silu && (later || !(Dims::of(sa) == out)))) CHECK(bitwise_equal<T>(fused[1], composite[1]));
+    // A broadcast b of add_scaled: the composite sums g over the rows, then
+    // scales; the node sums g * s (documented).
+    if (silu || Dims::of(sb) == out) CHECK(bitwise_equal<T>(fused[2], composite[2]));
+  }
+}
+
 }  // namespace
+
+TEST_CASE("silu_mul and add_scaled give the bits of silu(a) * b and a + b * s: values and both gradients, "
+          "every length of pack and tail, broadcasting, 1 and 3 threads") {
+  for (const std::size_t threads : {1, 3}) {
+    set_num_threads(threads);
+    for (const std::size_t n : {1, 7, 16, 33, 100})
+      for (const bool later : {false, true}) {
+        check_gated_bits<float>({3, n}, {3, n}, 2.0f, later);
+        check_gated_bits<double>({3, n}, {3, n}, -0.3, later);
+        check_gated_bits<float>({4, n}, {n}, 0.7f, later);  // b broadcast over rows
+        check_gated_bits<double>({n}, {5, n}, 1.5, later);  // a broadcast
+      }
+    check_gated_bits<float>({300, 257}, {300, 257}, 2.0f, false);  // past the elementwise grain: split over threads
+  }
+  set_num_threads(1);
+}
 
 TEST_CASE("the attention layout tags (heads_major, rope_heads_major, rows_major) give the composite layouts' bits: "
           "context and every gradient") {

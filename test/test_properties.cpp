@@ -443,6 +443,15 @@ class Generator {
               },
               "linear_cross_entropy(" + g.name(a) + ", " + g.name(w) + ", ids)");
         },
+        [](Generator& g) {  // add_scaled / silu_mul (the fused pairs of tags/gated.hpp), broadcasting, either order
+          const std::size_t a = g.pick();
+          const std::size_t b = g.param(g.broadcastable(g.dims(g.values_[a])));
+          const bool swap = g.rng_.next() % 2;
+          const std::size_t x = swap ? b : a, y = swap ? a : b;
+          if (g.rng_.next() % 2 == 0) return g.binary_at(x, y, "silu_mul", [](Var<T> p, Var<T> q) { return silu_mul(p, q); });
+          const T s = static_cast<T>(g.rng_.uniform(-2.0, 2.0));
+          g.binary_at(x, y, "add_scaled", [s](Var<T> p, Var<T> q) { return add_scaled(p, q, s); });
+        },
         [](Generator& g) {  // rms_norm over the last axis with a new weight; eps 0.1 keeps a row near zero tame
           const std::size_t a = g.pick();
           const std::size_t w = g.param({g.dims(g.values_[a]).back()});

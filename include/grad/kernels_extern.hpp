@@ -34,6 +34,8 @@ struct Tanh;
 struct Exp;
 struct Log;
 struct Sqrt;
+struct AddScaled;
+struct SiluMul;
 struct ClipRule;
 struct SgdRule;
 struct AdamRule;
@@ -68,6 +70,8 @@ struct AdamStepConstants;
   GRAD_KERNEL_UNARY_(E, Exp, T)                                                                                    \
   GRAD_KERNEL_UNARY_(E, Log, T)                                                                                    \
   GRAD_KERNEL_UNARY_(E, Sqrt, T)                                                                                   \
+  GRAD_KERNEL_BINARY_(E, AddScaled, T)                                                                             \
+  GRAD_KERNEL_BINARY_(E, SiluMul, T)                                                                               \
   E template void grad::gemm_detail::multiply<T>(grad::Isa, const grad::gemm_detail::Problem<T>&);                 \
   E template void grad::kernels::sgd_update<grad::ClipRule, grad::SgdRule, T>(T*, const T*, std::size_t, T, T, T); \
   E template void grad::kernels::adam_update<grad::ClipRule, grad::AdamRule, T, grad::AdamStepConstants<T>>(       \

@@ -61,7 +61,8 @@ Var<T> linear_bias(Var<T> x, Var<T> w, Var<T> b) {
   return matmul(x, w) + b;
 }
 
-// LoRA (PEFT's form): x.w0 + scale * (x.a).b with a [in, r], b [r, out].
+// LoRA (PEFT's form): x.w0 + scale * (x.a).b with a [in, r], b [r, out];
+// the sum and the scaling one add_scaled node.
 // w0 is typically a frozen constant and a, b the only parameters; with PEFT's
 // initialisation (b = 0) the layer starts as exactly x.w0.
 template <class T>
@@ -82,7 +83,7 @@ Var<T> lora_linear(Var<T> x, Var<T> w0, Var<T> a, Var<T> b, std::type_identity_t
     return tp.invalid(shapes() + ": expected A [" + detail::num(wd[0]) + ", r] and B [r, " + detail::num(wd[1]) +
                       "] to match w0");
   NameScope<T> scope(tp, "lora");
-  return matmul(x, w0) + matmul(matmul(x, a), b) * scale;
+  return add_scaled(matmul(x, w0), matmul(matmul(x, a), b), scale);
 }
 
 // x / sqrt(mean(x^2 over the row) + eps) * w, with w [cols]: one rms_norm
@@ -125,7 +126,8 @@ Var<T> silu(Var<T> x) {
   return x * sigmoid(x);
 }
 
-// silu(gate) * up: the gated unit of a SwiGLU MLP.
+// silu(gate) * up: the gated unit of a SwiGLU MLP, one silu_mul node (the
+// bits of silu(gate) * up).
 template <class T>
 Var<T> swiglu(Var<T> gate, Var<T> up) {
   Tape<T>& tp = grad::detail::tape_of("nn::swiglu", gate);
@@ -134,7 +136,7 @@ Var<T> swiglu(Var<T> gate, Var<T> up) {
     return tp.invalid("nn::swiglu: gate " + shape_string(tp.dims(gate)) + " and up " + shape_string(tp.dims(up)) +
                       ": expected the same shape");
   NameScope<T> scope(tp, "swiglu");
-  return silu(gate) * up;
+  return silu_mul(gate, up);
 }
 
 // The tape's softmax along one axis (ops.hpp), under the nn name.

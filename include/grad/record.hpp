@@ -261,6 +261,20 @@ Var<T> rms_norm(Var<T> x, Var<T> w, std::type_identity_t<T> eps) {
   return record_op<RmsNorm>(x, w, {}, eps);
 }
 
+// a + b * s with numpy broadcasting, as one node: the bits of a + (b * s)
+// (tags/gated.hpp; nn::lora_linear adds its scaled low-rank term so).
+template <class T>
+Var<T> add_scaled(Var<T> a, Var<T> b, std::type_identity_t<T> s) {
+  return record_op<AddScaled>(a, b, {}, s);
+}
+
+// silu(gate) * up = gate * sigmoid(gate) * up with numpy broadcasting, as one
+// node (tags/gated.hpp: the composite's bits); nn::swiglu records it.
+template <class T>
+Var<T> silu_mul(Var<T> gate, Var<T> up) {
+  return record_op<SiluMul>(gate, up);
+}
+
 // Layer norm's normalisation over the last axis as one node: (x - mean) /
 // sqrt(var + eps), biased variance (tags/layer_norm.hpp: the bits of that
 // composite); nn::layernorm applies the weight and bias.

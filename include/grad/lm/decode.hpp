@@ -140,9 +140,7 @@ class KvDecoder {
       project(L, Proj::gate, h_.data(), gate_.data(), rows);
       project(L, Proj::up, h_.data(), up_.data(), rows);
       const Dims f = dims({rows, c_.ffn});
-      run1<Sigmoid>(gate_.data(), f, t1_.data());
-      run2<Mul>(gate_.data(), f, t1_.data(), f, t2_.data(), f);
-      run2<Mul>(t2_.data(), f, up_.data(), f, t3_.data(), f);
+      run2<SiluMul>(gate_.data(), f, up_.data(), f, t3_.data(), f);
       project(L, Proj::down, t3_.data(), t1_.data(), rows);
       run2<Add>(x_.data(), xd, t1_.data(), xd, t2_.data(), xd);
       std::copy(t2_.begin(), t2_.begin() + static_cast<std::ptrdiff_t>(rows * d), x_.begin());
@@ -224,13 +222,12 @@ class KvDecoder {
     const std::size_t r = c_.lora_rank;
     std::vector<T>& base = lora_base_;
     base.resize(rows * o);
-    lora_mid_.resize(rows * std::max(r, o));
+    lora_mid_.resize(rows * r);
     lora_low_.resize(rows * o);
     run2<Matmul>(h, hin, val(L.w[i]), dims({in, o}), base.data(), ho);
     run2<Matmul>(h, hin, val(L.lora_a[i]), dims({in, r}), lora_mid_.data(), dims({rows, r}));
     run2<Matmul>(lora_mid_.data(), dims({rows, r}), val(L.lora_b[i]), dims({r, o}), lora_low_.data(), ho);
-    run1<MulScalar>(lora_low_.data(), ho, lora_mid_.data(), static_cast<T>(c_.lora_scale));
-    run2<Add>(base.data(), ho, lora_mid_.data(), ho, out, ho);
+    run2<AddScaled>(base.data(), ho, lora_low_.data(), ho, out, ho, static_cast<T>(c_.lora_scale));
   }
   // nn::rope on one head's row at position p: h * cos + rotate_half(h) * sin.
   void rope_row(const T* h, std::size_t p, T* out) {

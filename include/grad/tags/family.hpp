@@ -260,7 +260,7 @@ struct Binary {
   GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t w) {
     const std::size_t ia = x.a.dims == x.out ? w : broadcast_index(w, x.out, broadcast_strides(x.a.dims, x.out));
     const std::size_t ib = x.b.dims == x.out ? w : broadcast_index(w, x.out, broadcast_strides(x.b.dims, x.out));
-    y[w] = Derived::forward(x.a.data[ia], x.b.data[ib]);
+    y[w] = value(x.a.data[ia], x.b.data[ib], x.scalar);
   }
 
   template <int In, class T>
@@ -276,12 +276,7 @@ struct Binary {
   // backward_item with index type I.
   template <int In, class I, class T>
   GRAD_HD static void backward_indexed(const NodeArgs<T>& x, const T* y, const T* g, T* dx, I w) {
-    auto contribution = [&](I j, I ia, I ib) {
-      if constexpr (In == 0)
-        return Derived::backward_a(x.a.data[ia], x.b.data[ib], y[j], g[j]);
-      else
-        return Derived::backward_b(x.a.data[ia], x.b.data[ib], y[j], g[j]);
-    };
+    auto contribution = [&](I j, I ia, I ib) { return gradient<In>(x.a.data[ia], x.b.data[ib], y[j], g[j], x.scalar); };
     const Dims sa = broadcast_strides(x.a.dims, x.out), sb = broadcast_strides(x.b.dims, x.out);
     const Dims& mine = In == 0 ? x.a.dims : x.b.dims;
     const Dims& s = In == 0 ? sa : sb;
@@ -347,13 +342,29 @@ struct Binary {
   static void backward_tensor(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
     kernels::binary_backward<Derived, In>(x, y, g, dx);
   }
-  // The tag's gradient for operand In from one output element (T or a pack).
-  template <int In, class T>
-  GRAD_INLINE static T gradient(T a, T b, T y, T g) {
-    if constexpr (In == 0)
-      return Derived::backward_a(a, b, y, g);
+  // The tag's value and its gradient for operand In from one output
+  // element (T or a pack), with the node's scalar s for a tag whose functors
+  // take one (add_scaled: a + b * s).
+  template <class V>
+  GRAD_HD GRAD_INLINE static V value(V a, V b, V s) {
+    if constexpr (requires { Derived::forward(a, b, s); })
+      return Derived::forward(a, b, s);
     else
-      return Derived::backward_b(a, b, y, g);
+      return Derived::forward(a, b);
+  }
+  template <int In, class V>
+  GRAD_HD GRAD_INLINE static V gradient(V a, V b, V y, V g, V s) {
+    if constexpr (In == 0) {
+      if constexpr (requires { Derived::backward_a(a, b, y, g, s); })
+        return Derived::backward_a(a, b, y, g, s);
+      else
+        return Derived::backward_a(a, b, y, g);
+    } else {
+      if constexpr (requires { Derived::backward_b(a, b, y, g, s); })
+        return Derived::backward_b(a, b, y, g, s);
+      else
+        return Derived::backward_b(a, b, y, g);
+    }
   }
 };
 
@@ -402,7 +413,8 @@ template <class Op, class T>
 void binary_forward(const NodeArgs<T>& x, T* y) {
   const T* a = x.a.data;
   const T* b = x.b.data;
-  auto f = [&](auto av, auto bv) GRAD_INLINE { return Op::forward(av, bv); };
+  const T s = x.scalar;
+  auto f = [s](auto av, auto bv) GRAD_INLINE { return Binary<Op>::value(av, bv, decltype(av)(s)); };
   if (x.a.dims == x.out && x.b.dims == x.out) {
     parallel_ranges(x.out.size(), elementwise_grain, [&](std::size_t lo, std::size_t hi) {
       with_best_isa([&](auto width) {
@@ -429,8 +441,9 @@ void binary_backward(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
   const T* b = x.b.data;
   const Dims& mine = In == 0 ? x.a.dims : x.b.dims;
   // Operands in the order the tag's gradient takes them: a, b, y, g.
-  auto contribution = [&](auto av, auto bv, auto yv, auto gv)
-                          GRAD_INLINE { return Binary<Op>::template gradient<In>(av, bv, yv, gv); };
+  const T s = x.scalar;
+  auto contribution = [s](auto av, auto bv, auto yv, auto gv)
+                          GRAD_INLINE { return Binary<Op>::template gradient<In>(av, bv, yv, gv, decltype(av)(s)); };
   if (x.a.dims == x.out && x.b.dims == x.out) {
     parallel_ranges(x.out.size(), elementwise_grain, [&](std::size_t lo, std::size_t hi) {
       with_best_isa([&](auto width) {

@@ -12,6 +12,7 @@
 #include "grad/tags/dropout.hpp"
 #include "grad/tags/elementwise.hpp"
 #include "grad/tags/embedding.hpp"
+#include "grad/tags/gated.hpp"
 #include "grad/tags/heads.hpp"
 #include "grad/tags/layer_norm.hpp"
 #include "grad/tags/layout.hpp"
@@ -53,7 +54,8 @@ using OpList = boost::mp11::mp_list<Param, Const,                               
                                     CausalAttentionProbs, AttentionContext,                 //
                                     MatmulNt, RmsNorm, LayerNorm,                           //
                                     LinearCrossEntropy,                                     //
-                                    HeadsMajor, RowsMajor, RopeHeadsMajor>;
+                                    HeadsMajor, RowsMajor, RopeHeadsMajor,                 //
+                                    AddScaled, SiluMul>;
 
 inline constexpr std::size_t op_count = boost::mp11::mp_size<OpList>::value;
 static_assert(op_count <= 256, "op codes are one byte");
