@@ -279,7 +279,8 @@ struct CausalAttentionProbs {
   // over the masked positions' exact-zero ds: fma(0, x, acc) == acc for
   // finite x (and an accumulator that starts at +0 stays +0), so every kept
   // element has the per-item bodies' bits. A row's scale and exps run on
-  // packs, its max and sums serially, as the bodies order them.
+  // packs, its max and sums serially, as the bodies order them (eight rows'
+  // chains side by side).
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
     const auto z = sizes(x);
@@ -288,26 +289,42 @@ struct CausalAttentionProbs {
       with_best_isa([&](auto width) {
         using P = pack_for<T, decltype(width)>;
         using namespace kernels_detail;
-        for (std::size_t w = lo; w < hi; ++w) {
-          const std::size_t last = w % z.rows % z.t;
-          T* p = y + w * z.t;
-          for_packs<P, T>(last + 1, [&](std::size_t i, auto v) {
-            using V = decltype(v);
-            store_as(load_as<V>(p + i) * V(x.scalar) + V(T(0)), p + i);  // + 0: the mask's zero
+        // Rows chain_rows at a time: each row's max and sum stay serial and
+        // ascending, as softmax_row orders them, but the rows' chains run
+        // side by side (row_chains) instead of one latency after another.
+        for (std::size_t w0 = lo; w0 < hi; w0 += chain_rows) {
+          const std::size_t count = std::min(chain_rows, hi - w0);
+          std::array<T, chain_rows> his{}, totals{};
+          for (std::size_t i = 0; i < count; ++i) {
+            T* p = y + (w0 + i) * z.t;
+            for_packs<P, T>((w0 + i) % z.t + 1, [&](std::size_t j, auto v) {
+              using V = decltype(v);
+              store_as(load_as<V>(p + j) * V(x.scalar) + V(T(0)), p + j);  // + 0: the mask's zero
+            });
+            his[i] = p[0];
+          }
+          row_chains(w0, count, z.t, 1, his, [y](T hi_score, std::size_t at) {
+            return y[at] > hi_score ? y[at] : hi_score;
           });
-          T hi_score = p[0];
-          for (std::size_t j = 1; j <= last; ++j) hi_score = p[j] > hi_score ? p[j] : hi_score;
-          for_packs<P, T>(last + 1, [&](std::size_t i, auto v) {
-            using V = decltype(v);
-            store_as(exact_exp(load_as<V>(p + i) - V(hi_score)), p + i);
-          });
-          T total = T(0);
-          for (std::size_t j = 0; j <= last; ++j) total = total + p[j];
-          for_packs<P, T>(last + 1, [&](std::size_t i, auto v) {
-            using V = decltype(v);
-            store_as(load_as<V>(p + i) / V(total), p + i);
-          });
-          std::fill(p + last + 1, p + z.t, T(0));
+          for (std::size_t i = 0; i < count; ++i) {
+            T* p = y + (w0 + i) * z.t;
+            const T hi_score = his[i];
+            for_packs<P, T>((w0 + i) % z.t + 1, [&](std::size_t j, auto v) {
+              using V = decltype(v);
+              store_as(exact_exp(load_as<V>(p + j) - V(hi_score)), p + j);
+            });
+          }
+          row_chains(w0, count, z.t, 0, totals, [y](T total, std::size_t at) { return total + y[at]; });
+          for (std::size_t i = 0; i < count; ++i) {
+            const std::size_t last = (w0 + i) % z.t;
+            T* p = y + (w0 + i) * z.t;
+            const T total = totals[i];
+            for_packs<P, T>(last + 1, [&](std::size_t j, auto v) {
+              using V = decltype(v);
+              store_as(load_as<V>(p + j) / V(total), p + j);
+            });
+            std::fill(p + last + 1, p + z.t, T(0));
+          }
         }
       });
     });
@@ -324,10 +341,11 @@ struct CausalAttentionProbs {
         with_best_isa([&](auto width) {
           using P = pack_for<T, decltype(width)>;
           using namespace kernels_detail;
-          for (std::size_t r0 = lo; r0 < hi; r0 += dot_rows) {
-            std::array<T, dot_rows> dots;
-            row_dots(ys, gs, r0, std::min(dot_rows, hi - r0), z.t, dots);
-            for (std::size_t r = r0; r < std::min(r0 + dot_rows, hi); ++r) {
+          for (std::size_t r0 = lo; r0 < hi; r0 += chain_rows) {
+            std::array<T, chain_rows> dots{};  // row_dot's: from zero, one fma per term
+            row_chains(r0, std::min(chain_rows, hi - r0), z.t, 0, dots,
+                       [ys, gs](T dot, std::size_t at) { return fma_hd(gs[at], ys[at], dot); });
+            for (std::size_t r = r0; r < std::min(r0 + chain_rows, hi); ++r) {
               const std::size_t last = r % z.t;
               const T *p = ys + r * z.t, *gr = gs + r * z.t;
               const T dot = dots[r - r0];
@@ -352,30 +370,28 @@ struct CausalAttentionProbs {
   }
 
  private:
-  // row_dot of `count` (at most dot_rows) consecutive rows from r0, as
-  // independent chains side by side while all of them run, then each on
-  // its own: every dot's terms in ascending order, one fma each.
-  static constexpr std::size_t dot_rows = 8;
-  template <class T>
-  GRAD_INLINE static void row_dots(const T* y, const T* g, std::size_t r0, std::size_t count, std::size_t t,
-                                   std::array<T, dot_rows>& dots) {
-    std::size_t common = t;
-    for (std::size_t i = 0; i < count; ++i) common = std::min(common, (r0 + i) % t + 1);
-    dots.fill(T(0));
-    if (count == dot_rows)
-      for (std::size_t j = 0; j < common; ++j) {
+  // Serial chains of `count` (at most chain_rows) consecutive rows from r0
+  // of a [rows, t] block whose row r sees positions 0..r % t: acc[i] =
+  // step(acc[i], at) for at = (r0 + i) * t + j, j from `from` up to the
+  // row's last, ascending. The rows' common prefix runs interleaved (while
+  // all chain_rows run: independent chains, the same operations in the same
+  // order, without waiting on one latency at a time), then each row's rest.
+  static constexpr std::size_t chain_rows = 8;
+  template <class T, class Step>
+  GRAD_INLINE static void row_chains(std::size_t r0, std::size_t count, std::size_t t, std::size_t from,
+                                     std::array<T, chain_rows>& acc, Step step) {
+    std::size_t common = from;
+    if (count == chain_rows) {
+      std::size_t shortest = t;
+      for (std::size_t i = 0; i < count; ++i) shortest = std::min(shortest, (r0 + i) % t + 1);
+      for (std::size_t j = from; j < shortest; ++j) {
         GRAD_GEMM_UNROLL
-        for (std::size_t i = 0; i < dot_rows; ++i) {
-          const std::size_t at = (r0 + i) * t + j;
-          dots[i] = fma_hd(g[at], y[at], dots[i]);
-        }
+        for (std::size_t i = 0; i < chain_rows; ++i) acc[i] = step(acc[i], (r0 + i) * t + j);
       }
-    else
-      common = 0;
-    for (std::size_t i = 0; i < count; ++i) {
-      const std::size_t row = (r0 + i) * t, last = (r0 + i) % t;
-      for (std::size_t j = common; j <= last; ++j) dots[i] = fma_hd(g[row + j], y[row + j], dots[i]);
+      common = std::max(shortest, from);
     }
+    for (std::size_t i = 0; i < count; ++i)
+      for (std::size_t j = common, last = (r0 + i) % t; j <= last; ++j) acc[i] = step(acc[i], (r0 + i) * t + j);
   }
 };
 
