@@ -5,6 +5,7 @@
 
 #include <grad/device/device.hpp>
 #include <grad/emit.hpp>
+#include <grad/inspect.hpp>
 #include <grad/lm.hpp>
 
 #include "support.hpp"
@@ -220,6 +221,16 @@ TEST_CASE("recompute: what a scope keeps and what it refuses") {
     CHECK(tp.ok());
     CHECK_FALSE(tp.recompute_open());
     CHECK(recompute(tp, [&] { return x * 2.0; }).valid());  // a new scope opens
+  }
+  SUBCASE("to_dot with norms after backward: inner nodes say recomputed, whichever scope holds the memory") {
+    const Var<double> z = recompute(tp, [&] { return grad::tanh(y * 2.0); });  // a second scope
+    REQUIRE(tp.backward(sum(z)));  // the walk replays both; the first holds the memory last
+    DotOptions opt;
+    opt.value_norms = opt.gradient_norms = true;
+    const std::string dot = to_dot(tp, opt);
+    CHECK(dot.find("recomputed") != std::string::npos);
+    CHECK(dot.find("|g| = ") != std::string::npos);  // kept nodes and parameters still show theirs
+    CHECK(tp.value(inner).empty());
   }
   SUBCASE("the device engine and emitted code refuse a tape with scopes") {
     const Var<double> loss = sum(y);

@@ -66,8 +66,12 @@ std::string to_dot(const Tape<T>& tp, const DotOptions& options = {}) {
     const bool param = n.op == op_code<Param>, constant = n.op == op_code<Const>;
     // Parts are escaped one by one: the "\\n" between them are DOT's line breaks.
     std::string label = "#" + std::to_string(i) + " " + dot_escape(op_name(n.op)) + "\\n" + shape_string(n.dims);
-    if (options.value_norms) label += "\\n|v| = " + number(l2(n.value, n.dims.size()));
-    if (options.gradient_norms && n.touched && n.grad) label += "\\n|g| = " + number(l2(n.grad, n.dims.size()));
+    // A recompute scope's inner node keeps no value or gradient of its own
+    // (only the scope last recorded or replayed holds them): "recomputed".
+    if (n.transient && (options.value_norms || options.gradient_norms)) label += "\\nrecomputed";
+    if (options.value_norms && !n.transient) label += "\\n|v| = " + number(l2(n.value, n.dims.size()));
+    if (options.gradient_norms && !n.transient && n.touched && n.grad)
+      label += "\\n|g| = " + number(l2(n.grad, n.dims.size()));
     std::string style = param      ? "fillcolor=\"#ffe08a\", shape=ellipse"
                         : constant ? "fillcolor=\"#e6e6e6\", shape=ellipse, style=\"filled,dashed\""
                                    : "fillcolor=\"#d7e8fb\"";
