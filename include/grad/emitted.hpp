@@ -70,6 +70,7 @@
 #include "grad/tags/dropout.hpp"
 #include "grad/tags/elementwise.hpp"
 #include "grad/tags/embedding.hpp"
+#include "grad/tags/gated.hpp"
 #include "grad/tags/heads.hpp"
 #include "grad/tags/layer_norm.hpp"
 #include "grad/tags/layout.hpp"
