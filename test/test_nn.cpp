@@ -681,6 +681,53 @@ TEST_CASE("causal_attention_probs: rows sum to 1, keys after the query's positio
   }
 }
 
+// attention_context on causal_attention_probs' output skips the masked terms
+// of its products (axis 1); on any other p (here the same values as a
+// parameter) it computes them whole. Same context and v gradient either way,
+// and p's gradient stays g . v^T at every position, masked ones included.
+template <class T>
+void check_causal_context(std::size_t N, std::size_t G, std::size_t t, std::size_t threads) {
+  CAPTURE(N);
+  CAPTURE(G);
+  CAPTURE(t);
+  CAPTURE(threads);
+  set_num_threads(threads);
+  const std::size_t hd = 5;
+  Rng rng(100 * G + t);
+  const Tensor<T> q = random_tensor<T>({N, G * t, hd}, rng, -2, 2), k = random_tensor<T>({N, t, hd}, rng, -2, 2),
+                  v = random_tensor<T>({N, t, hd}, rng, -2, 2);
+  Tape<T> causal;
+  Var<T> probs = causal_attention_probs(causal.param(q), causal.param(k), T(0.4)), cv = causal.param(v);
+  Var<T> ctx = attention_context(probs, cv);
+  REQUIRE(causal.backward(weighted_sum(ctx)));
+  Tape<T> whole;
+  Var<T> given = whole.param(Tensor<T>({N, G * t, t}, std::vector<T>(causal.value(probs).begin(),
+                                                                     causal.value(probs).end())));
+  Var<T> wv = whole.param(v), wctx = attention_context(given, wv);
+  REQUIRE(whole.backward(weighted_sum(wctx)));
+  auto bits = [](View<T> a, View<T> b) {
+    return bitwise_equal<T>(std::vector<T>(a.begin(), a.end()), std::vector<T>(b.begin(), b.end()));
+  };
+  CHECK(bits(causal.value(ctx), whole.value(wctx)));
+  CHECK(bits(causal.grad(cv), whole.grad(wv)));
+  CHECK(bits(causal.grad(probs), whole.grad(given)));
+  bool masked_nonzero = false;  // the masked positions' gradient is really there
+  const View<T> dp = causal.grad(probs);
+  for (std::size_t r = 0; r < N * G * t; ++r)
+    for (std::size_t j = r % t + 1; j < t; ++j) masked_nonzero = masked_nonzero || dp[r * t + j] != T(0);
+  CHECK(masked_nonzero == (t > 1));
+  set_num_threads(1);
+}
+
+TEST_CASE("attention_context on causal probabilities skips their masked zeros: the whole products' bits") {
+  for (const std::size_t t : {1, 5, 32, 33, 70})
+    for (const std::size_t G : {1, 3})
+      for (const std::size_t threads : {1, 3}) {
+        check_causal_context<double>(2, G, t, threads);
+        check_causal_context<float>(2, G, t, threads);
+      }
+}
+
 TEST_CASE("attention matches central differences in q, k and v (MHA and GQA, with and without RoPE)") {
   const std::size_t B = 2, t = 3, hd = 4;
   const auto tables = nn::rope_tables<double>(t, hd, 10000.0);

@@ -386,9 +386,12 @@ Var<T> causal_attention_probs(Var<T> q, Var<T> k, std::type_identity_t<T> scale)
 
 // p [N, G*t, t], v [N, t, hd] -> [N, G*t, hd]: every query head of a group
 // times the group's one v, with the bits of bmm with v repeated G times.
+// When p is causal_attention_probs' output, the products skip its masked
+// zeros (the same bits for finite v).
 template <class T>
 Var<T> attention_context(Var<T> p, Var<T> v) {
-  return record_op<AttentionContext>(p, v);
+  const bool causal = p.tape() && p.tape()->template recorded_by<CausalAttentionProbs>(p);
+  return record_op<AttentionContext>(p, v, OpAttrs{causal ? 1 : 0, {}, {}});
 }
 
 // ---- attention's layouts (heads.hpp) ----

@@ -169,6 +169,12 @@ class Tape {
     const Node<T>* n = find(v);
     return n && !n->transient ? n->value[0] : std::numeric_limits<T>::quiet_NaN();
   }
+  // Was v recorded by op Op? (False for an invalid, foreign or dropped Var.)
+  template <class Op>
+  bool recorded_by(Var<T> v) const {
+    const Node<T>* n = find(v);
+    return n && n->op == op_code<Op>;
+  }
   bool requires_grad(Var<T> v) const {
     const Node<T>* n = find(v);
     return n && n->requires_grad;

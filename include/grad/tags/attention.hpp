@@ -8,7 +8,13 @@
 // row r sits at position r % t and every head of the group reads the one k.
 //
 // AttentionContext: a = p [N, G*t, t], b = v [N, t, hd]: the context
-// p . v [N, G*t, hd] (every head of a group reads the one v).
+// p . v [N, G*t, hd] (every head of a group reads the one v). Axis 1 says p
+// is causal_attention_probs' output (the recording function sets it), whose
+// masked probabilities are exactly +0: the host loops then leave out the
+// products' masked terms (the context's last terms per row, v's gradient's
+// first per key), as CausalAttentionProbs' own products do, about half of
+// their work. p's gradient stays whole (g . v^T at every position: p is a
+// node whose gradient a user can read, and there it is not zero).
 //
 // Both give the bits of the unfused sequence they replace:
 //   scores = bmm(q, transpose(k)) * scale + mask   (mask: 0, or -1e9 above the diagonal)
@@ -75,7 +81,8 @@ GRAD_HD void add_head(T& total, T part, std::size_t n) {
 // at t = 256. What is left out is masked: scores that softmax overwrites
 // with 0, and terms with a masked ds, an exact zero: the last terms of a
 // row's ascending sum (ds . k) or the first of a key's (ds^T . q).
-// (AttentionContext's p is any [N, G*t, t]: its products stay whole.) fma(+-0, x, acc) == acc for finite x and an
+// (AttentionContext's p is any [N, G*t, t]: its products skip the masked terms only when p comes from
+// CausalAttentionProbs, axis 1.) fma(+-0, x, acc) == acc for finite x and an
 // accumulator that starts at +0 (it never is -0), so either way the sum
 // keeps its bits.
 inline constexpr std::size_t causal_block = 32;
@@ -400,7 +407,9 @@ struct AttentionContext {
   static constexpr std::string_view torch =
       "(a.reshape(a.shape[0], -1, b.shape[1], b.shape[1]) @ b.unsqueeze(1)).reshape(dims)";
   static constexpr int arity = 2;
-  static std::string output_dims(const Dims& a, const Dims& b, OpAttrs&, Dims& out) {
+  static std::string output_dims(const Dims& a, const Dims& b, OpAttrs& at, Dims& out) {
+    if (at.axis != 0 && at.axis != 1)
+      return "axis " + std::to_string(at.axis) + ": expected 0 (any p) or 1 (p from causal_attention_probs)";
     const std::string why = attention_detail::grouped_dims(a, b, "p", "v", true, false);
     if (!why.empty()) return why + " (p [N, G*t, t], v [N, t, hd])";
     out = Dims::of(std::array<std::size_t, 3>{a[0], a[1], b[2]});
@@ -453,10 +462,13 @@ struct AttentionContext {
   }
 
   // The host loops: the same inner products on the project's gemm (each
-  // output from zero, one fma per term in ascending index: the bodies' bits).
+  // output from zero, one fma per term in ascending index: the bodies' bits;
+  // with a causal p, without the masked terms: the same bits for finite v
+  // and g, see causal_block).
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
     const auto z = sizes(x);
+    if (x.axis == 1) return attention_detail::causal_rows(x.a.data, x.b.data, y, z);
     for (std::size_t s = 0; s < z.slices; ++s)
       gemm_nn(x.a.data + s * z.rows * z.t, x.b.data + s * z.t * z.width, y + s * z.rows * z.width, z.rows, z.t,
               z.width);
@@ -471,7 +483,7 @@ struct AttentionContext {
       std::vector<T> head(z.t * z.width);
       for (std::size_t s = 0; s < z.slices; ++s)
         attention_detail::sum_heads_tn(x.a.data + s * z.rows * z.t, g + s * z.rows * z.width, dx + s * z.t * z.width,
-                                       head.data(), z, false);
+                                       head.data(), z, x.axis == 1);
     }
   }
 };
