@@ -7,7 +7,9 @@
 // argv[1] (e.g. the libblas.so.3 of Debian's libopenblas0-serial), so the
 // program needs no BLAS to build. bench/gemm_openblas.sh builds and runs it.
 //
-//   gemm_openblas /path/to/libblas.so.3 [rounds] [threads]
+//   gemm_openblas /path/to/libblas.so.3 [rounds] [threads] [b | tinylm]
+//
+// "tinylm" times the LM's projections at d 96 instead (tinylm's shapes).
 #include <dlfcn.h>
 #include <time.h>
 
@@ -48,24 +50,36 @@ struct Shape {
   std::size_t m, k, n;  // the product's output is m x n, summing over k
 };
 
+// Workload B's nine products per step (forward nn, backward nt for the activations, tn for the weights).
+const std::vector<Shape> workload_b = {
+    {"nn", 256, 512, 1024}, {"nn", 256, 1024, 1024}, {"nn", 256, 1024, 512},
+    {"nt", 256, 1024, 1024}, {"nt", 256, 512, 1024},  // dA of layers 2, 3 (layer 1's input needs none)
+    {"tn", 512, 256, 1024}, {"tn", 1024, 256, 1024}, {"tn", 1024, 256, 512},
+};
+// tinylm's projections at d 96 (4 x 128 positions; q/o 96, k/v 48, gate/up 176, down, the 256-class head):
+// forward nn, dA nt, dW tn.
+const std::vector<Shape> tinylm_d96 = {
+    {"nn", 512, 96, 96},  {"nn", 512, 96, 48},  {"nn", 512, 96, 176}, {"nn", 512, 176, 96}, {"nn", 512, 96, 256},
+    {"nt", 512, 96, 96},  {"nt", 512, 48, 96},  {"nt", 512, 176, 96}, {"nt", 512, 96, 176}, {"nt", 512, 256, 96},
+    {"tn", 96, 512, 96},  {"tn", 96, 512, 48},  {"tn", 96, 512, 176}, {"tn", 176, 512, 96}, {"tn", 96, 512, 256},
+    {"nn", 256, 128, 24}, {"nn", 32, 128, 24},  {"tn", 128, 128, 24}, {"nt", 256, 24, 128},  // attention, hd 24
+};
+
 template <class T>
-void run(const char* type, int rounds) {
-  // Workload B's nine products per step (forward nn, backward nt for the activations, tn for the weights).
-  const std::vector<Shape> shapes = {
-      {"nn", 256, 512, 1024}, {"nn", 256, 1024, 1024}, {"nn", 256, 1024, 512},
-      {"nt", 256, 1024, 1024}, {"nt", 256, 512, 1024},  // dA of layers 2, 3 (layer 1's input needs none)
-      {"tn", 512, 256, 1024}, {"tn", 1024, 256, 1024}, {"tn", 1024, 256, 512},
-  };
+void run(const char* type, int rounds, const std::vector<Shape>& shapes) {
   double total_flop = 0, grad_best_sum = 0, blas_best_sum = 0;
   for (const Shape& s : shapes) {
     std::vector<T> a(s.m * s.k), b(s.k * s.n), c(s.m * s.n);
     unsigned r = 1;
     for (auto* v : {&a, &b})
       for (T& x : *v) x = T((r = r * 1103515245u + 12345u) >> 9 & 0xffff) / T(65536) - T(0.5);
-    const double flop = 2.0 * s.m * s.k * s.n;
+    // Small products repeat within one timing (at least ~20 MFLOP), so the clock's resolution does not count.
+    const int reps = static_cast<int>(std::max(1.0, 2e7 / (2.0 * s.m * s.k * s.n)));
+    const double flop = 2.0 * s.m * s.k * s.n * reps;
     std::vector<double> tg, tb;
     for (int i = 0; i < rounds; ++i) {
       double t0 = now(CLOCK_MONOTONIC);
+      for (int rep = 0; rep < reps; ++rep)
       // the same product in grad's argument convention for its layout
       if (s.layout[0] == 'n' && s.layout[1] == 'n')
         grad::gemm_nn(a.data(), b.data(), c.data(), s.m, s.k, s.n);
@@ -75,6 +89,7 @@ void run(const char* type, int rounds) {
         grad::gemm_tn(a.data(), b.data(), c.data(), s.k, s.m, s.n);
       tg.push_back(now(CLOCK_MONOTONIC) - t0);
       t0 = now(CLOCK_MONOTONIC);
+      for (int rep = 0; rep < reps; ++rep)
       if (s.layout[0] == 'n' && s.layout[1] == 'n')
         blas<T>(NoTrans, NoTrans, s.m, s.n, s.k, a.data(), s.k, b.data(), s.n, c.data(), s.n);
       else if (s.layout[1] == 't')
@@ -123,6 +138,7 @@ int main(int argc, char** argv) {
   std::printf("openblas: %s, core %s; grad threads %zu, isa %d\n", config ? config() : "?",
               corename ? corename() : "?", grad::num_threads(), static_cast<int>(grad::best_isa()));
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 7;
-  run<float>("f32", rounds);
-  run<double>("f64", rounds);
+  const bool lm = argc > 4 && std::string(argv[4]) == "tinylm";
+  run<float>("f32", rounds, lm ? tinylm_d96 : workload_b);
+  run<double>("f64", rounds, lm ? tinylm_d96 : workload_b);
 }

@@ -46,6 +46,10 @@ std::vector<Dims3> shapes() {
   s.push_back({1, 520, 1031});   // one row (multiply_row): kc crossed twice, a ragged tail
   s.push_back({1, 257, 77});     // one row: whole strips, one-vector strips and scalar columns
   s.push_back({1, 700, 2003});   // one row, split across threads by columns
+  s.push_back({40, 300, 24});    // an attention head's width: tail strips only, past kc (partial sums reloaded)
+  s.push_back({13, 600, 30});
+  s.push_back({20, 270, 60});  // a strip's width less a few columns, past kc
+  s.push_back({25, 9, 113});   // a whole strip and ragged tail strips
   return s;
 }
 
@@ -146,9 +150,10 @@ TEST_CASE_TEMPLATE("the public gemm entry points match the reference on the best
 TEST_CASE_TEMPLATE("gemm_tn over rows in chunks, continued, gives one gemm_tn's bits (1 and 3 threads)", T, double,
                    float) {
   Rng rng(8);
-  const std::size_t m = 300, n = 260;  // m spans two of the kc blocks
-  // k = 1: C is one row (multiply_row, continuing from what C holds)
-  for (std::size_t k : {45, 1}) {
+  const std::size_t m = 300;  // m spans two of the kc blocks
+  // k = 1: C is one row (multiply_row, continuing from what C holds); n = 24:
+  // tail strips only, continued from C
+  for (const auto& [k, n] : {std::pair<std::size_t, std::size_t>{45, 260}, {1, 260}, {45, 24}}) {
     const auto A = operand<T>(m * k, rng), G = operand<T>(m * n, rng);
     std::vector<T> want(k * n);
     reference::gemm_tn(A.data(), G.data(), want.data(), m, k, n);
