@@ -79,23 +79,25 @@ void run(const char* type, int rounds, const std::vector<Shape>& shapes) {
     std::vector<double> tg, tb;
     for (int i = 0; i < rounds; ++i) {
       double t0 = now(CLOCK_MONOTONIC);
-      for (int rep = 0; rep < reps; ++rep)
-      // the same product in grad's argument convention for its layout
-      if (s.layout[0] == 'n' && s.layout[1] == 'n')
-        grad::gemm_nn(a.data(), b.data(), c.data(), s.m, s.k, s.n);
-      else if (s.layout[1] == 't')  // C[m,n] = G[m,k] B[n,k]^T
-        grad::gemm_nt(a.data(), b.data(), c.data(), s.m, s.k, s.n);
-      else  // C[m,n] = A[k,m]^T G[k,n]
-        grad::gemm_tn(a.data(), b.data(), c.data(), s.k, s.m, s.n);
+      for (int rep = 0; rep < reps; ++rep) {
+        // the same product in grad's argument convention for its layout
+        if (s.layout[0] == 'n' && s.layout[1] == 'n')
+          grad::gemm_nn(a.data(), b.data(), c.data(), s.m, s.k, s.n);
+        else if (s.layout[1] == 't')  // C[m,n] = G[m,k] B[n,k]^T
+          grad::gemm_nt(a.data(), b.data(), c.data(), s.m, s.k, s.n);
+        else  // C[m,n] = A[k,m]^T G[k,n]
+          grad::gemm_tn(a.data(), b.data(), c.data(), s.k, s.m, s.n);
+      }
       tg.push_back(now(CLOCK_MONOTONIC) - t0);
       t0 = now(CLOCK_MONOTONIC);
-      for (int rep = 0; rep < reps; ++rep)
-      if (s.layout[0] == 'n' && s.layout[1] == 'n')
-        blas<T>(NoTrans, NoTrans, s.m, s.n, s.k, a.data(), s.k, b.data(), s.n, c.data(), s.n);
-      else if (s.layout[1] == 't')
-        blas<T>(NoTrans, DoTrans, s.m, s.n, s.k, a.data(), s.k, b.data(), s.k, c.data(), s.n);
-      else
-        blas<T>(DoTrans, NoTrans, s.m, s.n, s.k, a.data(), s.m, b.data(), s.n, c.data(), s.n);
+      for (int rep = 0; rep < reps; ++rep) {
+        if (s.layout[0] == 'n' && s.layout[1] == 'n')
+          blas<T>(NoTrans, NoTrans, s.m, s.n, s.k, a.data(), s.k, b.data(), s.n, c.data(), s.n);
+        else if (s.layout[1] == 't')
+          blas<T>(NoTrans, DoTrans, s.m, s.n, s.k, a.data(), s.k, b.data(), s.k, c.data(), s.n);
+        else
+          blas<T>(DoTrans, NoTrans, s.m, s.n, s.k, a.data(), s.m, b.data(), s.n, c.data(), s.n);
+      }
       tb.push_back(now(CLOCK_MONOTONIC) - t0);
     }
     const double g = *std::min_element(tg.begin(), tg.end()), o = *std::min_element(tb.begin(), tb.end());
