@@ -50,6 +50,13 @@ std::vector<Dims3> shapes() {
   s.push_back({13, 600, 30});
   s.push_back({20, 270, 60});  // a strip's width less a few columns, past kc
   s.push_back({25, 9, 113});   // a whole strip and ragged tail strips
+  // Every tail strip's width (1 to 72 output columns: each multiple of a
+  // half vector up to a full strip and past it, and the ragged ones between)
+  // in every layout: the output is m x n (nn), m x k (nt), k x n (tn).
+  for (std::size_t w = 1; w <= 72; ++w) {
+    s.push_back({13, 11, w});
+    s.push_back({13, w, 11});
+  }
   return s;
 }
 

@@ -185,70 +185,125 @@ struct StridedPanel {
   T at(std::size_t r, std::size_t q) const { return p[r * rs + q * cs]; }
 };
 
-// The MR x (NV vectors) tile of C at c (row stride ldc) after kc more terms:
-// lane by lane acc = fma(a, b, acc) in ascending p, from zero or from what c
-// holds (one vfmadd per vector in the AVX-512 and AVX2 copies). Term p's NV
-// vectors of b are at bp + p * ldb: a packed strip's, or b's own row.
-template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV, class Panel>
+// The MR x (NV vectors, plus HV half vectors) tile of C at c (row stride
+// ldc) after kc more terms: lane by lane acc = fma(a, b, acc) in ascending p,
+// from zero or from what c holds (one vfmadd per vector in the AVX-512 and
+// AVX2 copies). Term p's vectors of b are at bp + p * ldb: a packed strip's,
+// or b's own row. The half vector (HV = 1) ends a tail strip whose width is
+// an odd number of half vectors (e.g. 24 floats: 16 + 8), so that no lane of
+// a padded vector computes a column only to drop it.
+template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV, std::size_t HV = 0, class Panel>
 [[gnu::always_inline]] inline void micro_kernel(std::size_t kc, Panel ap, const T* __restrict bp, T* __restrict c,
-                                                std::size_t ldc, bool accumulate, std::size_t ldb = NV * Lanes) {
+                                                std::size_t ldc, bool accumulate,
+                                                std::size_t ldb = NV * Lanes + HV * Lanes / 2) {
   using V = typename Vec<T, Lanes>::type;
-  V acc[MR][NV];
+  using H = typename Vec<T, (HV ? Lanes / 2 : Lanes)>::type;
+  constexpr std::size_t nv = NV > 0 ? NV : 1;  // no zero-length arrays: a tail of one half vector has NV = 0
+  V acc[MR][nv];
+  H half[MR];
   GRAD_GEMM_UNROLL
-  for (std::size_t r = 0; r < MR; ++r) GRAD_GEMM_UNROLL
-  for (std::size_t v = 0; v < NV; ++v) {
-    if (accumulate)
-      __builtin_memcpy(&acc[r][v], c + r * ldc + v * Lanes, sizeof(V));
-    else
-      acc[r][v] = V{};
+  for (std::size_t r = 0; r < MR; ++r) {
+    GRAD_GEMM_UNROLL
+    for (std::size_t v = 0; v < NV; ++v) {
+      if (accumulate)
+        __builtin_memcpy(&acc[r][v], c + r * ldc + v * Lanes, sizeof(V));
+      else
+        acc[r][v] = V{};
+    }
+    if constexpr (HV != 0) {
+      if (accumulate)
+        __builtin_memcpy(&half[r], c + r * ldc + NV * Lanes, sizeof(H));
+      else
+        half[r] = H{};
+    }
   }
   for (std::size_t p = 0; p < kc; ++p) {
-    V b[NV];
+    V b[nv];
+    H bh;
     GRAD_GEMM_UNROLL
     for (std::size_t v = 0; v < NV; ++v) __builtin_memcpy(&b[v], bp + p * ldb + v * Lanes, sizeof(V));
+    if constexpr (HV != 0) __builtin_memcpy(&bh, bp + p * ldb + NV * Lanes, sizeof(H));
     GRAD_GEMM_UNROLL
     for (std::size_t r = 0; r < MR; ++r) {
-      const V a = simd::splat<V>(ap.at(r, p));
+      const T ar = ap.at(r, p);
+      const V a = simd::splat<V>(ar);
       GRAD_GEMM_UNROLL
       for (std::size_t v = 0; v < NV; ++v) acc[r][v] = simd::fma_lanes<T>(a, b[v], acc[r][v]);
+      if constexpr (HV != 0) half[r] = simd::fma_lanes<T>(simd::splat<H>(ar), bh, half[r]);
     }
   }
   GRAD_GEMM_UNROLL
-  for (std::size_t r = 0; r < MR; ++r) GRAD_GEMM_UNROLL
-  for (std::size_t v = 0; v < NV; ++v) __builtin_memcpy(c + r * ldc + v * Lanes, &acc[r][v], sizeof(V));
+  for (std::size_t r = 0; r < MR; ++r) {
+    GRAD_GEMM_UNROLL
+    for (std::size_t v = 0; v < NV; ++v) __builtin_memcpy(c + r * ldc + v * Lanes, &acc[r][v], sizeof(V));
+    if constexpr (HV != 0) __builtin_memcpy(c + r * ldc + NV * Lanes, &half[r], sizeof(H));
+  }
 }
 
 // A partial tile (rows < MR or cols < the strip width) runs the same kernel
 // on a local tile; only the valid part is read from and written to C.
-template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV, class Panel>
+template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV, std::size_t HV, class Panel>
 [[gnu::always_inline]] inline void edge_kernel(std::size_t kc, Panel ap, const T* bp, T* c, std::size_t ldc,
                                                bool accumulate, std::size_t rows, std::size_t cols) {
-  constexpr std::size_t width = NV * Lanes;
+  constexpr std::size_t width = NV * Lanes + HV * Lanes / 2;
   alignas(64) T tile[MR * width] = {};
   if (accumulate)
     for (std::size_t r = 0; r < rows; ++r)
       for (std::size_t j = 0; j < cols; ++j) tile[r * width + j] = c[r * ldc + j];
-  micro_kernel<T, Lanes, MR, NV>(kc, ap, bp, tile, width, accumulate);
+  micro_kernel<T, Lanes, MR, NV, HV>(kc, ap, bp, tile, width, accumulate);
   for (std::size_t r = 0; r < rows; ++r)
     for (std::size_t j = 0; j < cols; ++j) c[r * ldc + j] = tile[r * width + j];
 }
 
-// One rows x cols tile of C from a full strip (NV vectors wide) or a tail
-// strip (one vector), by the micro-kernel when the tile is whole.
-template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV, class Panel>
+// Strips of b: full ones NV vectors wide while that many columns are left,
+// then one tail strip over the rest, rounded up to whole half vectors where
+// a vector is 64 bytes (AVX-512: a 24-column tail is one vector and a half,
+// not two vectors) and to whole vectors below that (a 16-byte half would
+// run lane by lane).
+template <class T, std::size_t Lanes>
+inline constexpr std::size_t tail_unit = Lanes * sizeof(T) == 64 ? Lanes / 2 : Lanes;
+template <class T, std::size_t Lanes, std::size_t NV>
+inline std::size_t strip_width(std::size_t columns_left) {
+  constexpr std::size_t nr = NV * Lanes, unit = tail_unit<T, Lanes>;
+  return columns_left >= nr ? nr : (columns_left + unit - 1) / unit * unit;
+}
+
+// One rows x cols tile of a strip W columns wide, by the micro-kernel when
+// the tile is whole.
+template <class T, std::size_t Lanes, std::size_t MR, std::size_t W, class Panel>
+[[gnu::always_inline]] inline void strip_tile(std::size_t kc, Panel ap, const T* bp, T* c, std::size_t ldc,
+                                              bool accumulate, std::size_t rows, std::size_t cols) {
+  constexpr std::size_t NV = W / Lanes, HV = W % Lanes != 0 ? 1 : 0;
+  static_assert(W == NV * Lanes + HV * Lanes / 2, "a strip is whole vectors and at most one half vector");
+  if (rows == MR && cols == W)
+    micro_kernel<T, Lanes, MR, NV, HV>(kc, ap, bp, c, ldc, accumulate);
+  else
+    edge_kernel<T, Lanes, MR, NV, HV>(kc, ap, bp, c, ldc, accumulate, rows, cols);
+}
+// The strip width (a multiple of the tail unit up to W) as a template
+// argument: the tail's widths one by one. A function, not a lambda over
+// mp_with_index: at -O1 a lambda is not inlined into the instruction set's
+// copy (see row_pass).
+template <class T, std::size_t Lanes, std::size_t MR, std::size_t W, class Panel>
 [[gnu::always_inline]] inline void tile(std::size_t kc, Panel ap, const T* bp, T* c, std::size_t ldc, bool accumulate,
-                                        std::size_t rows, std::size_t cols, bool full_strip) {
-  if (full_strip) {
-    if (rows == MR)
-      micro_kernel<T, Lanes, MR, NV>(kc, ap, bp, c, ldc, accumulate);
-    else
-      edge_kernel<T, Lanes, MR, NV>(kc, ap, bp, c, ldc, accumulate, rows, cols);
-  } else {
-    if (rows == MR && cols == Lanes)
-      micro_kernel<T, Lanes, MR, 1>(kc, ap, bp, c, ldc, accumulate);
-    else
-      edge_kernel<T, Lanes, MR, 1>(kc, ap, bp, c, ldc, accumulate, rows, cols);
+                                        std::size_t rows, std::size_t cols, std::size_t width) {
+  if constexpr (W > tail_unit<T, Lanes>) {
+    if (width != W) return tile<T, Lanes, MR, W - tail_unit<T, Lanes>>(kc, ap, bp, c, ldc, accumulate, rows, cols, width);
   }
+  strip_tile<T, Lanes, MR, W>(kc, ap, bp, c, ldc, accumulate, rows, cols);
+}
+
+// The rows < MR of a block's last, packed (zero-padded) row panel, two at a
+// time: an MR-row tile there would compute MR - rows rows only to drop them
+// (a causal attention block of 32 rows is five 6-row panels and two rows:
+// a sixth of its work). Each two-row tile reads its rows of the same panel.
+template <class T, std::size_t Lanes, std::size_t MR, std::size_t W>
+[[gnu::always_inline]] inline void partial_panel(std::size_t kc, const T* panel, const T* bp, T* c, std::size_t ldc,
+                                                 bool accumulate, std::size_t rows, std::size_t cols,
+                                                 std::size_t width) {
+  for (std::size_t r = 0; r < rows; r += 2)
+    tile<T, Lanes, 2, W>(kc, PackedPanel<T, MR>{panel + r}, bp, c + r * ldc, ldc, accumulate,
+                         std::min<std::size_t>(2, rows - r), cols, width);
 }
 
 // dst[i * dst_stride + j] = src[j * src_stride + i] for a Lanes x Lanes
@@ -289,14 +344,14 @@ template <class T, std::size_t Lanes>
 #endif
 }
 
-// Strips of b's block, each kc x width with width = NR (full) or Lanes (the
-// tail), zero-padded past the last column.
+// Strips of b's block, each kc x width (strip_width: NR, or the tail's),
+// zero-padded past the last column.
 template <class T, std::size_t Lanes, std::size_t NV>
 [[gnu::always_inline]] inline void pack_b(const Strided<T>& b, std::size_t p0, std::size_t kc, std::size_t j0,
                                           std::size_t nc, T* out) {
   constexpr std::size_t nr = NV * Lanes;
   for (std::size_t jr = 0; jr < nc;) {
-    const std::size_t width = nc - jr >= nr ? nr : Lanes;
+    const std::size_t width = strip_width<T, Lanes, NV>(nc - jr);
     const std::size_t cols = std::min(width, nc - jr);
     const T* src = b.p + p0 * b.rs + (j0 + jr) * b.cs;
     if (b.cs == 1) {  // rows of b contiguous
@@ -307,8 +362,9 @@ template <class T, std::size_t Lanes, std::size_t NV>
         // not left to the auto-vectoriser); a ragged last strip by element.
         if (cols == nr) {
           __builtin_memcpy(dst, row, nr * sizeof(T));
-        } else if (cols == Lanes) {
-          __builtin_memcpy(dst, row, Lanes * sizeof(T));
+        } else if (cols == width) {
+          for (std::size_t j = 0; j < width; j += tail_unit<T, Lanes>)
+            __builtin_memcpy(dst + j, row + j, tail_unit<T, Lanes> * sizeof(T));
         } else {
           for (std::size_t j = 0; j < cols; ++j) dst[j] = row[j];
           for (std::size_t j = cols; j < width; ++j) dst[j] = T(0);
@@ -515,22 +571,23 @@ template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
         const std::size_t mc = std::min(MC, i1 - ic);
         if (pack_whole_a) pack_a<T, MR>(pr.a, ic, mc, pc, kc, apack);
         for (std::size_t jr = 0; jr < nc;) {
-          const bool full_strip = nc - jr >= nr;
-          const std::size_t width = full_strip ? nr : Lanes;
+          const std::size_t width = strip_width<T, Lanes, NV>(nc - jr);
           const std::size_t cols = std::min(width, nc - jr);
           const T* bp = bpack + jr * kc;
           for (std::size_t ir = 0; ir < mc; ir += MR) {
             const std::size_t rows = std::min(MR, mc - ir);
             T* c = pr.c + (ic + ir) * ldc + jc + jr;
-            if (pack_whole_a) {
-              tile<T, Lanes, MR, NV>(kc, PackedPanel<T, MR>{apack + ir * kc}, bp, c, ldc, accumulate, rows, cols,
-                                     full_strip);
+            if (pack_whole_a && rows == MR) {
+              tile<T, Lanes, MR, nr>(kc, PackedPanel<T, MR>{apack + ir * kc}, bp, c, ldc, accumulate, rows, cols,
+                                     width);
+            } else if (pack_whole_a) {
+              partial_panel<T, Lanes, MR, nr>(kc, apack + ir * kc, bp, c, ldc, accumulate, rows, cols, width);
             } else if (rows == MR) {
               const StridedPanel<T> ap{pr.a.p + (ic + ir) * pr.a.rs + pc * pr.a.cs, pr.a.rs, pr.a.cs};
-              tile<T, Lanes, MR, NV>(kc, ap, bp, c, ldc, accumulate, rows, cols, full_strip);
+              tile<T, Lanes, MR, nr>(kc, ap, bp, c, ldc, accumulate, rows, cols, width);
             } else {  // the last, partial panel: packed, so that its padding reads zeros
               pack_a<T, MR>(pr.a, ic + ir, rows, pc, kc, apack);
-              tile<T, Lanes, MR, NV>(kc, PackedPanel<T, MR>{apack}, bp, c, ldc, accumulate, rows, cols, full_strip);
+              partial_panel<T, Lanes, MR, nr>(kc, apack, bp, c, ldc, accumulate, rows, cols, width);
             }
           }
           jr += width;
