@@ -5,7 +5,9 @@
 #               own bounds checks (_GLIBCXX_ASSERTIONS), every suite but the
 #               slow bit-comparing tables that add no new code paths
 #   build-tsan  ThreadSanitizer over the suites that run the thread pool
-# Both build at -O1 without CUDA, benchmarks or examples: compile time is
+# Both build at -O1 without CUDA, benchmarks or examples, with line tables
+# only (-g1: reports still name file and line; full -g's variable tracking
+# cost a quarter of the compile time of the gemm's units): compile time is
 # what limits this on a 2-core CI machine. Any report fails the run.
 # Usage: scripts/sanitize.sh [asan|tsan]...   (default: both)
 set -eu
@@ -21,7 +23,7 @@ tsan_suites="gemm optimizers properties device_reduction"
 configure() { # dir, sanitizer, extra cpp args
   [ -f "$1/build.ninja" ] && return 0
   meson setup "$1" -Dcuda=disabled -Dbenchmarks=disabled -Dexamples=false -Dbuildtype=plain \
-    -Doptimization=1 -Ddebug=true -Db_sanitize="$2" -Db_lundef=false -Dcpp_args="$3" >/dev/null
+    -Doptimization=1 -Ddebug=false -Db_sanitize="$2" -Db_lundef=false -Dcpp_args="-g1 $3" >/dev/null
 }
 
 run_asan() {
