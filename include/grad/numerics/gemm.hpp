@@ -580,17 +580,19 @@ template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
           for (std::size_t ir = 0; ir < mc; ir += MR) {
             const std::size_t rows = std::min(MR, mc - ir);
             T* c = pr.c + (ic + ir) * ldc + jc + jr;
-            if (pack_whole_a && rows == MR) {
+            if (rows < MR) {  // the last, partial panel: packed, so that its padding reads zeros
+              const T* panel = apack + ir * kc;
+              if (!pack_whole_a) {
+                pack_a<T, MR>(pr.a, ic + ir, rows, pc, kc, apack);
+                panel = apack;
+              }
+              partial_panel<T, Lanes, MR, nr>(kc, panel, bp, c, ldc, accumulate, rows, cols, width);
+            } else if (pack_whole_a) {
               tile<T, Lanes, MR, nr>(kc, PackedPanel<T, MR>{apack + ir * kc}, bp, c, ldc, accumulate, rows, cols,
                                      width);
-            } else if (pack_whole_a) {
-              partial_panel<T, Lanes, MR, nr>(kc, apack + ir * kc, bp, c, ldc, accumulate, rows, cols, width);
-            } else if (rows == MR) {
+            } else {
               const StridedPanel<T> ap{pr.a.p + (ic + ir) * pr.a.rs + pc * pr.a.cs, pr.a.rs, pr.a.cs};
               tile<T, Lanes, MR, nr>(kc, ap, bp, c, ldc, accumulate, rows, cols, width);
-            } else {  // the last, partial panel: packed, so that its padding reads zeros
-              pack_a<T, MR>(pr.a, ic + ir, rows, pc, kc, apack);
-              partial_panel<T, Lanes, MR, nr>(kc, apack, bp, c, ldc, accumulate, rows, cols, width);
             }
           }
           jr += width;
