@@ -166,13 +166,14 @@ bool same_bits_of(std::span<const T> a, std::span<const T> b) {
 
 // The loss of h [rows, d] through W (trainable or a constant) against ids
 // with every fourth row ignored, recorded fused or as the composite
-// cross_entropy(matmul_nt(h, W)) (matmul for ClassAxis::columns); backward run.
+// cross_entropy(matmul_nt(h, W)) (matmul for ClassAxis::columns); backward run
+// from the loss times `upstream` (1: from the loss itself).
 template <class T>
 struct HeadLoss {
   Tape<T> tp;
   Var<T> h, w, loss;
   HeadLoss(bool fused, std::size_t rows, std::size_t classes, std::size_t d, ClassAxis along, bool train_w,
-           std::uint64_t seed) {
+           std::uint64_t seed, T upstream = T(1)) {
     Rng rng(seed);
     const Tensor<T> h0 = random_tensor<T>({rows, d}, rng, -2, 2);
     const Tensor<T> w0 = random_tensor<T>(along == ClassAxis::rows ? Shape{classes, d} : Shape{d, classes}, rng, -2, 2);
@@ -186,8 +187,10 @@ struct HeadLoss {
     else
       loss = grad::cross_entropy(along == ClassAxis::rows ? matmul_nt(scaled, w) : matmul(scaled, w), targets, T(-100));
     REQUIRE(tp.ok());
-    REQUIRE(tp.backward(loss));
+    REQUIRE(tp.backward(upstream == T(1) ? loss : loss * upstream));
   }
+  // The fused node (the loss slices it: the form that keeps dh).
+  const Node<T>& fused_node() const { return tp.nodes()[tp.nodes()[loss.index()].a]; }
 };
 
 }  // namespace
@@ -206,13 +209,19 @@ TEST_CASE_TEMPLATE("linear_cross_entropy is cross_entropy of matmul_nt (or matmu
             CAPTURE(along == ClassAxis::rows);
             CAPTURE(train_w);
             const std::uint64_t seed = rows * 1000 + classes;
-            HeadLoss<T> fused(true, rows, classes, 9, along, train_w, seed),
-                unfused(false, rows, classes, 9, along, train_w, seed);
-            CHECK(fused.tp.nodes()[fused.loss.index()].op == op_code<LinearCrossEntropy>);
-            CHECK(same_bits_of(fused.tp.value(fused.loss).data, unfused.tp.value(unfused.loss).data));
-            CHECK(same_bits_of(fused.tp.grad(fused.h).data, unfused.tp.grad(unfused.h).data));
-            CHECK(fused.tp.has_grad(fused.w) == train_w);
-            if (train_w) CHECK(same_bits_of(fused.tp.grad(fused.w).data, unfused.tp.grad(unfused.w).data));
+            // An upstream gradient of 1 reads the dh the forward pass kept; any other recomputes it.
+            for (T upstream : {T(1), T(0.3)}) {
+              CAPTURE(upstream);
+              HeadLoss<T> fused(true, rows, classes, 9, along, train_w, seed, upstream),
+                  unfused(false, rows, classes, 9, along, train_w, seed, upstream);
+              CHECK(fused.tp.nodes()[fused.loss.index()].op == op_code<Slice>);
+              CHECK(fused.fused_node().op == op_code<LinearCrossEntropy>);
+              CHECK(fused.fused_node().dims.size() == 1 + rows * 9);
+              CHECK(same_bits_of(fused.tp.value(fused.loss).data, unfused.tp.value(unfused.loss).data));
+              CHECK(same_bits_of(fused.tp.grad(fused.h).data, unfused.tp.grad(unfused.h).data));
+              CHECK(fused.tp.has_grad(fused.w) == train_w);
+              if (train_w) CHECK(same_bits_of(fused.tp.grad(fused.w).data, unfused.tp.grad(unfused.w).data));
+            }
           }
   }
   set_num_threads(1);
@@ -237,21 +246,31 @@ TEST_CASE("linear_cross_entropy's host loops give its per-item bodies' bits; the
   for (ClassAxis along : {ClassAxis::rows, ClassAxis::columns}) {
     CAPTURE(along == ClassAxis::rows);
     HeadLoss<double> fused(true, 37, 11, 5, along, true, 9);
-    const Node<double>& n = fused.tp.nodes()[fused.loss.index()];
+    const Node<double>& n = fused.fused_node();
     const NodeArgs<double> x = fused.tp.args(n);
-    double by_items = 0;
-    LinearCrossEntropy::forward_item(x, &by_items, 0);
-    CHECK(by_items == fused.tp.scalar(fused.loss));
-    const double up = 1;
-    std::vector<double> dh(37 * 5), dw(11 * 5);
-    for (std::size_t w = 0; w < dh.size(); ++w) LinearCrossEntropy::backward_item<0>(x, &by_items, &up, dh.data(), w);
-    for (std::size_t w = 0; w < dw.size(); ++w) LinearCrossEntropy::backward_item<1>(x, &by_items, &up, dw.data(), w);
-    std::vector<double> dh_host(dh.size()), dw_host(dw.size());
-    LinearCrossEntropy::backward_tensor<0>(x, &by_items, &up, dh_host.data());
-    LinearCrossEntropy::backward_tensor<1>(x, &by_items, &up, dw_host.data());
-    CHECK(same_bits(dh, dh_host));
-    CHECK(same_bits(dw, dw_host));
-    CHECK(same_bits(dw, fused.tp.grad(fused.w).data));
+    // The forward items: the loss, then the kept dh.
+    std::vector<double> by_items(forward_items<LinearCrossEntropy>(x));
+    REQUIRE(by_items.size() == 1 + 37 * 5);
+    for (std::size_t w = 0; w < by_items.size(); ++w) LinearCrossEntropy::forward_item(x, by_items.data(), w);
+    CHECK(by_items[0] == fused.tp.scalar(fused.loss));
+    CHECK(same_bits(by_items, std::span<const double>(n.value, by_items.size())));
+    // ... which is the gradient backward gave h * 3, the node's operand
+    CHECK(same_bits(std::span<const double>(by_items).subspan(1), std::span<const double>(fused.tp.nodes()[n.a].grad, 37 * 5)));
+    // Backward at an upstream gradient of 1 (reads the kept dh) and of 0.3 (computes it).
+    for (const double up : {1.0, 0.3}) {
+      CAPTURE(up);
+      std::vector<double> dh(37 * 5), dw(11 * 5);
+      for (std::size_t w = 0; w < dh.size(); ++w)
+        LinearCrossEntropy::backward_item<0>(x, by_items.data(), &up, dh.data(), w);
+      for (std::size_t w = 0; w < dw.size(); ++w)
+        LinearCrossEntropy::backward_item<1>(x, by_items.data(), &up, dw.data(), w);
+      std::vector<double> dh_host(dh.size()), dw_host(dw.size());
+      LinearCrossEntropy::backward_tensor<0>(x, by_items.data(), &up, dh_host.data());
+      LinearCrossEntropy::backward_tensor<1>(x, by_items.data(), &up, dw_host.data());
+      CHECK(same_bits(dh, dh_host));
+      CHECK(same_bits(dw, dw_host));
+      if (up == 1.0) CHECK(same_bits(dw, fused.tp.grad(fused.w).data));
+    }
     auto prog = dev::capture(fused.tp, fused.loss, {.backend = dev::Backend::cpu});
     prog.forward();
     prog.backward();

@@ -489,6 +489,9 @@ enum class ClassAxis { rows, columns };
 // [rows] (or [rows, 1]) integer ids held in T, as cross_entropy_ids takes
 // them; their values are read now (the node keeps them), not when a device
 // program replays the node: Program::set_input on the ids does not reach it.
+// When h needs a gradient the node also computes dh during the forward pass
+// (its form that keeps dh, [1 + rows * d]) and the loss is slice(node, 0, 1):
+// a backward from this loss reads dh instead of computing the logits again.
 template <class T>
 Var<T> linear_cross_entropy(Var<T> h, Var<T> w, Var<T> ids, std::type_identity_t<T> ignore = T(-100),
                             ClassAxis classes_along = ClassAxis::rows) {
@@ -517,7 +520,9 @@ Var<T> linear_cross_entropy(Var<T> h, Var<T> w, Var<T> ids, std::type_identity_t
     return tp.invalid(who + why);
   for (std::size_t r = 0; r < rows; ++r)
     classes_of_rows[r] = v.data[r] == ignore ? classes : Embedding::row_of(v.data[r], classes);
-  return record_op<Op>(h, w, at);
+  if (!tp.requires_grad(h) || tp.inference_mode()) return record_op<Op>(h, w, at);
+  at.axis |= Op::keeps_dh_bit;
+  return slice(record_op<Op>(h, w, at), {0}, {1});
 }
 
 }  // namespace grad

@@ -24,11 +24,21 @@
 //     ascending order, so the chunks continue each element's chain of fmas
 //     (gemm_tn_continue): the one-pass gemm's bits.
 // The host loops compute the logits a chunk of rows at a time into a scratch
-// buffer (chunk_rows); backward recomputes them (the node keeps nothing but
-// its loss: recomputing a row's max and exp-sum costs far less than the
-// chunk's gemm) and turns them into their gradient in place. The tape asks
-// for h's gradient and W's separately: when both are wanted the logits are
-// computed three times in all (a frozen W, LoRA's tied embedding, twice).
+// buffer (chunk_rows) and turn them into their gradient in place. Nothing but
+// the loss (and dh, below) outlives the forward pass, so dW recomputes them.
+// For a frozen W (LoRA's tied embedding) that is the logits once in all;
+// when W is trained as well, twice.
+//
+// dh in the forward pass. When h needs a gradient (training), the recording
+// function asks for the node's second form (axis bit 1, keeps_dh): its output
+// is [1 + rows * d], the loss and then dh for an upstream gradient of 1, and
+// it returns slice(node, 0, 1). The forward pass turns each chunk's logits
+// into their gradient right after their losses and multiplies by W, so
+// backward, when its upstream gradient is exactly 1 (the loss is the root, as
+// in every plain training step), copies dh instead of computing the logits a
+// second time: two passes over W for a frozen W instead of three. Same bits:
+// the scale g / count is 1 / count either way. Any other upstream gradient
+// (a loss scaled for accumulation) takes the recomputing path.
 //
 // The per-item bodies (device engine) recompute every logit they need from h
 // and W: correct and slow (a row's statistics per gradient element), meant
@@ -51,19 +61,34 @@ namespace grad {
 struct LinearCrossEntropy {
   static constexpr std::string_view name = "linear_cross_entropy";
   // extra: one class per row, `classes` for an ignored row (torch's ignore_index).
+  // (axis >= 2, the form that keeps dh: the loss, then its gradient with respect to a)
   static constexpr std::string_view torch =
-      "(lambda l: torch.nn.functional.cross_entropy(l, torch.tensor(extra), ignore_index=l.shape[1]).reshape(1))("
-      "a @ b.transpose(-1, -2) if axis == 0 else a @ b)";
+      "(lambda ce, l: torch.cat([ce(l).reshape(1), torch.autograd.grad(ce(l), a, create_graph=True)[0].reshape(-1)])"
+      " if axis >= 2 else ce(l).reshape(1))("
+      "lambda l: torch.nn.functional.cross_entropy(l, torch.tensor(extra), ignore_index=l.shape[1]), "
+      "a @ b.transpose(-1, -2) if axis % 2 == 0 else a @ b)";
   static constexpr int arity = 2;
   static constexpr bool keeps_sizes = true;    // the rows' classes (OpAttrs::sizes), on the tape's index pool
   static constexpr bool keeps_row_ids = true;  // one extra per row of a, not one per axis
 
   // The shape rule (family.hpp): a single element. at.axis says W's layout;
   // at.sizes holds one class per row (checked by the recording function).
+  // The node's axis: bit 0 W's layout, bit 1 the output's form.
+  static constexpr std::uint32_t columns_bit = 1, keeps_dh_bit = 2;
+  template <class T>
+  GRAD_HD static bool stored_nt(const NodeArgs<T>& x) {
+    return (x.axis & columns_bit) == 0;
+  }
+  template <class T>
+  GRAD_HD static bool keeps_dh(const NodeArgs<T>& x) {
+    return (x.axis & keeps_dh_bit) != 0;
+  }
+
   static std::string output_dims(const Dims& h, const Dims& w, OpAttrs& at, Dims& out) {
-    if (at.axis != 0 && at.axis != 1)
-      return "axis " + std::to_string(at.axis) + ": expected 0 (W [classes, d]) or 1 (W [d, classes])";
-    const bool nt = at.axis == 0;
+    if (at.axis < 0 || at.axis > 3)
+      return "axis " + std::to_string(at.axis) +
+             ": expected 0 (W [classes, d]) or 1 (W [d, classes]), plus 2 for the form that keeps dh";
+    const bool nt = (at.axis & columns_bit) == 0;
     if (h.rank != 2) return "h " + shape_string(h) + ": expected [rows, d]";
     const std::string want = nt ? "[classes, " + std::to_string(h[1]) + "] (stored [out, in], as matmul_nt takes it)"
                                 : "[" + std::to_string(h[1]) + ", classes] (as matmul takes it)";
@@ -72,7 +97,8 @@ struct LinearCrossEntropy {
     if (at.sizes.size() != h[0])
       return "h " + shape_string(h) + " and " + std::to_string(at.sizes.size()) + " ids: expected ids [" +
              std::to_string(h[0]) + "] (one class id per row)";
-    out = Dims::of(std::array<std::size_t, 1>{1});
+    const bool with_dh = (at.axis & keeps_dh_bit) != 0;
+    out = Dims::of(std::array<std::size_t, 1>{1 + (with_dh ? h[0] * h[1] : 0)});
     return "";
   }
 
@@ -81,7 +107,7 @@ struct LinearCrossEntropy {
   };
   template <class T>
   GRAD_HD static Sizes sizes(const NodeArgs<T>& x) {
-    return {x.a.dims.d[0], x.a.dims.d[1], x.b.dims.d[x.axis == 0 ? 0 : 1]};
+    return {x.a.dims.d[0], x.a.dims.d[1], x.b.dims.d[stored_nt(x) ? 0 : 1]};
   }
   // Row r's class, or `classes` for an ignored row.
   template <class T>
@@ -102,7 +128,7 @@ struct LinearCrossEntropy {
   template <class T>
   GRAD_HD static T weight(const NodeArgs<T>& x, std::size_t j, std::size_t p) {
     const auto [rows, d, classes] = sizes(x);
-    return x.axis == 0 ? x.b.data[j * d + p] : x.b.data[p * classes + j];
+    return stored_nt(x) ? x.b.data[j * d + p] : x.b.data[p * classes + j];
   }
   // Logit (r, j): matmul_nt's (matmul's) inner product, term for term.
   template <class T>
@@ -137,12 +163,34 @@ struct LinearCrossEntropy {
     return (j == t ? p - T(1) : p) * scale;
   }
 
+  // Element (r, p) of dh at scale g / count: matmul_nt's (matmul's) dA body
+  // with the logits' gradient computed in place of reading it (ascending j).
   template <class T>
-  GRAD_HD static std::size_t forward_items(const NodeArgs<T>&) {
-    return 1;
+  GRAD_HD static T dh_item(const NodeArgs<T>& x, T scale, std::size_t w) {
+    const auto [rows, d, classes] = sizes(x);
+    const std::size_t r = w / d, p = w % d;
+    const CrossEntropy::RowStats<T> s = class_of(x, r) == classes ? CrossEntropy::RowStats<T>{} : row_stats(x, r);
+    T acc = T(0);
+    for (std::size_t j = 0; j < classes; ++j) acc = fma_hd(dlogit(x, r, j, s, scale), weight(x, j, p), acc);
+    return acc;
+  }
+  // 1 / count, the scale of an upstream gradient of 1 (0 when every row is ignored).
+  template <class T>
+  GRAD_HD static T unit_scale(const NodeArgs<T>& x) {
+    const std::size_t count = counted(x);
+    return count == 0 ? T(0) : T(1) / static_cast<T>(count);
+  }
+
+  template <class T>
+  GRAD_HD static std::size_t forward_items(const NodeArgs<T>& x) {
+    return keeps_dh(x) ? 1 + x.a.dims.d[0] * x.a.dims.d[1] : 1;
   }
   template <class T>
-  GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t) {
+  GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t w) {
+    if (w > 0) {  // the kept dh's element w - 1
+      y[w] = dh_item(x, unit_scale(x), w - 1);
+      return;
+    }
     const auto [rows, d, classes] = sizes(x);
     T total = T(0);
     std::size_t count = 0;
@@ -160,23 +208,22 @@ struct LinearCrossEntropy {
   // in W's layout) over rows in ascending r: matmul_nt's (matmul's) bodies
   // with the logits' gradient computed in place of reading it.
   template <int In, class T>
-  GRAD_HD static void backward_item(const NodeArgs<T>& x, const T*, const T* g, T* dx, std::size_t w) {
+  GRAD_HD static void backward_item(const NodeArgs<T>& x, const T* y, const T* g, T* dx, std::size_t w) {
     const auto [rows, d, classes] = sizes(x);
     const std::size_t count = counted(x);
     const T scale = count == 0 ? T(0) : g[0] / static_cast<T>(count);
-    T acc = T(0);
     if constexpr (In == 0) {
-      const std::size_t r = w / d, p = w % d;
-      const CrossEntropy::RowStats<T> s = class_of(x, r) == classes ? CrossEntropy::RowStats<T>{} : row_stats(x, r);
-      for (std::size_t j = 0; j < classes; ++j) acc = fma_hd(dlogit(x, r, j, s, scale), weight(x, j, p), acc);
+      dx[w] = keeps_dh(x) && g[0] == T(1) ? y[1 + w] : dh_item(x, scale, w);
     } else {
-      const std::size_t j = x.axis == 0 ? w / d : w % classes, p = x.axis == 0 ? w % d : w / classes;
+      T acc = T(0);
+      const bool nt = stored_nt(x);
+      const std::size_t j = nt ? w / d : w % classes, p = nt ? w % d : w / classes;
       for (std::size_t r = 0; r < rows; ++r) {
         const CrossEntropy::RowStats<T> s = class_of(x, r) == classes ? CrossEntropy::RowStats<T>{} : row_stats(x, r);
         acc = fma_hd(x.a.data[r * d + p], dlogit(x, r, j, s, scale), acc);
       }
+      dx[w] = acc;
     }
-    dx[w] = acc;
   }
 
   // ---- host loops: the logits a chunk of rows at a time ----
@@ -197,7 +244,7 @@ struct LinearCrossEntropy {
   template <class T>
   static void chunk_logits(const NodeArgs<T>& x, std::size_t r0, std::size_t m, T* logits) {
     const auto [rows, d, classes] = sizes(x);
-    if (x.axis == 0)
+    if (stored_nt(x))
       gemm_nt(x.a.data + r0 * d, x.b.data, logits, m, d, classes);
     else
       gemm_nn(x.a.data + r0 * d, x.b.data, logits, m, d, classes);
@@ -216,53 +263,86 @@ struct LinearCrossEntropy {
     }
   }
 
+  // The chunk's logits become their gradient at `scale` (g / count), in
+  // place, row by row (CrossEntropy's bodies); an ignored row's are zeros.
+  template <class T>
+  static void chunk_dlogits(const NodeArgs<T>& x, std::size_t r0, std::size_t m, T* dlogits, T scale) {
+    const std::size_t classes = sizes(x).classes;
+    parallel_ranges(m, row_grain(classes), [&](std::size_t lo, std::size_t hi) {
+      with_best_isa([&](auto width) {
+        for (std::size_t i = lo; i < hi; ++i) {
+          T* row = dlogits + i * classes;
+          const std::size_t t = class_of(x, r0 + i);
+          if (t == classes)
+            std::fill(row, row + classes, T(0));
+          else
+            CrossEntropy::counted_row_packs<pack_for<T, decltype(width)>>(row, row, classes, t, scale);
+        }
+      });
+    });
+  }
+  // dh's rows [r0, r0 + m) from the chunk's logit gradient: matmul_nt's dA (matmul's).
+  template <class T>
+  static void chunk_dh(const NodeArgs<T>& x, std::size_t r0, std::size_t m, const T* dlogits, T* dh) {
+    const auto [rows, d, classes] = sizes(x);
+    if (stored_nt(x))
+      gemm_nn(dlogits, x.b.data, dh + r0 * d, m, classes, d);
+    else
+      gemm_nt(dlogits, x.b.data, dh + r0 * d, m, classes, d);
+  }
+
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
     const std::size_t classes = sizes(x).classes;
+    const bool with_dh = keeps_dh(x);
+    const T scale = unit_scale(x);
     T total = T(0);
     std::size_t count = 0;
-    each_chunk(x, [&](std::size_t r0, std::size_t m, const T* logits) {
-      with_best_isa([&](auto width) {
-        for (std::size_t r = r0; r < r0 + m; ++r) {
-          const std::size_t t = class_of(x, r);
-          if (t == classes) continue;
-          total = total +
-                  CrossEntropy::row_loss_packs<pack_for<T, decltype(width)>>(logits + (r - r0) * classes, classes, t);
-          ++count;
-        }
+    std::vector<T> losses;
+    each_chunk(x, [&](std::size_t r0, std::size_t m, T* logits) {
+      // The rows' losses side by side over the pool, then summed in ascending row.
+      losses.assign(m, T(0));
+      parallel_ranges(m, row_grain(classes), [&](std::size_t lo, std::size_t hi) {
+        with_best_isa([&](auto width) {
+          for (std::size_t i = lo; i < hi; ++i) {
+            const std::size_t t = class_of(x, r0 + i);
+            if (t != classes)
+              losses[i] = CrossEntropy::row_loss_packs<pack_for<T, decltype(width)>>(logits + i * classes, classes, t);
+          }
+        });
       });
+      for (std::size_t i = 0; i < m; ++i) {
+        if (class_of(x, r0 + i) == classes) continue;
+        total = total + losses[i];
+        ++count;
+      }
+      if (with_dh) {
+        chunk_dlogits(x, r0, m, logits, scale);
+        chunk_dh(x, r0, m, logits, y + 1);
+      }
     });
     y[0] = count == 0 ? T(0) : total / static_cast<T>(count);
   }
 
   template <int In, class T>
-  static void backward_tensor(const NodeArgs<T>& x, const T*, const T* g, T* dx) {
+  static void backward_tensor(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
     const auto [rows, d, classes] = sizes(x);
+    if constexpr (In == 0) {
+      if (keeps_dh(x) && g[0] == T(1)) {  // the forward pass's dh, at this very scale
+        std::copy(y + 1, y + 1 + rows * d, dx);
+        return;
+      }
+    }
     if (In == 1 && rows == 0) std::fill(dx, dx + classes * d, T(0));  // the empty sums
     const std::size_t count = counted(x);
+    const T scale = count == 0 ? T(0) : g[0] / static_cast<T>(count);
     each_chunk(x, [&](std::size_t r0, std::size_t m, T* dlogits) {
-      // The chunk's logits become their gradient in place, row by row (CrossEntropy's bodies).
-      parallel_ranges(m, row_grain(classes), [&](std::size_t lo, std::size_t hi) {
-        with_best_isa([&](auto width) {
-          for (std::size_t i = lo; i < hi; ++i) {
-            T* row = dlogits + i * classes;
-            const std::size_t t = class_of(x, r0 + i);
-            if (t == classes)
-              std::fill(row, row + classes, T(0));
-            else
-              CrossEntropy::counted_row_packs<pack_for<T, decltype(width)>>(row, row, classes, t,
-                                                                            g[0] / static_cast<T>(count));
-          }
-        });
-      });
-      if constexpr (In == 0) {  // dh's rows [r0, r0 + m): matmul_nt's dA (matmul's)
-        if (x.axis == 0)
-          gemm_nn(dlogits, x.b.data, dx + r0 * d, m, classes, d);
-        else
-          gemm_nt(dlogits, x.b.data, dx + r0 * d, m, classes, d);
+      chunk_dlogits(x, r0, m, dlogits, scale);
+      if constexpr (In == 0) {
+        chunk_dh(x, r0, m, dlogits, dx);
       } else {  // dW's sums over rows, continued chunk after chunk
         const bool first = r0 == 0;
-        if (x.axis == 0)
+        if (stored_nt(x))
           (first ? gemm_tn<T> : gemm_tn_continue<T>)(dlogits, x.a.data + r0 * d, dx, m, classes, d);
         else
           (first ? gemm_tn<T> : gemm_tn_continue<T>)(x.a.data + r0 * d, dlogits, dx, m, d, classes);
