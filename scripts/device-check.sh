@@ -45,7 +45,7 @@ arch=${GPU_ARCH:-sm_90}
 expect_cc=${EXPECT_CC:-9.0}
 reps=${REPS:-3}
 limit_mib=64
-suites=(test_device_parity test_device_training test_fusion test_device_reduction)
+suites=(test_device_parity test_device_training test_fusion test_device_reduction test_device_sampling)
 
 now() { date +%s; }
 rows=()

@@ -9,6 +9,7 @@
 // and around it:
 //   engine.hpp      Backend, Mode, Layout, Engine (what a backend implements)
 //   optimizers.hpp  device::SGD, device::Adam
+//   sampling.hpp    top-k and argmax of a row of logits on a GPU (CUB), for decoding
 // The backends and the bodies they run are in kernels/ (cpu_backend.cpp,
 // cuda_backend.cu, work_items.hpp, block_reduce.hpp, optimizer_steps.hpp);
 // each op's own math is its tag's per-item bodies (grad/tags/contract.hpp).
@@ -17,3 +18,4 @@
 #include "grad/device/capture.hpp"
 #include "grad/device/engine.hpp"
 #include "grad/device/optimizers.hpp"
+#include "grad/device/sampling.hpp"

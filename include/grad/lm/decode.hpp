@@ -287,6 +287,22 @@ int argmax_token(std::span<const T> logits) {
   return static_cast<int>(best);
 }
 
+// The ids of the k largest logits (all of them when k is 0 or more than
+// there are), by value, largest first, and among equal values by id,
+// smallest first: the tokens generate samples from at top_k = k, and what
+// device::cuda_top_k computes on a GPU. Its first is argmax_token's choice.
+template <class T>
+std::vector<std::size_t> top_k_order(std::span<const T> logits, std::size_t k = 0) {
+  std::vector<std::size_t> order(logits.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  if (k == 0 || k > order.size()) k = order.size();
+  std::partial_sort(
+      order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+      [&](std::size_t a, std::size_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  order.resize(k);
+  return order;
+}
+
 // Continues `prompt` by `count` tokens. When the context reaches max_seq,
 // the decoder restarts on the latest max_seq / 2 tokens (LmConfig::check
 // makes that at least 1). Throws std::invalid_argument for an empty prompt
@@ -317,12 +333,8 @@ std::vector<int> generate(KvDecoder<T>& dec, std::span<const int> prompt, std::s
     if (o.temperature <= 0) {
       next = argmax_token(logits);
     } else {
-      order.resize(logits.size());
-      for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-      const std::size_t k = o.top_k == 0 || o.top_k > order.size() ? order.size() : o.top_k;
-      std::partial_sort(
-          order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
-          [&](std::size_t a, std::size_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+      order = top_k_order(logits, o.top_k);
+      const std::size_t k = order.size();
       w.assign(k, 0.0);
       const double top = static_cast<double>(logits[order[0]]);
       double total = 0;
