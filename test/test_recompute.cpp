@@ -125,6 +125,13 @@ void check_lm(typename nn::Lm<T>::Train train, bool tied) {
     auto rb = b.forward(b.ids(in, 2, 12), b.ids(out, 24, 0));
     REQUIRE(tp_a.backward(ra.loss));
     REQUIRE(tp_b.backward(rb.loss));
+    // Each layer's down projection feeds the residual add alone, which reads no value, and the
+    // layer's output is kept: the walk does not compute the projection again.
+    std::size_t transient = 0;
+    for (const auto& n : tp_b.nodes()) transient += n.transient;
+    CHECK(tp_a.recomputed_nodes() == 0);
+    CHECK(tp_b.recomputed_nodes() > 0);
+    CHECK(tp_b.recomputed_nodes() < transient);
     CHECK(bitwise_equal(tp_a.value(ra.loss).data, tp_b.value(rb.loss).data));
     CHECK(bitwise_equal(tp_a.value(ra.logits).data, tp_b.value(rb.logits).data));
     for (std::size_t i = 0; i < a.named().size(); ++i) {
@@ -153,6 +160,36 @@ TEST_CASE("recompute: the LM with recompute on trains to the same bits") {
   set_num_threads(2);
   check_lm<float>(nn::Lm<float>::Train::lora, true);
   set_num_threads(1);
+}
+
+TEST_CASE("recompute: backward computes again only the values its steps read, and the same bits") {
+  // in + matmul(tanh(in), w): add's backward reads no value and matmul's reads w and tanh's value,
+  // so of the two transient nodes only tanh is computed again (its own backward reads it too).
+  for (bool train_w : {true, false}) {
+    CAPTURE(train_w);
+    auto run = [&](bool scoped, Tape<double>& tp, Var<double>& x, Var<double>& w) {
+      Rng rng(7);
+      x = tp.param(random_tensor<double>({5, 4}, rng));
+      w = train_w ? tp.param(random_tensor<double>({4, 4}, rng)) : tp.constant(random_tensor<double>({4, 4}, rng));
+      auto block = [&] { return x + matmul(tanh(x), w); };
+      const Var<double> y = scoped ? recompute(tp, block) : block();
+      const Var<double> loss = sum(y * y);
+      REQUIRE(tp.backward(loss));
+      return loss;
+    };
+    Tape<double> tp_plain, tp_scoped;
+    Var<double> xp, wp, xs, ws;
+    const Var<double> lp = run(false, tp_plain, xp, wp), ls = run(true, tp_scoped, xs, ws);
+    CHECK(tp_scoped.recomputed_nodes() == 1);
+    CHECK(bitwise_equal(tp_plain.value(lp).data, tp_scoped.value(ls).data));
+    CHECK(bitwise_equal(tp_plain.grad(xp).data, tp_scoped.grad(xs).data));
+    if (train_w) CHECK(bitwise_equal(tp_plain.grad(wp).data, tp_scoped.grad(ws).data));
+    // Under anomaly detection the walk computes every value again (its reports read them).
+    tp_scoped.detect_anomalies(true);
+    REQUIRE(tp_scoped.backward(ls));
+    CHECK(tp_scoped.recomputed_nodes() == 2);
+    CHECK(bitwise_equal(tp_plain.grad(xp).data, tp_scoped.grad(xs).data));
+  }
 }
 
 TEST_CASE("recompute: gradient accumulation and a loss that is a scope's output") {

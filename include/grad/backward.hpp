@@ -106,6 +106,7 @@ bool Tape<T>::walk(Var<T> loss) {
     return fail("backward: the loss has shape " + shape_string(root.dims) +
                 "; expected a single element (reduce it with sum or mean first)");
   clear_gradients();
+  recomputed_nodes_ = 0;
   if (!root.grad) return true;  // no parameter upstream: every gradient reads zero
   unused_gradients_ = true;
   nodes_[loss.index_].grad[0] = T(1);
@@ -127,7 +128,10 @@ bool Tape<T>::walk(Var<T> loss) {
     Node<T>& n = nodes_[i];
     if (!n.touched || !backward_steps_[n.op]) continue;
     while (scopes > 0 && scopes_[scopes - 1].begin > i) --scopes;  // passed without a step inside
-    if (scopes > 0 && i < scopes_[scopes - 1].end && !replay(scopes_[--scopes].begin, i)) return false;
+    if (scopes > 0 && i < scopes_[scopes - 1].end) {  // the walk's first step inside this scope
+      const Scope s = scopes_[--scopes];
+      if (!replay(s.begin, s.end, i)) return false;
+    }
     if (watch_ != 0) [[unlikely]] {
       if (!backward_watched(i)) return false;  // timed and/or checked (inspect/tape_hooks.hpp)
     } else {

@@ -244,6 +244,11 @@ class Tape {
   // Of those, the bytes recompute scopes share: the largest scope's values
   // and gradients (every scope reuses the same memory).
   std::size_t recompute_bytes() const { return (scope_values_.reserved() + scope_grads_.reserved()) * sizeof(T); }
+  // Transient nodes of recompute scopes whose values the latest backward
+  // computed again: those some backward step reads, and what they are
+  // computed from (the rest, a LoRA layer's down projection for one, it
+  // leaves out).
+  std::size_t recomputed_nodes() const { return recomputed_nodes_; }
 
   bool ok() const { return error_.empty(); }
   const std::string& error() const { return error_; }
@@ -417,6 +422,7 @@ class Tape {
     }
     if (!allocate(n, Op::name, open_scope_ != no_node)) return rejected();
     replay_steps_[op_code<Op>] = &Tape::replay_node<Op>;
+    replay_reads_[op_code<Op>] = {backward_reads<Op>(0), backward_reads<Op>(1)};
     if (!extra.empty()) {  // after the allocation, so that a failed one has nothing to undo
       n.extra = static_cast<std::uint32_t>(extras_.size());
       extras_.insert(extras_.end(), extra.begin(), extra.end());
@@ -585,18 +591,48 @@ class Tape {
   void replay_node(Node<T>& n) {
     Op::forward_tensor(args(n), n.value);
   }
-  // The transient nodes of a scope up to `last`, in recording order: their
+  // The transient nodes of the scope [first, end) up to `last`, in recording order: their
   // buffers from the restarted scope memory (so every scope's pass is one
-  // run through it: Arena::restart), then their values. False (poisoned)
-  // when memory runs out.
-  bool replay(std::size_t first, std::size_t last) {
+  // run through it: Arena::restart), then the values that backward will
+  // read (replay_needed). False (poisoned) when memory runs out.
+  bool replay(std::size_t first, std::size_t end, std::size_t last) {
     restart_scope_memory();
     for (std::size_t i = first; i <= last; ++i)
       if (nodes_[i].transient && !allocate(nodes_[i], op_name(nodes_[i].op), true)) return false;
     in_scope_memory_ = {static_cast<std::uint32_t>(first), static_cast<std::uint32_t>(last + 1)};
+    replay_needed(first, end);
     for (std::size_t i = first; i <= last; ++i)
-      if (nodes_[i].transient) (this->*replay_steps_[nodes_[i].op])(nodes_[i]);
+      if (nodes_[i].transient && replay_needed_[i - first]) {
+        (this->*replay_steps_[nodes_[i].op])(nodes_[i]);
+        ++recomputed_nodes_;
+      }
     return true;
+  }
+  // Which of a scope's transient nodes the walk must compute again: those
+  // whose value a backward step inside the scope reads (the op's
+  // backward_reads, for each operand that takes a gradient), and the values
+  // those are computed from. A LoRA layer's down projection, for one: its
+  // product with the frozen weight feeds add_scaled and then the residual
+  // add, neither of whose backward reads a value, and the layer's output is
+  // kept, so the product is not computed again. Under anomaly detection
+  // every value is (its reports read the operands' values).
+  void replay_needed(std::size_t first, std::size_t end) {
+    const bool all = (watch_ & inspect_detail::watch_anomalies) != 0;
+    replay_needed_.assign(end - first, all);
+    if (all) return;
+    auto inside = [&](std::uint32_t i) { return i != no_node && i >= first && i < end; };
+    for (std::size_t c = end; c-- > first;) {
+      const Node<T>& n = nodes_[c];
+      std::uint8_t reads = 0;
+      if (n.requires_grad) {  // its backward may run: what it reads for each operand that takes a gradient
+        if (n.a != no_node && nodes_[n.a].requires_grad) reads |= replay_reads_[n.op][0];
+        if (n.b != no_node && nodes_[n.b].requires_grad) reads |= replay_reads_[n.op][1];
+      }
+      if (n.transient && (reads & reads_out)) replay_needed_[c - first] = 1;
+      if (n.transient && replay_needed_[c - first]) reads |= reads_a | reads_b;  // computing it reads its operands
+      if ((reads & reads_a) && inside(n.a)) replay_needed_[n.a - first] = 1;
+      if ((reads & reads_b) && inside(n.b)) replay_needed_[n.b - first] = 1;
+    }
   }
   // Hands the scope memory to another scope: the transient nodes whose
   // buffers it held lose them (they read as empty anyway).
@@ -637,6 +673,10 @@ class Tape {
   // Each recorded op's forward, for replay (record<Op> enters it).
   using ReplayStep = void (Tape::*)(Node<T>&);
   std::array<ReplayStep, op_count> replay_steps_{};
+  // Each recorded op's backward_reads (contract.hpp), for replay_needed.
+  std::array<std::array<std::uint8_t, 2>, op_count> replay_reads_{};
+  std::vector<std::uint8_t> replay_needed_;  // per node of the scope being replayed
+  std::size_t recomputed_nodes_ = 0;         // by the latest backward
   // Closed recompute scopes, nodes [begin, end), ascending; the open one's
   // first node (no_node when none is open); the memory all scopes share.
   struct Scope {

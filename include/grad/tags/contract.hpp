@@ -93,6 +93,23 @@ std::string resolve_axis(const Dims& d, std::ptrdiff_t& axis, Operands operands)
 //
 // An item is one element unless the tag says otherwise (softmax: a lane,
 // row_sum: a row, sum/mean forward: the whole reduction).
+//
+//   backward_reads                     optional: which values the backward
+//                                      of operand In (backward_reads[In])
+//                                      reads, as ValueRead bits (default:
+//                                      all three). The reverse walk
+//                                      computes a recompute scope's values
+//                                      again only where a backward step
+//                                      reads them (tape.hpp, replay).
+enum ValueRead : std::uint8_t { reads_a = 1, reads_b = 2, reads_out = 4, reads_all = 7 };
+template <class Op>
+constexpr std::uint8_t backward_reads(int in) {
+  if constexpr (requires { Op::backward_reads; })
+    return Op::backward_reads[static_cast<std::size_t>(in)];
+  else
+    return reads_all;
+}
+
 template <class Op>
 concept has_item_bodies = requires(const NodeArgs<double>& x, double* y, std::size_t w) {
   Op::forward_item(x, y, w);

@@ -4,6 +4,8 @@
 // host loops run them on whole vectors (family.hpp).
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <string_view>
 
 #include "grad/tags/family.hpp"
@@ -14,6 +16,7 @@ struct Add : Binary<Add> {
   static constexpr std::string_view name = "add";
   static constexpr std::string_view torch = "a + b";
   static constexpr bool packs = true;
+  static constexpr std::array<std::uint8_t, 2> backward_reads{0, 0};  // g alone
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T a, T b) {
     return a + b;
@@ -32,6 +35,7 @@ struct Sub : Binary<Sub> {
   static constexpr std::string_view name = "sub";
   static constexpr std::string_view torch = "a - b";
   static constexpr bool packs = true;
+  static constexpr std::array<std::uint8_t, 2> backward_reads{0, 0};  // g alone
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T a, T b) {
     return a - b;

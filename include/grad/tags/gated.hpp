@@ -5,6 +5,8 @@
 // below perform its roundings in its order.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <string_view>
 
 #include "grad/tags/family.hpp"
@@ -20,6 +22,7 @@ struct AddScaled : Binary<AddScaled> {
   static constexpr std::string_view name = "add_scaled";
   static constexpr std::string_view torch = "a + b * s";
   static constexpr bool packs = true;
+  static constexpr std::array<std::uint8_t, 2> backward_reads{0, 0};  // g and s alone
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T a, T b, T s) {
     return a + b * s;

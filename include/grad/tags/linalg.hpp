@@ -21,6 +21,7 @@ namespace grad {
 template <class Derived>
 struct MatrixProduct {
   static constexpr int arity = 2;
+  static constexpr std::array<std::uint8_t, 2> backward_reads{reads_b, reads_a};  // dA = g b^T, dB = a^T g
 
   // The per-item bodies: output element w (or gradient element w) is one
   // inner product from zero in ascending index.
@@ -113,6 +114,7 @@ struct MatmulNt {
   static constexpr std::string_view name = "matmul_nt";
   static constexpr std::string_view torch = "a @ b.transpose(-1, -2)";
   static constexpr int arity = 2;
+  static constexpr std::array<std::uint8_t, 2> backward_reads{reads_b, reads_a};  // dA = g b, db = g^T a
   static std::string output_dims(const Dims& a, const Dims& b, OpAttrs&, Dims& out) {
     if (a.rank < 2 || b.rank != 2 || a.back() != b[1])
       return "expected [..., m, k] x [n, k] (b stored [out, in]), got " + shape_string(a) + " x " + shape_string(b);
