@@ -545,7 +545,9 @@ TEST_CASE("Lm::forward_loss: forward's loss and every gradient bit for bit, with
         const Var<double> fused = mf.forward_loss(mf.ids(in, B, t), mf.ids(out, B * t, 0));
         REQUIRE(tp.backward(loss));
         REQUIRE(tf.backward(fused));
-        CHECK(tf.nodes()[fused.index()].op == op_code<LinearCrossEntropy>);
+        // The loss is the first element of the fused node, which keeps dh after it.
+        CHECK(tf.nodes()[fused.index()].op == op_code<Slice>);
+        CHECK(tf.nodes()[tf.nodes()[fused.index()].a].op == op_code<LinearCrossEntropy>);
         CHECK(tp.scalar(loss) == tf.scalar(fused));
         for (std::size_t k = 0; k < m.named().size(); ++k) {
           CAPTURE(m.named()[k].name);
@@ -554,13 +556,17 @@ TEST_CASE("Lm::forward_loss: forward's loss and every gradient bit for bit, with
             CHECK(same_bits(tp.grad(m.named()[k].var).data, tf.grad(mf.named()[k].var).data));
         }
         // Neither the [24, 256] logits nor their gradient on the tape: the
-        // values and gradients its nodes hold differ by exactly those.
+        // values and gradients its nodes hold differ by exactly those, less
+        // the dh [24, d] the fused node keeps and the slice of its loss
+        // (each a value and a gradient).
         auto node_bytes = [](const Tape<double>& tape) {
           std::size_t n = 0;
           for (const Node<double>& node : tape.nodes()) n += node.dims.size() * sizeof(double) * (node.grad ? 2 : 1);
           return n;
         };
-        if (!recompute) CHECK(node_bytes(tf) + 2 * B * t * c.vocab * sizeof(double) == node_bytes(tp));
+        if (!recompute)
+          CHECK(node_bytes(tf) + 2 * B * t * c.vocab * sizeof(double) ==
+                node_bytes(tp) + 2 * (B * t * c.d_model + 1) * sizeof(double));
       }
 }
 
