@@ -10,6 +10,7 @@
 
 #include "grad/device/engine.hpp"
 #include "grad/device/sampling.hpp"
+#include "sampling_instances.hpp"
 
 namespace grad::device {
 namespace {
@@ -120,10 +121,6 @@ std::int32_t cuda_argmax(std::span<const T> logits) {
   return cuda_top_k(logits, 1).ids[0];
 }
 
-#define GRAD_SAMPLING_INSTANCES(T)                                                                        \
-  template void cuda_top_k_async<T>(const T*, std::size_t, std::size_t, std::int32_t*, T*, void*, void*); \
-  template TopK<T> cuda_top_k<T>(std::span<const T>, std::size_t);                                      \
-  template std::int32_t cuda_argmax<T>(std::span<const T>);
 GRAD_SAMPLING_INSTANCES(float)
 GRAD_SAMPLING_INSTANCES(double)
 
