@@ -71,9 +71,9 @@ struct LinearCrossEntropy {
   static constexpr bool keeps_sizes = true;    // the rows' classes (OpAttrs::sizes), on the tape's index pool
   static constexpr bool keeps_row_ids = true;  // one extra per row of a, not one per axis
 
-  // The shape rule (family.hpp): a single element. at.axis says W's layout;
-  // at.sizes holds one class per row (checked by the recording function).
-  // The node's axis: bit 0 W's layout, bit 1 the output's form.
+  // The shape rule (family.hpp): a single element, or 1 + rows * d in the
+  // form that keeps dh. at.axis: bit 0 W's layout, bit 1 the form; at.sizes
+  // holds one class per row (checked by the recording function).
   static constexpr std::uint32_t columns_bit = 1, keeps_dh_bit = 2;
   template <class T>
   GRAD_HD static bool stored_nt(const NodeArgs<T>& x) {
