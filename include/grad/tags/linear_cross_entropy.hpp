@@ -174,11 +174,11 @@ struct LinearCrossEntropy {
     for (std::size_t j = 0; j < classes; ++j) acc = fma_hd(dlogit(x, r, j, s, scale), weight(x, j, p), acc);
     return acc;
   }
-  // 1 / count, the scale of an upstream gradient of 1 (0 when every row is ignored).
+  // g / count: the logits' gradient scale for an upstream gradient g (0 when every row is ignored).
   template <class T>
-  GRAD_HD static T unit_scale(const NodeArgs<T>& x) {
+  GRAD_HD static T grad_scale(const NodeArgs<T>& x, T g) {
     const std::size_t count = counted(x);
-    return count == 0 ? T(0) : T(1) / static_cast<T>(count);
+    return count == 0 ? T(0) : g / static_cast<T>(count);
   }
 
   template <class T>
@@ -188,7 +188,7 @@ struct LinearCrossEntropy {
   template <class T>
   GRAD_HD static void forward_item(const NodeArgs<T>& x, T* y, std::size_t w) {
     if (w > 0) {  // the kept dh's element w - 1
-      y[w] = dh_item(x, unit_scale(x), w - 1);
+      y[w] = dh_item(x, grad_scale(x, T(1)), w - 1);
       return;
     }
     const auto [rows, d, classes] = sizes(x);
@@ -210,11 +210,10 @@ struct LinearCrossEntropy {
   template <int In, class T>
   GRAD_HD static void backward_item(const NodeArgs<T>& x, const T* y, const T* g, T* dx, std::size_t w) {
     const auto [rows, d, classes] = sizes(x);
-    const std::size_t count = counted(x);
-    const T scale = count == 0 ? T(0) : g[0] / static_cast<T>(count);
     if constexpr (In == 0) {
-      dx[w] = keeps_dh(x) && g[0] == T(1) ? y[1 + w] : dh_item(x, scale, w);
+      dx[w] = keeps_dh(x) && g[0] == T(1) ? y[1 + w] : dh_item(x, grad_scale(x, g[0]), w);
     } else {
+      const T scale = grad_scale(x, g[0]);
       T acc = T(0);
       const bool nt = stored_nt(x);
       const std::size_t j = nt ? w / d : w % classes, p = nt ? w % d : w / classes;
@@ -295,9 +294,9 @@ struct LinearCrossEntropy {
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
     const std::size_t classes = sizes(x).classes;
     const bool with_dh = keeps_dh(x);
-    const T scale = unit_scale(x);
+    const std::size_t count = counted(x);
+    const T scale = grad_scale(x, T(1));  // dh's: an upstream gradient of 1
     T total = T(0);
-    std::size_t count = 0;
     std::vector<T> losses;
     each_chunk(x, [&](std::size_t r0, std::size_t m, T* logits) {
       // The rows' losses side by side over the pool, then summed in ascending row.
@@ -311,11 +310,8 @@ struct LinearCrossEntropy {
           }
         });
       });
-      for (std::size_t i = 0; i < m; ++i) {
-        if (class_of(x, r0 + i) == classes) continue;
-        total = total + losses[i];
-        ++count;
-      }
+      for (std::size_t i = 0; i < m; ++i)
+        if (class_of(x, r0 + i) != classes) total = total + losses[i];
       if (with_dh) {
         chunk_dlogits(x, r0, m, logits, scale);
         chunk_dh(x, r0, m, logits, y + 1);
@@ -334,8 +330,7 @@ struct LinearCrossEntropy {
       }
     }
     if (In == 1 && rows == 0) std::fill(dx, dx + classes * d, T(0));  // the empty sums
-    const std::size_t count = counted(x);
-    const T scale = count == 0 ? T(0) : g[0] / static_cast<T>(count);
+    const T scale = grad_scale(x, g[0]);
     each_chunk(x, [&](std::size_t r0, std::size_t m, T* dlogits) {
       chunk_dlogits(x, r0, m, dlogits, scale);
       if constexpr (In == 0) {
