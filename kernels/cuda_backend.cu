@@ -35,6 +35,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "cuda_check.hpp"
 #include "grad/device/replay.hpp"
 #include "optimizer_steps.hpp"
 #include "work_items.hpp"
@@ -42,34 +43,6 @@
 namespace grad::device {
 
 namespace {
-
-// Errors after which the context is unusable (CUDA's "sticky" errors).
-bool sticky(cudaError_t rc) {
-  switch (rc) {
-    case cudaErrorIllegalAddress:
-    case cudaErrorLaunchFailure:
-    case cudaErrorIllegalInstruction:
-    case cudaErrorMisalignedAddress:
-    case cudaErrorInvalidAddressSpace:
-    case cudaErrorInvalidPc:
-    case cudaErrorHardwareStackError:
-    case cudaErrorAssert:
-    case cudaErrorLaunchTimeout:
-    case cudaErrorECCUncorrectable:
-    case cudaErrorUnknown:
-      return true;
-    default:
-      return false;
-  }
-}
-
-void check(cudaError_t rc, const std::string& what) {
-  if (rc == cudaSuccess) return;
-  const std::string msg =
-      "grad::device (cuda): " + what + " failed: " + cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
-  if (sticky(rc)) throw DeviceFault(msg + "; the CUDA context is unusable (set GRAD_DEVICE_SYNC=1 to name the kernel)");
-  throw std::runtime_error(msg);
-}
 
 bool env_flag(const char* name) {
   const char* v = std::getenv(name);

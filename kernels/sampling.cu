@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cuda_check.hpp"
 #include "grad/device/engine.hpp"
 #include "grad/device/sampling.hpp"
 #include "sampling_instances.hpp"
@@ -20,10 +21,6 @@ constexpr std::size_t tile = top_k_tile;
 static_assert(std::size_t{tile_threads} * tile_items == tile && top_k_most * 2 <= tile);
 
 std::size_t tiles(std::size_t m) { return (m + tile - 1) / tile; }
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string("grad::device::cuda_top_k: ") + what + ": " + cudaGetErrorString(e));
-}
 
 // One tile of m candidates (keys, and their ids; no ids: a candidate's id is
 // its position) sorted in descending order, largest first, equal keys in the
@@ -66,7 +63,7 @@ struct DeviceFree {
 using DeviceBuffer = std::unique_ptr<void, DeviceFree>;
 DeviceBuffer device_alloc(std::size_t bytes) {
   void* p = nullptr;
-  check(cudaMalloc(&p, bytes == 0 ? 1 : bytes), "cudaMalloc");
+  check(cudaMalloc(&p, bytes == 0 ? 1 : bytes), "cuda_top_k: cudaMalloc");
   return DeviceBuffer(p);
 }
 
@@ -91,7 +88,7 @@ void cuda_top_k_async(const T* logits, std::size_t n, std::size_t k, std::int32_
     std::int32_t* out_ids = last ? ids : cand[round % 2];
     sort_tiles<T><<<static_cast<unsigned>(b), tile_threads, 0, s>>>(in_keys, in_ids, m, k, out_keys, out_ids,
                                                                     last ? logits : nullptr);
-    check(cudaGetLastError(), "launching a round of tile sorts");
+    check(cudaGetLastError(), "cuda_top_k: a round of tile sorts");
     if (last) return;
     in_keys = out_keys;
     in_ids = out_ids;
@@ -106,13 +103,13 @@ TopK<T> cuda_top_k(std::span<const T> logits, std::size_t k) {
   const std::size_t n = logits.size();
   DeviceBuffer row = device_alloc(n * sizeof(T)), out_ids = device_alloc(k * sizeof(std::int32_t)),
                out_values = device_alloc(k * sizeof(T)), scratch = device_alloc(top_k_scratch_bytes<T>(n, k));
-  check(cudaMemcpy(row.get(), logits.data(), n * sizeof(T), cudaMemcpyHostToDevice), "copying the logits in");
+  check(cudaMemcpy(row.get(), logits.data(), n * sizeof(T), cudaMemcpyHostToDevice), "cuda_top_k: copying the logits in");
   cuda_top_k_async<T>(static_cast<const T*>(row.get()), n, k, static_cast<std::int32_t*>(out_ids.get()),
                       static_cast<T*>(out_values.get()), scratch.get(), nullptr);
   TopK<T> r{std::vector<std::int32_t>(k), std::vector<T>(k)};
   check(cudaMemcpy(r.ids.data(), out_ids.get(), k * sizeof(std::int32_t), cudaMemcpyDeviceToHost),
-        "copying the ids out");
-  check(cudaMemcpy(r.values.data(), out_values.get(), k * sizeof(T), cudaMemcpyDeviceToHost), "copying the values out");
+        "cuda_top_k: copying the ids out");
+  check(cudaMemcpy(r.values.data(), out_values.get(), k * sizeof(T), cudaMemcpyDeviceToHost), "cuda_top_k: copying the values out");
   return r;
 }
 
