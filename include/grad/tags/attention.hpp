@@ -68,6 +68,19 @@ GRAD_HD inline std::size_t head_in_sum_order(std::size_t n, std::size_t group) {
   return n + 2 - group;
 }
 
+// The backward passes' scratch (one slice's ds, [G*t, t]; one head's
+// key/value gradient), kept by the thread between calls: at Qwen2.5-0.5B's
+// sizes ds is 7 MiB, which a fresh vector zeroed on the calling thread
+// (and the kernel faulted in) twice a layer, while the other threads waited.
+// Every element is written before it is read. Which = which buffer.
+template <class T, int Which>
+T* scratch(std::size_t elements) {
+  thread_local std::vector<T> storage;
+  if (storage.size() < elements) storage.resize(elements);
+  return storage.data();
+}
+inline constexpr int score_gradients = 0, head_gradient = 1;
+
 // Adds one head's contribution `part` to a gradient: stored as is when it
 // is the first (n == 0), as the tape stores a first contribution.
 template <class T>
@@ -341,7 +354,7 @@ struct CausalAttentionProbs {
     const auto z = sizes(x);
     // ds of every row of one slice (exact zeros at the masked positions):
     // the rows' dots eight at a time (each its own ascending chain), ds on packs.
-    std::vector<T> ds(z.rows * z.t), head(In == 1 ? z.t * z.width : 0);
+    T* const ds = attention_detail::scratch<T, attention_detail::score_gradients>(z.rows * z.t);
     for (std::size_t s = 0; s < z.slices; ++s) {
       const T *ys = y + s * z.rows * z.t, *gs = g + s * z.rows * z.t;
       parallel_ranges(z.rows, row_grain(z.t), [&](std::size_t lo, std::size_t hi) {
@@ -356,7 +369,7 @@ struct CausalAttentionProbs {
               const std::size_t last = r % z.t;
               const T *p = ys + r * z.t, *gr = gs + r * z.t;
               const T dot = dots[r - r0];
-              T* d = ds.data() + r * z.t;
+              T* d = ds + r * z.t;
               for_packs<P, T>(last + 1, [&](std::size_t i, auto v) {  // score_gradient's operations
                 using V = decltype(v);
                 store_as((load_as<V>(p + i) * (load_as<V>(gr + i) - V(dot))) * V(x.scalar), d + i);
@@ -367,11 +380,12 @@ struct CausalAttentionProbs {
         });
       });
       if constexpr (In == 0) {  // dq = ds . k
-        attention_detail::causal_rows(ds.data(), x.b.data + s * z.t * z.width, dx + s * z.rows * z.width,
+        attention_detail::causal_rows(ds, x.b.data + s * z.t * z.width, dx + s * z.rows * z.width,
                                       attention_detail::Sizes{1, z.rows, z.t, z.width, z.group});
       } else {  // dk = per head ds^T . q, then the heads in the tape's order
-        attention_detail::sum_heads_tn(ds.data(), x.a.data + s * z.rows * z.width, dx + s * z.t * z.width,
-                                       head.data(), z, true);
+        attention_detail::sum_heads_tn(ds, x.a.data + s * z.rows * z.width, dx + s * z.t * z.width,
+                                       attention_detail::scratch<T, attention_detail::head_gradient>(z.t * z.width),
+                                       z, true);
       }
     }
   }
@@ -480,10 +494,10 @@ struct AttentionContext {
       for (std::size_t s = 0; s < z.slices; ++s)
         gemm_nt(g + s * z.rows * z.width, x.b.data + s * z.t * z.width, dx + s * z.rows * z.t, z.rows, z.width, z.t);
     } else {  // dv = per head p^T . g, then the heads in the tape's order
-      std::vector<T> head(z.t * z.width);
+      T* const head = attention_detail::scratch<T, attention_detail::head_gradient>(z.t * z.width);
       for (std::size_t s = 0; s < z.slices; ++s)
         attention_detail::sum_heads_tn(x.a.data + s * z.rows * z.t, g + s * z.rows * z.width, dx + s * z.t * z.width,
-                                       head.data(), z, x.axis == 1);
+                                       head, z, x.axis == 1);
     }
   }
 };
