@@ -5,7 +5,8 @@
 #               own bounds checks (_GLIBCXX_ASSERTIONS), every suite but the
 #               slow bit-comparing tables that add no new code paths
 #   build-tsan  ThreadSanitizer over the suites that run the thread pool
-# Both build at -O1 without CUDA, benchmarks or examples, with line tables
+# Both build at -O1 (the kernel library too: meson.build keeps a sanitized
+# build's level) without CUDA, benchmarks or examples, with line tables
 # only (-g1: reports still name file and line; full -g's variable tracking
 # cost a quarter of the compile time of the gemm's units): compile time is
 # what limits this on a 2-core CI machine. Any report fails the run.
