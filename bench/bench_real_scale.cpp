@@ -129,10 +129,18 @@ class Finetune {
   // false when the tape refused the step (tp.error() says why).
   bool step(bool profiled = false) {
     tp_.profile(profiled);
+    const auto t0 = Clock::now();
     // The loss without the [seq, vocab] logits (forward_loss: forward's loss bit for bit).
     const grad::Var<T> loss = model_.forward_loss(model_.ids(in_, 1, o_.seq), model_.ids(out_, o_.seq, 0));
-    if (!tp_.backward(loss) || !opt_.step()) return false;
+    const auto t1 = Clock::now();
+    if (!tp_.backward(loss)) return false;
+    const auto t2 = Clock::now();
+    if (!opt_.step()) return false;
+    const double forward = std::chrono::duration<double>(t1 - t0).count(),
+                 backward = std::chrono::duration<double>(t2 - t1).count(), adam = seconds_since(t2);
     std::printf("loss %d %a\n", ++steps_, static_cast<double>(tp_.scalar(loss)));
+    // Where a step's time goes (the thread scaling of each phase).
+    std::printf("phases %d: forward %.3f s, backward %.3f s, Adam %.3f s\n", steps_, forward, backward, adam);
     if (profiled) {
       tp_.profile(false);
       std::printf("profile of one step (forward and backward; Adam not timed), by op:\n%s",

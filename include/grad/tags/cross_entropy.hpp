@@ -185,11 +185,14 @@ struct CrossEntropy {
   // A counted row's gradient d = (softmax(row) - onehot(t)) * scale,
   // backward_row's operations with the exps on packs of P. d may be xr
   // itself (each element is read before it is overwritten): LinearCrossEntropy
-  // turns its chunk of logits into their gradient in place.
+  // turns its chunk of logits into their gradient in place. Returns the
+  // row's loss, row_loss_packs' bits (the same max, exps and ascending sum),
+  // so that a caller needing both passes over the row once.
   template <class P, class T>
-  GRAD_INLINE static void counted_row_packs(const T* xr, T* d, std::size_t n, std::size_t t, T scale) {
+  GRAD_INLINE static T counted_row_packs(const T* xr, T* d, std::size_t n, std::size_t t, T scale) {
     using namespace kernels_detail;
     const T hi = running_max(xr, n);
+    const T logit = t < n ? xr[t] : T(0);
     for_packs<P, T>(n, [&](std::size_t i, auto v) {
       using V = decltype(v);
       store_as(exact_exp(load_as<V>(xr + i) - V(hi)), d + i);
@@ -202,6 +205,7 @@ struct CrossEntropy {
       store_as((load_as<V>(d + i) / V(total)) * V(scale), d + i);
     });
     if (t < n) d[t] = (target / total - T(1)) * scale;
+    return t < n ? exact_log(total) - (logit - hi) : Embedding::quiet_nan<T>();
   }
   // backward_row's operations, the exps on packs of P.
   template <class P, class T>

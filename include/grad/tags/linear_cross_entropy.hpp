@@ -299,23 +299,30 @@ struct LinearCrossEntropy {
     T total = T(0);
     std::vector<T> losses;
     each_chunk(x, [&](std::size_t r0, std::size_t m, T* logits) {
-      // The rows' losses side by side over the pool, then summed in ascending row.
+      // The rows' losses side by side over the pool, then summed in ascending
+      // row. With dh, each row's loss and its logits' gradient in one visit
+      // (counted_row_packs returns row_loss_packs' bits): the row is read
+      // from memory once, not once for the loss and again for the gradient.
       losses.assign(m, T(0));
       parallel_ranges(m, row_grain(classes), [&](std::size_t lo, std::size_t hi) {
         with_best_isa([&](auto width) {
+          using P = pack_for<T, decltype(width)>;
           for (std::size_t i = lo; i < hi; ++i) {
             const std::size_t t = class_of(x, r0 + i);
-            if (t != classes)
-              losses[i] = CrossEntropy::row_loss_packs<pack_for<T, decltype(width)>>(logits + i * classes, classes, t);
+            T* row = logits + i * classes;
+            if (t == classes) {
+              if (with_dh) std::fill(row, row + classes, T(0));
+            } else if (with_dh) {
+              losses[i] = CrossEntropy::counted_row_packs<P>(row, row, classes, t, scale);
+            } else {
+              losses[i] = CrossEntropy::row_loss_packs<P>(row, classes, t);
+            }
           }
         });
       });
       for (std::size_t i = 0; i < m; ++i)
         if (class_of(x, r0 + i) != classes) total = total + losses[i];
-      if (with_dh) {
-        chunk_dlogits(x, r0, m, logits, scale);
-        chunk_dh(x, r0, m, logits, y + 1);
-      }
+      if (with_dh) chunk_dh(x, r0, m, logits, y + 1);
     });
     y[0] = count == 0 ? T(0) : total / static_cast<T>(count);
   }
