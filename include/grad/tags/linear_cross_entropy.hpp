@@ -262,21 +262,26 @@ struct LinearCrossEntropy {
     }
   }
 
-  // The chunk's logits become their gradient at `scale` (g / count), in
-  // place, row by row (CrossEntropy's bodies); an ignored row's are zeros.
+  // Row r's logits (at `row`) become their gradient at `scale` (g / count)
+  // in place (CrossEntropy's bodies); an ignored row's are zeros. Returns
+  // the row's loss (row_loss_packs' bits; 0 for an ignored row).
+  template <class P, class T>
+  static T row_dlogits(const NodeArgs<T>& x, std::size_t r, T* row, T scale) {
+    const std::size_t classes = sizes(x).classes, t = class_of(x, r);
+    if (t == classes) {
+      std::fill(row, row + classes, T(0));
+      return T(0);
+    }
+    return CrossEntropy::counted_row_packs<P>(row, row, classes, t, scale);
+  }
+  // The chunk's logits become their gradient, row by row (row_dlogits).
   template <class T>
   static void chunk_dlogits(const NodeArgs<T>& x, std::size_t r0, std::size_t m, T* dlogits, T scale) {
     const std::size_t classes = sizes(x).classes;
     parallel_ranges(m, row_grain(classes), [&](std::size_t lo, std::size_t hi) {
       with_best_isa([&](auto width) {
-        for (std::size_t i = lo; i < hi; ++i) {
-          T* row = dlogits + i * classes;
-          const std::size_t t = class_of(x, r0 + i);
-          if (t == classes)
-            std::fill(row, row + classes, T(0));
-          else
-            CrossEntropy::counted_row_packs<pack_for<T, decltype(width)>>(row, row, classes, t, scale);
-        }
+        for (std::size_t i = lo; i < hi; ++i)
+          row_dlogits<pack_for<T, decltype(width)>>(x, r0 + i, dlogits + i * classes, scale);
       });
     });
   }
@@ -308,13 +313,10 @@ struct LinearCrossEntropy {
         with_best_isa([&](auto width) {
           using P = pack_for<T, decltype(width)>;
           for (std::size_t i = lo; i < hi; ++i) {
-            const std::size_t t = class_of(x, r0 + i);
             T* row = logits + i * classes;
-            if (t == classes) {
-              if (with_dh) std::fill(row, row + classes, T(0));
-            } else if (with_dh) {
-              losses[i] = CrossEntropy::counted_row_packs<P>(row, row, classes, t, scale);
-            } else {
+            if (with_dh) {
+              losses[i] = row_dlogits<P>(x, r0 + i, row, scale);
+            } else if (const std::size_t t = class_of(x, r0 + i); t != classes) {
               losses[i] = CrossEntropy::row_loss_packs<P>(row, classes, t);
             }
           }
