@@ -192,6 +192,57 @@ TEST_CASE("recompute: backward computes again only the values its steps read, an
   }
 }
 
+TEST_CASE("recompute: a scope's gradients share memory where their lifetimes do not meet, and the same bits") {
+  // LoRA blocks (x.W + 0.5 (x.A).B with W frozen), then t * t (one node both operands of its
+  // consumer) and a skip that reads the block's input again at its end (a gradient that
+  // lives across the whole block). The forward pass keeps the scope's values only; the walk
+  // gives each transient gradient memory from its last consumer's step to its own.
+  const std::size_t rows = 256, width = 128, rank = 4, blocks = 3;
+  auto run = [&](bool scoped, Tape<float>& tp, std::vector<Var<float>>& params, std::size_t& transient_bytes) {
+    Rng rng(3);
+    Var<float> h = tp.constant(random_tensor<float>({rows, width}, rng));
+    for (std::size_t b = 0; b < blocks; ++b) {
+      const Var<float> w = tp.constant(random_tensor<float>({width, width}, rng, -0.3, 0.3));
+      const Var<float> a = tp.param(random_tensor<float>({width, rank}, rng, -0.3, 0.3));
+      const Var<float> up = tp.param(random_tensor<float>({rank, width}, rng, -0.3, 0.3));
+      params.push_back(a);
+      params.push_back(up);
+      auto block = [&, in = h] {
+        const Var<float> t = tanh(add_scaled(matmul(in, w), matmul(matmul(in, a), up), 0.5f));
+        return in + (t * t) * in;
+      };
+      h = scoped ? recompute(tp, block) : block();
+    }
+    const Var<float> loss = mean(h * h);
+    REQUIRE(tp.backward(loss));
+    transient_bytes = 0;
+    for (const auto& n : tp.nodes())
+      if (n.transient) transient_bytes += n.dims.size() * sizeof(float) * (n.requires_grad ? 2 : 1);
+    return loss;
+  };
+  for (std::size_t threads : {1, 3}) {
+    CAPTURE(threads);
+    set_num_threads(threads);
+    Tape<float> tp_plain, tp_scoped;
+    std::vector<Var<float>> pp, ps;
+    std::size_t plain_transient = 0, every_value_and_gradient = 0;
+    const Var<float> lp = run(false, tp_plain, pp, plain_transient), ls = run(true, tp_scoped, ps, every_value_and_gradient);
+    CHECK(plain_transient == 0);
+    CHECK(bitwise_equal(tp_plain.value(lp).data, tp_scoped.value(ls).data));
+    for (std::size_t k = 0; k < pp.size(); ++k) CHECK(bitwise_equal(tp_plain.grad(pp[k]).data, tp_scoped.grad(ps[k]).data));
+    // Less than one block's values and gradients (a third of every scope's), which is what the
+    // shared memory held when each transient node kept a gradient buffer of its own.
+    CHECK(tp_scoped.recompute_bytes() > 0);
+    CHECK(tp_scoped.recompute_bytes() * blocks * 5 < every_value_and_gradient * 4);
+    MESSAGE("scope memory ", tp_scoped.recompute_bytes(), " bytes; one block's values and gradients ",
+            every_value_and_gradient / blocks);
+    // Walking again places the gradients the same way: the same bits.
+    REQUIRE(tp_scoped.backward(ls));
+    for (std::size_t k = 0; k < pp.size(); ++k) CHECK(bitwise_equal(tp_plain.grad(pp[k]).data, tp_scoped.grad(ps[k]).data));
+  }
+  set_num_threads(1);
+}
+
 TEST_CASE("recompute: gradient accumulation and a loss that is a scope's output") {
   Stack<double> plain(9, 8, 2, false), scoped(9, 8, 2, true);
   // The last block's output itself as the loss's input, summed: the walk starts inside a scope's range.

@@ -5,7 +5,8 @@
 //     x = grad::recompute(tp, [&] { return layer(x); });
 //
 // The block runs once, recording as usual, but every computed node inside it
-// takes its value (and gradient) from memory that all scopes share, sized by
+// takes its value (and, when backward replays it, its gradient: only for its
+// lifetime in the walk) from memory that all scopes share, sized by
 // the largest; only what the block returns is kept. When backward's walk
 // reaches the scope it computes those values again, in recording order, with
 // the same op bodies on the same inputs, then goes on as if they had been

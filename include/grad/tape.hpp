@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "grad/arena.hpp"
@@ -241,9 +242,10 @@ class Tape {
   // Bytes the value and gradient arenas have reserved: their high-water mark
   // (rewinding keeps every chunk).
   std::size_t arena_bytes() const { return (values_.reserved() + grads_.reserved()) * sizeof(T) + recompute_bytes(); }
-  // Of those, the bytes recompute scopes share: the largest scope's values
-  // and gradients (every scope reuses the same memory).
-  std::size_t recompute_bytes() const { return (scope_values_.reserved() + scope_grads_.reserved()) * sizeof(T); }
+  // Of those, the bytes recompute scopes share: the largest pass through a
+  // scope, its values (and in backward's replay, its gradients by lifetime);
+  // every scope reuses the same memory.
+  std::size_t recompute_bytes() const { return scope_memory_.reserved() * sizeof(T); }
   // Transient nodes of recompute scopes whose values the latest backward
   // computed again: those some backward step reads, and what they are
   // computed from (the rest, a LoRA layer's down projection for one, it
@@ -476,19 +478,22 @@ class Tape {
   // shared arenas when `scoped`. An allocation failure poisons the tape with
   // the size that was asked for and leaves both arenas as they were:
   // std::bad_alloc never escapes an op.
+  // Inside a recompute scope (scoped) the value alone: nothing reads a
+  // transient node's gradient before backward replays the scope, and replay
+  // gives each gradient memory for its lifetime only (replay).
   bool allocate(Node<T>& n, std::string_view op, bool scoped) {
     const std::size_t size = n.dims.size();
-    Arena<T>& values = scoped ? scope_values_ : values_;
-    Arena<T>& grads = scoped ? scope_grads_ : grads_;
-    const auto values_at = values.position(), grads_at = grads.position();
+    Arena<T>& values = scoped ? scope_memory_ : values_;
+    const bool with_grad = n.requires_grad && !scoped;
+    const auto values_at = values.position(), grads_at = grads_.position();
     try {
       n.value = values.allocate(size);
-      if (n.requires_grad) n.grad = grads.allocate(size);  // written whole by its first contribution: never zero-filled
+      if (with_grad) n.grad = grads_.allocate(size);  // written whole by its first contribution: never zero-filled
       return true;
     } catch (const std::bad_alloc&) {
       values.rewind(values_at);
-      grads.rewind(grads_at);
-      const std::size_t buffers = n.requires_grad ? 2 : 1;
+      grads_.rewind(grads_at);
+      const std::size_t buffers = with_grad ? 2 : 1;
       poison(std::string(op) + ": out of memory allocating " + std::to_string(buffers) + " x " +
              std::to_string(size * sizeof(T)) + " bytes for output shape " + shape_string(n.dims));
       return false;
@@ -502,7 +507,7 @@ class Tape {
     const auto values_at = values_.position(), grads_at = grads_.position();
     try {
       T* value = values_.allocate(size);
-      T* grad = n.grad ? grads_.allocate(size) : nullptr;
+      T* grad = n.requires_grad ? grads_.allocate(size) : nullptr;
       std::copy_n(n.value, size, value);
       n.value = value;
       n.grad = grad;
@@ -591,16 +596,20 @@ class Tape {
   void replay_node(Node<T>& n) {
     Op::forward_tensor(args(n), n.value);
   }
-  // The transient nodes of the scope [first, end) up to `last`, in recording order: their
-  // buffers from the restarted scope memory (so every scope's pass is one
-  // run through it: Arena::restart), then the values that backward will
-  // read (replay_needed). False (poisoned) when memory runs out.
+  // The transient nodes of the scope [first, end) up to `last`, in recording
+  // order, from the restarted scope memory (so every scope's pass is one run
+  // through it: Arena::restart): a value for each that backward will read
+  // (replay_needed; the others are neither kept nor computed), then their
+  // gradients (replay_gradients), and the needed values computed again.
+  // False (poisoned) when memory runs out.
   bool replay(std::size_t first, std::size_t end, std::size_t last) {
     restart_scope_memory();
-    for (std::size_t i = first; i <= last; ++i)
-      if (nodes_[i].transient && !allocate(nodes_[i], op_name(nodes_[i].op), true)) return false;
     in_scope_memory_ = {static_cast<std::uint32_t>(first), static_cast<std::uint32_t>(last + 1)};
     replay_needed(first, end);
+    for (std::size_t i = first; i <= last; ++i)
+      if (nodes_[i].transient && replay_needed_[i - first] && !allocate(nodes_[i], op_name(nodes_[i].op), true))
+        return false;
+    if (!replay_gradients(first, last)) return false;
     for (std::size_t i = first; i <= last; ++i)
       if (nodes_[i].transient && replay_needed_[i - first]) {
         (this->*replay_steps_[nodes_[i].op])(nodes_[i]);
@@ -634,6 +643,79 @@ class Tape {
       if ((reads & reads_b) && inside(n.b)) replay_needed_[n.b - first] = 1;
     }
   }
+  // The gradients of the transient nodes in [first, last] that take one, in
+  // one block of scope memory where two share bytes when their lifetimes in
+  // the reverse walk do not meet. Node i's gradient is first written by its
+  // last consumer's backward step (the walk goes from high index to low) and
+  // last read by its own, so it lives over walk positions [i, last consumer];
+  // a LoRA projection's x.W and (x.A).B gradients, for one, live only from
+  // add_scaled's step to their products'. Offsets are first-fit in walk
+  // order, which is fixed by the recording: the same placement every step.
+  // Placement changes no bit: every gradient is written whole by its first
+  // contribution.
+  bool replay_gradients(std::size_t first, std::size_t last) {
+    constexpr std::size_t line = 64 / sizeof(T);
+    auto takes_grad = [&](std::uint32_t i) {
+      return i != no_node && i >= first && i <= last && nodes_[i].transient && nodes_[i].requires_grad;
+    };
+    std::vector<std::uint32_t>& last_use = replay_last_use_;
+    last_use.assign(last - first + 1, no_node);
+    for (std::size_t c = last + 1; c-- > first;)
+      for (const std::uint32_t in : {nodes_[c].a, nodes_[c].b})
+        if (takes_grad(in) && last_use[in - first] == no_node) last_use[in - first] = static_cast<std::uint32_t>(c);
+    // Walk positions from last down to first: before position p's step, the
+    // gradients it writes first take space; after it, p's own is free.
+    std::vector<std::pair<std::size_t, std::size_t>>& free_spans = replay_free_;  // (offset, length), by offset
+    std::vector<std::size_t>& offset = replay_offset_;
+    offset.assign(last - first + 1, 0);
+    free_spans.clear();
+    std::size_t extent = 0;
+    auto take = [&](std::size_t length) {
+      for (std::size_t k = 0; k < free_spans.size(); ++k)
+        if (free_spans[k].second >= length) {
+          const std::size_t at = free_spans[k].first;
+          free_spans[k].first += length;
+          free_spans[k].second -= length;
+          if (free_spans[k].second == 0) free_spans.erase(free_spans.begin() + static_cast<std::ptrdiff_t>(k));
+          return at;
+        }
+      extent += length;
+      return extent - length;
+    };
+    auto give = [&](std::size_t at, std::size_t length) {
+      auto it = std::lower_bound(free_spans.begin(), free_spans.end(), std::pair<std::size_t, std::size_t>{at, 0});
+      it = free_spans.insert(it, {at, length});
+      if (auto next = it + 1; next != free_spans.end() && it->first + it->second == next->first) {
+        it->second += next->second;
+        free_spans.erase(next);
+      }
+      if (it != free_spans.begin())
+        if (auto prev = it - 1; prev->first + prev->second == it->first) {
+          prev->second += it->second;
+          free_spans.erase(it);
+        }
+    };
+    auto length = [&](std::size_t i) { return (nodes_[i].dims.size() + line - 1) / line * line; };
+    for (std::size_t p = last + 1; p-- > first;) {
+      const std::uint32_t a = nodes_[p].a, b = nodes_[p].b;
+      if (takes_grad(a) && last_use[a - first] == p) offset[a - first] = take(length(a));
+      if (b != a && takes_grad(b) && last_use[b - first] == p) offset[b - first] = take(length(b));
+      if (takes_grad(static_cast<std::uint32_t>(p)) && last_use[p - first] != no_node)
+        give(offset[p - first], length(p));
+    }
+    T* block = nullptr;
+    try {
+      block = scope_memory_.allocate(extent);
+    } catch (const std::bad_alloc&) {
+      return fail("recompute: out of memory allocating " + std::to_string(extent * sizeof(T)) +
+                  " bytes for the gradients of a scope's nodes " + std::to_string(first) + " to " +
+                  std::to_string(last));
+    }
+    for (std::size_t i = first; i <= last; ++i)
+      if (takes_grad(static_cast<std::uint32_t>(i)) && last_use[i - first] != no_node)
+        nodes_[i].grad = block + offset[i - first];
+    return true;
+  }
   // Hands the scope memory to another scope: the transient nodes whose
   // buffers it held lose them (they read as empty anyway).
   void restart_scope_memory() {
@@ -641,8 +723,7 @@ class Tape {
     for (std::size_t i = in_scope_memory_.begin; i < end; ++i)
       if (nodes_[i].transient) nodes_[i].value = nodes_[i].grad = nullptr;
     in_scope_memory_ = {};
-    scope_values_.restart();
-    scope_grads_.restart();
+    scope_memory_.restart();
   }
 
   // Inspection hooks, defined in inspect/tape_hooks.hpp; entered only when a
@@ -684,7 +765,10 @@ class Tape {
   };
   std::vector<Scope> scopes_;
   std::uint32_t open_scope_ = no_node;
-  Arena<T> scope_values_, scope_grads_;
+  Arena<T> scope_memory_;  // recompute scopes' values, and in replay their gradients
+  std::vector<std::uint32_t> replay_last_use_;  // replay_gradients' working space, kept between walks
+  std::vector<std::size_t> replay_offset_;
+  std::vector<std::pair<std::size_t, std::size_t>> replay_free_;
   Scope in_scope_memory_;  // the nodes whose transient buffers the scope memory holds now
 
   std::vector<Node<T>> nodes_;
