@@ -144,6 +144,38 @@ TEST_CASE("safetensors round trip: every dtype, transposed matrices, metadata") 
   }
 }
 
+TEST_CASE("a tensor larger than one read slice (16 MiB) converts whole, and a refusal names its element") {
+  // The reader converts a tensor a slice at a time and hands each slice's pages back as it goes
+  // (a model's tied embedding is hundreds of MB): every element lands, across the slices' seams.
+  ScratchDir dir("hf");
+  const std::size_t n = (std::size_t{24} << 20) / 4 + 3;  // 1.5 slices of F32, 3 of F64
+  std::vector<double> big(n);
+  for (std::size_t i = 0; i < n; ++i) big[i] = static_cast<double>(static_cast<float>(i % 4099) * 0.25f - 300.0f);
+  const std::string path = dir.file("big.safetensors");
+  for (const hf::Dtype d : {hf::Dtype::f64, hf::Dtype::f32, hf::Dtype::bf16}) {
+    CAPTURE(hf::dtype_name(d));
+    std::vector<double> values = big;
+    if (d == hf::Dtype::bf16)  // values bf16 holds exactly: integers and halves below 256 in magnitude
+      for (std::size_t i = 0; i < n; ++i) values[i] = static_cast<double>(static_cast<int>(i % 401) - 200) * 0.5;
+    hf::write_safetensors<double>(path, std::vector<hf::TensorOut<double>>{{"w", {n}, values}}, d);
+    const hf::SafetensorsFile f(path);
+    std::vector<float> got(n);
+    f.read(*f.find("w"), std::span<float>(got));
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) wrong += got[i] != static_cast<float>(values[i]);
+    CHECK(wrong == 0);
+  }
+  // F64 into float: the first value that is not a float, in the third slice, is named by its index.
+  const std::size_t bad = 5 * (std::size_t{1} << 20) + 17;
+  std::vector<double> values = big;
+  values[bad] = 0.1;
+  hf::write_safetensors<double>(path, std::vector<hf::TensorOut<double>>{{"w", {n}, values}}, hf::Dtype::f64);
+  const hf::SafetensorsFile f(path);
+  std::vector<float> into(n);
+  const std::string element = "'w' element " + std::to_string(bad) + " is";
+  expect_refused(refusal([&] { f.read(*f.find("w"), std::span<float>(into)); }), {element.c_str(), "not a float value"});
+}
+
 TEST_CASE("the writer refuses values beyond the dtype, mismatched counts and repeated names, writing nothing") {
   ScratchDir dir("hf");
   const std::string path = dir.file("w.safetensors");

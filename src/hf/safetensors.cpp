@@ -292,12 +292,10 @@ const TensorInfo* SafetensorsFile::find(std::string_view name) const {
 
 namespace {
 
+// Elements [first, first + out.size()) of tensor t, converted into out.
 template <class T>
-void read_into(const std::string& path, const TensorInfo& t, std::span<T> out) {
-  if (out.size() != t.elements)
-    throw Error("grad::hf: safetensors file '" + path + "': tensor '" + t.name + "' has " +
-                std::to_string(t.elements) + " elements, read into " + std::to_string(out.size()));
-  const unsigned char* p = t.bytes.data();
+void convert_range(const std::string& path, const TensorInfo& t, std::size_t first, std::span<T> out) {
+  const unsigned char* p = t.bytes.data() + first * (t.bytes.size() / std::max<std::size_t>(t.elements, 1));
   switch (t.dtype) {
     case Dtype::bf16:  // the upper half of a float
       for (std::size_t i = 0; i < out.size(); ++i) {
@@ -329,7 +327,7 @@ void read_into(const std::string& path, const TensorInfo& t, std::span<T> out) {
             char number[32];
             std::snprintf(number, sizeof number, "%.17g", v);
             throw Error("grad::hf: safetensors file '" + path + "': tensor '" + t.name + "' element " +
-                        std::to_string(i) + " is " + number + ", not a float value (read F64 into a double model)");
+                        std::to_string(first + i) + " is " + number + ", not a float value (read F64 into a double model)");
           }
         }
         out[i] = static_cast<T>(v);
@@ -351,16 +349,29 @@ void release_pages(std::span<const unsigned char> bytes) {
   ::madvise(reinterpret_cast<void*>(first), end - first, MADV_DONTNEED);  // advice: a failure changes nothing
 }
 
+// A tensor a slice at a time, each slice's pages of the mapping handed back
+// as soon as it is converted: a Qwen2.5-0.5B's tied embedding is 545 MB in
+// F32, and released whole after reading it peaked the load at the model plus
+// that (the whole run's peak RSS in bench_real_scale's L1).
+template <class T>
+void read_into(const std::string& path, const TensorInfo& t, std::span<T> out) {
+  if (out.size() != t.elements)
+    throw Error("grad::hf: safetensors file '" + path + "': tensor '" + t.name + "' has " +
+                std::to_string(t.elements) + " elements, read into " + std::to_string(out.size()));
+  constexpr std::size_t slice_bytes = std::size_t{16} << 20;
+  const std::size_t element_bytes = t.bytes.size() / std::max<std::size_t>(t.elements, 1);
+  const std::size_t per_slice = std::max<std::size_t>(1, slice_bytes / std::max<std::size_t>(element_bytes, 1));
+  for (std::size_t first = 0; first < t.elements; first += per_slice) {
+    const std::size_t n = std::min(per_slice, t.elements - first);
+    convert_range(path, t, first, out.subspan(first, n));
+    release_pages(t.bytes.subspan(first * element_bytes, n * element_bytes));
+  }
+}
+
 }  // namespace
 
-void SafetensorsFile::read(const TensorInfo& t, std::span<double> out) const {
-  read_into(path_, t, out);
-  release_pages(t.bytes);
-}
-void SafetensorsFile::read(const TensorInfo& t, std::span<float> out) const {
-  read_into(path_, t, out);
-  release_pages(t.bytes);
-}
+void SafetensorsFile::read(const TensorInfo& t, std::span<double> out) const { read_into(path_, t, out); }
+void SafetensorsFile::read(const TensorInfo& t, std::span<float> out) const { read_into(path_, t, out); }
 
 // ---- writing ----
 
