@@ -295,7 +295,7 @@ namespace {
 // Elements [first, first + out.size()) of tensor t, converted into out.
 template <class T>
 void convert_range(const std::string& path, const TensorInfo& t, std::size_t first, std::span<T> out) {
-  const unsigned char* p = t.bytes.data() + first * (t.bytes.size() / std::max<std::size_t>(t.elements, 1));
+  const unsigned char* p = t.bytes.data() + first * dtype_size(t.dtype);
   switch (t.dtype) {
     case Dtype::bf16:  // the upper half of a float
       for (std::size_t i = 0; i < out.size(); ++i) {
@@ -359,8 +359,7 @@ void read_into(const std::string& path, const TensorInfo& t, std::span<T> out) {
     throw Error("grad::hf: safetensors file '" + path + "': tensor '" + t.name + "' has " +
                 std::to_string(t.elements) + " elements, read into " + std::to_string(out.size()));
   constexpr std::size_t slice_bytes = std::size_t{16} << 20;
-  const std::size_t element_bytes = t.bytes.size() / std::max<std::size_t>(t.elements, 1);
-  const std::size_t per_slice = std::max<std::size_t>(1, slice_bytes / std::max<std::size_t>(element_bytes, 1));
+  const std::size_t element_bytes = dtype_size(t.dtype), per_slice = slice_bytes / element_bytes;
   for (std::size_t first = 0; first < t.elements; first += per_slice) {
     const std::size_t n = std::min(per_slice, t.elements - first);
     convert_range(path, t, first, out.subspan(first, n));
