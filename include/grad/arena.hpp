@@ -26,9 +26,11 @@ class Arena {
     std::size_t pass = 0;  // elements asked for since the last restart
   };
 
+  // What an allocation of n elements takes: n rounded up to whole 64-byte lines.
+  static constexpr std::size_t rounded(std::size_t n) { return (n + per_line - 1) / per_line * per_line; }
   // n elements, 64-byte aligned, uninitialised.
   T* allocate(std::size_t n) {
-    n = (n + per_line - 1) / per_line * per_line;
+    n = rounded(n);
     T* p = place(n);
     pass_ += n;
     peak_ = std::max(peak_, pass_);

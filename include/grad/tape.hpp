@@ -654,7 +654,6 @@ class Tape {
   // Placement changes no bit: every gradient is written whole by its first
   // contribution.
   bool replay_gradients(std::size_t first, std::size_t last) {
-    constexpr std::size_t line = 64 / sizeof(T);
     auto takes_grad = [&](std::uint32_t i) {
       return i != no_node && i >= first && i <= last && nodes_[i].transient && nodes_[i].requires_grad;
     };
@@ -695,7 +694,7 @@ class Tape {
           free_spans.erase(it);
         }
     };
-    auto length = [&](std::size_t i) { return (nodes_[i].dims.size() + line - 1) / line * line; };
+    auto length = [&](std::size_t i) { return Arena<T>::rounded(nodes_[i].dims.size()); };  // whole lines apart
     for (std::size_t p = last + 1; p-- > first;) {
       const std::uint32_t a = nodes_[p].a, b = nodes_[p].b;
       if (takes_grad(a) && last_use[a - first] == p) offset[a - first] = take(length(a));
