@@ -437,8 +437,14 @@ void binary_forward(const NodeArgs<T>& x, T* y) {
 
 template <class Op, int In, class T>
 void binary_backward(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
-  const T* a = x.a.data;
-  const T* b = x.b.data;
+  // A value this gradient does not read (the tag's backward_reads) may have
+  // no memory: a recompute scope's replay computes only the values backward
+  // reads (tape.hpp). g stands in for it: the loops below load every operand
+  // (the loads are dead), and g is at least as long as any of them.
+  constexpr std::uint8_t reads = backward_reads<Op>(In);
+  const T* a = reads & reads_a ? x.a.data : g;
+  const T* b = reads & reads_b ? x.b.data : g;
+  if (!(reads & reads_out)) y = g;
   const Dims& mine = In == 0 ? x.a.dims : x.b.dims;
   // Operands in the order the tag's gradient takes them: a, b, y, g.
   const T s = x.scalar;
