@@ -8,8 +8,13 @@
 # Both build at -O1 (the kernel library too: meson.build keeps a sanitized
 # build's level) without CUDA, benchmarks or examples, with line tables
 # only (-g1: reports still name file and line; full -g's variable tracking
-# cost a quarter of the compile time of the gemm's units): compile time is
-# what limits this on a 2-core CI machine. Any report fails the run.
+# cost a quarter of the compile time of the gemm's units), and one copy of
+# each kernel, for this machine's widest instruction set (GRAD_ONLY_ISA,
+# numerics/isa.hpp: a run uses no other; the kernel library's float unit
+# under ASan + UBSan: 240 -> 140 s). UBSan leaves object-size to ASan, which
+# checks every access against its object's bounds (the same unit: 289 ->
+# 224 s without it). Compile time is what limits this on a 2-core CI
+# machine. Any report fails the run.
 # Usage: scripts/sanitize.sh [asan|tsan]...   (default: both)
 set -eu
 cd "$(dirname "$0")/.."
@@ -28,14 +33,22 @@ asan_suites=$(cd test && ls test_*.cpp | sed 's/^test_//; s/\.cpp$//' | grep -Ev
 # The suites that run the thread pool with more than one thread.
 tsan_suites="gemm optimizers properties device_reduction"
 
+# The widest instruction set this machine has, as isa.hpp's supported() decides it.
+has() { grep -qw "$1" /proc/cpuinfo 2>/dev/null; }
+only_isa=0
+if has fma && has avx2; then only_isa=1; fi
+if has fma && has avx512f && has avx512dq; then only_isa=2; fi
+
 configure() { # dir, sanitizer, extra cpp args
   [ -f "$1/build.ninja" ] && return 0
   meson setup "$1" -Dcuda=disabled -Dbenchmarks=disabled -Dexamples=false -Dbuildtype=plain \
-    -Doptimization=1 -Ddebug=false -Db_sanitize="$2" -Db_lundef=false -Dcpp_args="-g1 $3" >/dev/null
+    -Doptimization=1 -Ddebug=false -Db_sanitize="$2" -Db_lundef=false \
+    -Dcpp_args="-g1 -DGRAD_ONLY_ISA=$only_isa $3" >/dev/null
 }
 
 run_asan() {
-  configure build-asan address,undefined "-D_GLIBCXX_ASSERTIONS -fno-sanitize-recover=all -fno-omit-frame-pointer"
+  configure build-asan address,undefined \
+    "-fno-sanitize=object-size -D_GLIBCXX_ASSERTIONS -fno-sanitize-recover=all -fno-omit-frame-pointer"
   targets=""
   for s in $asan_suites; do targets="$targets test/test_$s"; done
   # shellcheck disable=SC2086

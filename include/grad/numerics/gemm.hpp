@@ -630,12 +630,21 @@ GRAD_TARGET_AVX512 void multiply_avx512(const Problem<T>& pr, std::size_t i0, st
 
 template <class T>
 void multiply_range(Isa isa, const Problem<T>& pr, std::size_t i0, std::size_t i1, std::size_t j0, std::size_t j1) {
+  (void)isa;
+#if GRAD_HAS_ISA_TARGETS && defined(GRAD_ONLY_ISA)  // one copy (isa.hpp)
+  if constexpr (only_isa == Isa::avx512)
+    multiply_avx512(pr, i0, i1, j0, j1);
+  else if constexpr (only_isa == Isa::avx2)
+    multiply_avx2(pr, i0, i1, j0, j1);
+  else
+    multiply_baseline(pr, i0, i1, j0, j1);
+#else
 #if GRAD_HAS_ISA_TARGETS
   if (isa == Isa::avx512) return multiply_avx512(pr, i0, i1, j0, j1);
   if (isa == Isa::avx2) return multiply_avx2(pr, i0, i1, j0, j1);
 #endif
-  (void)isa;
   multiply_baseline(pr, i0, i1, j0, j1);
+#endif
 }
 
 // Below this many multiply-adds a product runs on the calling thread: waking

@@ -31,10 +31,31 @@ inline bool supported(Isa isa) {
 #endif
 }
 
+// GRAD_ONLY_ISA (0 baseline, 1 avx2, 2 avx512) builds one copy of every
+// kernel instead of three, for a binary that runs only on the machine that
+// built it: scripts/sanitize.sh sets it to that machine's widest set, since
+// the sanitizers multiply a kernel's compile time and a run uses one copy.
+// best_isa() is then that set (GRAD_ISA has nothing else to choose).
+#ifdef GRAD_ONLY_ISA
+inline constexpr Isa only_isa = static_cast<Isa>(GRAD_ONLY_ISA);
+static_assert(GRAD_ONLY_ISA >= 0 && GRAD_ONLY_ISA <= 2, "GRAD_ONLY_ISA: 0 (baseline), 1 (avx2) or 2 (avx512)");
+#endif
+
 // The widest set the CPU has, capped by the environment variable GRAD_ISA
 // (baseline, avx2 or avx512) when it is set: a way to run, and test, the
 // narrower code paths on a wide machine. Read once, at the first kernel call.
 inline Isa best_isa() {
+#ifdef GRAD_ONLY_ISA
+  static const Isa only = [] {
+    if (!supported(only_isa)) {
+      std::fprintf(stderr, "grad: built with GRAD_ONLY_ISA=%d, an instruction set this CPU does not have\n",
+                   GRAD_ONLY_ISA);
+      std::abort();
+    }
+    return only_isa;
+  }();
+  return only;
+#endif
   static const Isa isa = [] {
     Isa best = supported(Isa::avx512) ? Isa::avx512 : supported(Isa::avx2) ? Isa::avx2 : Isa::baseline;
     if (const char* cap = std::getenv("GRAD_ISA")) {
@@ -71,6 +92,16 @@ struct VectorWidth {
   static constexpr std::size_t bytes = Bytes;
 };
 
+namespace isa_detail {
+template <class Body>
+[[gnu::always_inline]] inline void run_baseline(Body& body) {
+  if constexpr (std::is_invocable_v<Body&, VectorWidth<16>>)
+    body(VectorWidth<16>{});
+  else
+    body();
+}
+}  // namespace isa_detail
+
 #if GRAD_HAS_ISA_TARGETS
 namespace isa_detail {
 template <class Body>
@@ -100,20 +131,25 @@ GRAD_TARGET_AVX512 __attribute__((flatten)) void run_avx512(Body& body) {
 // the pool.
 template <class Body>
 inline void with_best_isa(Body&& body) {
-#if GRAD_HAS_ISA_TARGETS
+#if GRAD_HAS_ISA_TARGETS && defined(GRAD_ONLY_ISA)
+  if constexpr (only_isa == Isa::avx512)
+    isa_detail::run_avx512(body);
+  else if constexpr (only_isa == Isa::avx2)
+    isa_detail::run_avx2(body);
+  else
+    isa_detail::run_baseline(body);
+#elif GRAD_HAS_ISA_TARGETS
   switch (best_isa()) {
     case Isa::avx512:
       return isa_detail::run_avx512(body);
     case Isa::avx2:
       return isa_detail::run_avx2(body);
     case Isa::baseline:
-      break;
+      return isa_detail::run_baseline(body);
   }
+#else
+  isa_detail::run_baseline(body);
 #endif
-  if constexpr (std::is_invocable_v<Body&, VectorWidth<16>>)
-    body(VectorWidth<16>{});
-  else
-    body();
 }
 
 }  // namespace grad
