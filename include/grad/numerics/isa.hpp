@@ -132,6 +132,7 @@ GRAD_TARGET_AVX512 __attribute__((flatten)) void run_avx512(Body& body) {
 template <class Body>
 inline void with_best_isa(Body&& body) {
 #if GRAD_HAS_ISA_TARGETS && defined(GRAD_ONLY_ISA)
+  (void)best_isa();  // stops with a message on a CPU without the one copy's set
   if constexpr (only_isa == Isa::avx512)
     isa_detail::run_avx512(body);
   else if constexpr (only_isa == Isa::avx2)
