@@ -55,7 +55,7 @@ inline Isa best_isa() {
     return only_isa;
   }();
   return only;
-#endif
+#else
   static const Isa isa = [] {
     Isa best = supported(Isa::avx512) ? Isa::avx512 : supported(Isa::avx2) ? Isa::avx2 : Isa::baseline;
     if (const char* cap = std::getenv("GRAD_ISA")) {
@@ -70,6 +70,7 @@ inline Isa best_isa() {
     return best;
   }();
   return isa;
+#endif
 }
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
