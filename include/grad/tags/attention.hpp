@@ -68,10 +68,11 @@ GRAD_HD inline std::size_t head_in_sum_order(std::size_t n, std::size_t group) {
   return n + 2 - group;
 }
 
-// The backward passes' scratch (one slice's ds, [G*t, t]; one head's
+// The backward passes' scratch (one head's ds, [t, t]; one head's
 // key/value gradient), kept by the thread between calls: at Qwen2.5-0.5B's
-// sizes ds is 7 MiB, which a fresh vector zeroed on the calling thread
-// (and the kernel faulted in) twice a layer, while the other threads waited.
+// sizes and sequence 1024 ds is 4 MiB, which a fresh vector zeroed on the
+// calling thread (and the kernel faulted in) twice a layer, while the other
+// threads waited.
 // Every element is written before it is read. Which = which buffer.
 template <class T, int Which>
 T* scratch(std::size_t elements) {
@@ -352,45 +353,54 @@ struct CausalAttentionProbs {
   template <int In, class T>
   static void backward_tensor(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
     const auto z = sizes(x);
-    // ds of every row of one slice (exact zeros at the masked positions):
-    // the rows' dots eight at a time (each its own ascending chain), ds on packs.
-    T* const ds = attention_detail::scratch<T, attention_detail::score_gradients>(z.rows * z.t);
-    for (std::size_t s = 0; s < z.slices; ++s) {
-      const T *ys = y + s * z.rows * z.t, *gs = g + s * z.rows * z.t;
-      parallel_ranges(z.rows, row_grain(z.t), [&](std::size_t lo, std::size_t hi) {
-        with_best_isa([&](auto width) {
-          using P = pack_for<T, decltype(width)>;
-          using namespace kernels_detail;
-          for (std::size_t r0 = lo; r0 < hi; r0 += chain_rows) {
-            std::array<T, chain_rows> dots{};  // row_dot's: from zero, one fma per term
-            row_chains(r0, std::min(chain_rows, hi - r0), z.t, 0, dots,
-                       [ys, gs](T dot, std::size_t at) { return fma_hd(gs[at], ys[at], dot); });
-            for (std::size_t r = r0; r < std::min(r0 + chain_rows, hi); ++r) {
-              const std::size_t last = r % z.t;
-              const T *p = ys + r * z.t, *gr = gs + r * z.t;
-              const T dot = dots[r - r0];
-              T* d = ds + r * z.t;
-              for_packs<P, T>(last + 1, [&](std::size_t i, auto v) {  // score_gradient's operations
-                using V = decltype(v);
-                store_as((load_as<V>(p + i) * (load_as<V>(gr + i) - V(dot))) * V(x.scalar), d + i);
-              });
-              std::fill(d + last + 1, d + z.t, T(0));
-            }
-          }
-        });
-      });
-      if constexpr (In == 0) {  // dq = ds . k
-        attention_detail::causal_rows(ds, x.b.data + s * z.t * z.width, dx + s * z.rows * z.width,
-                                      attention_detail::Sizes{1, z.rows, z.t, z.width, z.group});
-      } else {  // dk = per head ds^T . q, then the heads in the tape's order
-        attention_detail::sum_heads_tn(ds, x.a.data + s * z.rows * z.width, dx + s * z.t * z.width,
-                                       attention_detail::scratch<T, attention_detail::head_gradient>(z.t * z.width),
-                                       z, true);
+    // One head's ds [t, t] at a time (4 MiB at Qwen2.5-0.5B's sequence 1024,
+    // where the group's took 29), then its product: dq's rows for the head
+    // (ds . k), or the head's term of dk (ds^T . q) added in the tape's order.
+    T* const ds = attention_detail::scratch<T, attention_detail::score_gradients>(z.t * z.t);
+    T* const head = In == 1 ? attention_detail::scratch<T, attention_detail::head_gradient>(z.t * z.width) : nullptr;
+    const attention_detail::Sizes one{1, z.t, z.t, z.width, 1};
+    for (std::size_t s = 0; s < z.slices; ++s)
+      for (std::size_t n = 0; n < z.group; ++n) {
+        const std::size_t first = s * z.rows + (In == 0 ? n : attention_detail::head_in_sum_order(n, z.group)) * z.t;
+        score_gradients(x, y + first * z.t, g + first * z.t, z.t, ds);
+        if constexpr (In == 0) {  // dq = ds . k
+          attention_detail::causal_rows(ds, x.b.data + s * z.t * z.width, dx + first * z.width, one);
+        } else {  // dk: the heads' ds^T . q summed as the tape summed the repeated k's gradients
+          attention_detail::causal_keys(ds, x.a.data + first * z.width, head, one);
+          T* const d = dx + s * z.t * z.width;
+          for (std::size_t e = 0; e < z.t * z.width; ++e) attention_detail::add_head(d[e], head[e], n);
+        }
       }
-    }
   }
 
  private:
+  // ds [t, t] of one head from its rows of p (y) and of their gradient (g),
+  // exact zeros at the masked positions: the rows' dots eight at a time
+  // (each its own ascending chain), ds on packs.
+  template <class T>
+  static void score_gradients(const NodeArgs<T>& x, const T* y, const T* g, std::size_t t, T* ds) {
+    parallel_ranges(t, row_grain(t), [&](std::size_t lo, std::size_t hi) {
+      with_best_isa([&](auto width) {
+        using P = pack_for<T, decltype(width)>;
+        using namespace kernels_detail;
+        for (std::size_t r0 = lo; r0 < hi; r0 += chain_rows) {
+          std::array<T, chain_rows> dots{};  // row_dot's: from zero, one fma per term
+          row_chains(r0, std::min(chain_rows, hi - r0), t, 0, dots,
+                     [y, g](T dot, std::size_t at) { return fma_hd(g[at], y[at], dot); });
+          for (std::size_t r = r0; r < std::min(r0 + chain_rows, hi); ++r) {
+            const T *p = y + r * t, *gr = g + r * t;
+            const T dot = dots[r - r0];
+            T* d = ds + r * t;
+            for_packs<P, T>(r + 1, [&](std::size_t i, auto v) {  // score_gradient's operations
+              using V = decltype(v);
+              store_as((load_as<V>(p + i) * (load_as<V>(gr + i) - V(dot))) * V(x.scalar), d + i);
+            });
+            std::fill(d + r + 1, d + t, T(0));
+          }
+        }
+      });
+    });
+  }
   // Serial chains of `count` (at most chain_rows) consecutive rows from r0
   // of a [rows, t] block whose row r sees positions 0..r % t: acc[i] =
   // step(acc[i], at) for at = (r0 + i) * t + j, j from `from` up to the
