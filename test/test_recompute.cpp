@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <grad/device/device.hpp>
+#include <grad/first_fit.hpp>
 #include <grad/emit.hpp>
 #include <grad/inspect.hpp>
 #include <grad/lm.hpp>
@@ -241,6 +242,112 @@ TEST_CASE("recompute: a scope's gradients share memory where their lifetimes do 
     for (std::size_t k = 0; k < pp.size(); ++k) CHECK(bitwise_equal(tp_plain.grad(pp[k]).data, tp_scoped.grad(ps[k]).data));
   }
   set_num_threads(1);
+}
+
+TEST_CASE("recompute: a replayed value's bytes are reused once the last step that reads it is done") {
+  // in + tanh(((in.W1).W2).W3), the W frozen: the walk computes the three products and tanh again
+  // (tanh's backward reads its value, which is computed from them), but each product is read
+  // only by the next one's replay, and tanh's value only by its own backward step. So the
+  // replay holds at most three buffers at once (a product and the next, or tanh's value and
+  // two gradients), where holding every value to the end took six; the scope memory is then
+  // the forward pass's five (three products, tanh, the output before it is kept).
+  // (Buffers of 128 KiB: the scope memory's smallest chunk is 256 KiB.)
+  const std::size_t rows = 256, width = 128, blocks = 3;
+  auto run = [&](bool scoped, Tape<float>& tp, Var<float>& x) {
+    Rng rng(9);
+    x = tp.param(random_tensor<float>({rows, width}, rng));
+    Var<float> h = x;
+    for (std::size_t b = 0; b < blocks; ++b) {
+      std::vector<Var<float>> w;
+      for (int k = 0; k < 3; ++k) w.push_back(tp.constant(random_tensor<float>({width, width}, rng, -0.3, 0.3)));
+      auto block = [&, in = h] { return in + tanh(matmul(matmul(matmul(in, w[0]), w[1]), w[2])); };
+      h = scoped ? recompute(tp, block) : block();
+    }
+    const Var<float> loss = mean(h * h);
+    REQUIRE(tp.backward(loss));
+    return loss;
+  };
+  Tape<float> tp_plain, tp_scoped;
+  Var<float> xp, xs;
+  const Var<float> lp = run(false, tp_plain, xp), ls = run(true, tp_scoped, xs);
+  CHECK(tp_scoped.recomputed_nodes() == 4 * blocks);
+  CHECK(bitwise_equal(tp_plain.value(lp).data, tp_scoped.value(ls).data));
+  CHECK(bitwise_equal(tp_plain.grad(xp).data, tp_scoped.grad(xs).data));
+  CHECK(tp_scoped.recompute_bytes() == 5 * rows * width * sizeof(float));
+  // Under anomaly detection every value lives to the walk's last step in the scope (the
+  // reports read them): four values and two gradients.
+  tp_scoped.detect_anomalies(true);
+  REQUIRE(tp_scoped.backward(ls));
+  CHECK(tp_scoped.recompute_bytes() == 6 * rows * width * sizeof(float));
+  CHECK(bitwise_equal(tp_plain.grad(xp).data, tp_scoped.grad(xs).data));
+}
+
+TEST_CASE("FirstFit: the lowest free span that fits, merged neighbours, a grown tail") {
+  FirstFit plan;
+  CHECK(plan.take(100) == 0);
+  CHECK(plan.take(50) == 100);
+  CHECK(plan.take(10) == 150);
+  plan.give(0, 100);
+  CHECK(plan.take(80) == 0);    // fits where the first was
+  CHECK(plan.take(30) == 160);  // the 20 left at 80 are too few: appended
+  CHECK(plan.extent() == 190);
+  plan.give(100, 50);  // merges with the 20 free at 80: 70 free at 80
+  CHECK(plan.take(70) == 80);
+  plan.give(160, 30);  // the free tail
+  CHECK(plan.take(45) == 160);  // grows the block by 15, not 45
+  CHECK(plan.extent() == 205);
+  plan.clear();
+  CHECK(plan.extent() == 0);
+  CHECK(plan.take(7) == 0);
+}
+
+TEST_CASE("FirstFit: buffers alive at the same time never share a byte, and the same calls place them the same") {
+  // Random lifetimes over 200 steps; at each step the buffers that start take space first, then
+  // those that end are given back (the recompute replay's order).
+  auto place = [](std::uint64_t seed, std::vector<std::size_t>& offsets, std::size_t& peak_live) {
+    Rng rng(seed);
+    struct Buffer {
+      std::size_t start, end, length;
+    };
+    std::vector<Buffer> buffers(300);
+    for (Buffer& b : buffers) {
+      b.start = static_cast<std::size_t>(rng.uniform(0.0, 200.0));
+      b.end = b.start + static_cast<std::size_t>(rng.uniform(0.0, 30.0));
+      b.length = 1 + static_cast<std::size_t>(rng.uniform(0.0, 1000.0));
+    }
+    FirstFit plan;
+    offsets.assign(buffers.size(), 0);
+    peak_live = 0;
+    for (std::size_t step = 0; step < 240; ++step) {
+      for (std::size_t k = 0; k < buffers.size(); ++k)
+        if (buffers[k].start == step) offsets[k] = plan.take(buffers[k].length);
+      std::size_t live = 0;
+      for (std::size_t k = 0; k < buffers.size(); ++k)
+        if (buffers[k].start <= step && step <= buffers[k].end) {
+          live += buffers[k].length;
+          CHECK(offsets[k] + buffers[k].length <= plan.extent());
+          for (std::size_t j = 0; j < k; ++j)
+            if (buffers[j].start <= step && step <= buffers[j].end) {
+              const bool apart = offsets[j] + buffers[j].length <= offsets[k] || offsets[k] + buffers[k].length <= offsets[j];
+              if (!apart) FAIL_CHECK("buffers " << j << " and " << k << " overlap at step " << step);
+            }
+        }
+      peak_live = std::max(peak_live, live);
+      for (std::size_t k = 0; k < buffers.size(); ++k)
+        if (buffers[k].end == step) plan.give(offsets[k], buffers[k].length);
+    }
+    return plan.extent();
+  };
+  for (std::uint64_t seed : {1u, 2u, 3u}) {
+    std::vector<std::size_t> first, again;
+    std::size_t peak = 0, peak_again = 0;
+    const std::size_t extent = place(seed, first, peak);
+    CHECK(place(seed, again, peak_again) == extent);
+    CHECK(first == again);
+    CHECK(extent >= peak);
+    CHECK(extent < peak * 3 / 2);  // fragmentation bounded in practice
+    MESSAGE("seed ", seed, ": block ", extent, " for at most ", peak, " live");
+  }
 }
 
 TEST_CASE("recompute: gradient accumulation and a loss that is a scope's output") {

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <new>
 #include <vector>
 
@@ -43,6 +44,11 @@ class Arena {
     std::size_t n = 0;
     for (const Chunk& c : chunks_) n += c.capacity;
     return n;
+  }
+  // The first chunk, whatever it holds: its owner lends it as scratch while
+  // nothing in it is live (empty before the first allocation).
+  std::span<T> held() {
+    return chunks_.empty() ? std::span<T>{} : std::span<T>(chunks_.front().data.get(), chunks_.front().capacity);
   }
   void rewind(Position p) {
     current_ = p.chunk;

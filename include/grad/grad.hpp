@@ -10,6 +10,7 @@
 //                    host loops (contract.hpp says what a tag is; family.hpp the
 //                    Unary/Binary families); op_list.hpp lists them (OpList, with_op)
 //   arena.hpp        the chunked allocator behind the tape
+//   first_fit.hpp    FirstFit: buffers placed by lifetime (a recompute scope's replay)
 //   warn.hpp         grad::warn and set_warning_handler (the tape's one-time warnings)
 //   tape.hpp         Tape<T>, Var<T>: nodes, poisoning, requires-grad, mark/reset
 //   record.hpp       a + b, matmul(a, b), softmax(a, axis), ...: record_op<Op>, one node each

@@ -5,9 +5,10 @@
 //     x = grad::recompute(tp, [&] { return layer(x); });
 //
 // The block runs once, recording as usual, but every computed node inside it
-// takes its value (and, when backward replays it, its gradient: only for its
-// lifetime in the walk) from memory that all scopes share, sized by
-// the largest; only what the block returns is kept. When backward's walk
+// takes its value from memory that all scopes share, sized by the largest
+// pass; only what the block returns is kept. (Backward's replay places the
+// values it computes again and the gradients there by lifetime; between
+// scopes the tape lends that memory to the host loops as scratch.) When backward's walk
 // reaches the scope it computes those values again, in recording order, with
 // the same op bodies on the same inputs, then goes on as if they had been
 // kept: values, gradients and the order gradients are summed in are those of

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "grad/arena.hpp"
+#include "grad/first_fit.hpp"
 #include "grad/inspect/hooks.hpp"
 #include "grad/tags/op_list.hpp"
 #include "grad/tensor.hpp"
@@ -431,7 +432,7 @@ class Tape {
     }
     if (watch_ != 0) [[unlikely]]
       return record_watched<Op>(n);  // the same, timed and/or checked (inspect/tape_hooks.hpp)
-    Op::forward_tensor(args(n), n.value);
+    Op::forward_tensor(forward_args(n), n.value);
     learn_backward<Op>();
     return push(n);
   }
@@ -443,6 +444,20 @@ class Tape {
   }
   Var<T> rejected() { return Var<T>(this, no_node, 0); }
 
+  // args(n) for a node's forward pass as it is recorded. Outside recompute
+  // scopes their memory is idle (the values of a closed scope are dead, and
+  // the next scope or replay starts it afresh), so it is lent as the host
+  // loops' scratch: the fused loss's logits chunk (64 MiB at Qwen2.5-0.5B)
+  // then takes no memory on top of the tape's at the step's peak.
+  NodeArgs<T> forward_args(const Node<T>& n) {
+    NodeArgs<T> x = args(n);
+    if (open_scope_ == no_node) {
+      const std::span<T> idle = scope_memory_.held();
+      x.scratch = idle.data();
+      x.scratch_size = idle.size();
+    }
+    return x;
+  }
   NodeArgs<T> args(const Node<T>& n) const {
     NodeArgs<T> x;
     if (n.a != no_node) x.a = {nodes_[n.a].value, nodes_[n.a].dims};
@@ -597,19 +612,16 @@ class Tape {
     Op::forward_tensor(args(n), n.value);
   }
   // The transient nodes of the scope [first, end) up to `last`, in recording
-  // order, from the restarted scope memory (so every scope's pass is one run
-  // through it: Arena::restart): a value for each that backward will read
-  // (replay_needed; the others are neither kept nor computed), then their
-  // gradients (replay_gradients), and the needed values computed again.
-  // False (poisoned) when memory runs out.
+  // order, from the restarted scope memory (Arena::restart: every scope's
+  // pass is one block of it): a value for each that backward will read
+  // (replay_needed; the others are neither kept nor computed) and a gradient
+  // for each that takes one, placed by lifetime (place_scope_buffers), then
+  // the needed values computed again. False (poisoned) when memory runs out.
   bool replay(std::size_t first, std::size_t end, std::size_t last) {
     restart_scope_memory();
     in_scope_memory_ = {static_cast<std::uint32_t>(first), static_cast<std::uint32_t>(last + 1)};
     replay_needed(first, end);
-    for (std::size_t i = first; i <= last; ++i)
-      if (nodes_[i].transient && replay_needed_[i - first] && !allocate(nodes_[i], op_name(nodes_[i].op), true))
-        return false;
-    if (!replay_gradients(first, last)) return false;
+    if (!place_scope_buffers(first, last)) return false;
     for (std::size_t i = first; i <= last; ++i)
       if (nodes_[i].transient && replay_needed_[i - first]) {
         (this->*replay_steps_[nodes_[i].op])(nodes_[i]);
@@ -617,9 +629,19 @@ class Tape {
       }
     return true;
   }
+  // The values node n's backward step reads (ValueRead bits): its op's
+  // backward_reads for each operand that takes a gradient; none when n
+  // takes none (its step never runs).
+  std::uint8_t backward_value_reads(const Node<T>& n) const {
+    std::uint8_t reads = 0;
+    if (n.requires_grad) {
+      if (n.a != no_node && nodes_[n.a].requires_grad) reads |= replay_reads_[n.op][0];
+      if (n.b != no_node && nodes_[n.b].requires_grad) reads |= replay_reads_[n.op][1];
+    }
+    return reads;
+  }
   // Which of a scope's transient nodes the walk must compute again: those
-  // whose value a backward step inside the scope reads (the op's
-  // backward_reads, for each operand that takes a gradient), and the values
+  // whose value a backward step inside the scope reads, and the values
   // those are computed from. A LoRA layer's down projection, for one: its
   // product with the frozen weight feeds add_scaled and then the residual
   // add, neither of whose backward reads a value, and the layer's output is
@@ -632,87 +654,86 @@ class Tape {
     auto inside = [&](std::uint32_t i) { return i != no_node && i >= first && i < end; };
     for (std::size_t c = end; c-- > first;) {
       const Node<T>& n = nodes_[c];
-      std::uint8_t reads = 0;
-      if (n.requires_grad) {  // its backward may run: what it reads for each operand that takes a gradient
-        if (n.a != no_node && nodes_[n.a].requires_grad) reads |= replay_reads_[n.op][0];
-        if (n.b != no_node && nodes_[n.b].requires_grad) reads |= replay_reads_[n.op][1];
-      }
+      std::uint8_t reads = backward_value_reads(n);
       if (n.transient && (reads & reads_out)) replay_needed_[c - first] = 1;
       if (n.transient && replay_needed_[c - first]) reads |= reads_a | reads_b;  // computing it reads its operands
       if ((reads & reads_a) && inside(n.a)) replay_needed_[n.a - first] = 1;
       if ((reads & reads_b) && inside(n.b)) replay_needed_[n.b - first] = 1;
     }
   }
-  // The gradients of the transient nodes in [first, last] that take one, in
-  // one block of scope memory where two share bytes when their lifetimes in
-  // the reverse walk do not meet. Node i's gradient is first written by its
-  // last consumer's backward step (the walk goes from high index to low) and
-  // last read by its own, so it lives over walk positions [i, last consumer];
-  // a LoRA projection's x.W and (x.A).B gradients, for one, live only from
-  // add_scaled's step to their products'. Offsets are first-fit in walk
-  // order, which is fixed by the recording: the same placement every step.
-  // Placement changes no bit: every gradient is written whole by its first
-  // contribution.
-  bool replay_gradients(std::size_t first, std::size_t last) {
-    auto takes_grad = [&](std::uint32_t i) {
-      return i != no_node && i >= first && i <= last && nodes_[i].transient && nodes_[i].requires_grad;
+  // The needed values and the gradients of the transient nodes in [first,
+  // last], in one block of scope memory where two buffers share bytes when
+  // their lifetimes do not meet. Time runs through the replay (node i at step
+  // i - first) and then the walk (node i's backward at step n + last - i, n
+  // the nodes in [first, last]). A value lives from its replay to the last
+  // step that reads it: a later node's replay, or a backward step whose op
+  // reads it (backward_value_reads); under anomaly detection, whose reports
+  // read any value, to the walk's last step in the scope. A gradient lives
+  // from its last consumer's backward step, which writes it first, to its
+  // own, which reads it last. At each step the buffers that start there take
+  // space first and those that end there are given back after, so no two
+  // buffers one step touches share a byte. A LoRA projection's x.W and
+  // (x.A).B, for one, live only from their replay to add_scaled's, and their
+  // bytes then hold the MLP's gradients. The recording fixes the placement:
+  // the same every step. It changes no bit: every value and gradient is
+  // written whole before it is read.
+  bool place_scope_buffers(std::size_t first, std::size_t last) {
+    const std::size_t n = last - first + 1;
+    auto inside = [&](std::uint32_t i) { return i != no_node && i >= first && i <= last && nodes_[i].transient; };
+    auto walk_step = [&](std::size_t i) { return n + (last - i); };
+    // Buffer 2k is node first + k's value, 2k + 1 its gradient; none where start is `none`.
+    constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+    std::vector<std::pair<std::size_t, std::size_t>>& life = scope_life_;  // (start, end) steps, per buffer
+    life.assign(2 * n, {none, 0});
+    const bool every_value_to_the_end = (watch_ & inspect_detail::watch_anomalies) != 0;
+    auto read_at = [&](std::uint32_t i, std::size_t step) {
+      if (inside(i) && life[2 * (i - first)].first != none)
+        life[2 * (i - first)].second = std::max(life[2 * (i - first)].second, step);
     };
-    std::vector<std::uint32_t>& last_use = replay_last_use_;
-    last_use.assign(last - first + 1, no_node);
-    for (std::size_t c = last + 1; c-- > first;)
-      for (const std::uint32_t in : {nodes_[c].a, nodes_[c].b})
-        if (takes_grad(in) && last_use[in - first] == no_node) last_use[in - first] = static_cast<std::uint32_t>(c);
-    // Walk positions from last down to first: before position p's step, the
-    // gradients it writes first take space; after it, p's own is free.
-    std::vector<std::pair<std::size_t, std::size_t>>& free_spans = replay_free_;  // (offset, length), by offset
-    std::vector<std::size_t>& offset = replay_offset_;
-    offset.assign(last - first + 1, 0);
-    free_spans.clear();
-    std::size_t extent = 0;
-    auto take = [&](std::size_t length) {
-      for (std::size_t k = 0; k < free_spans.size(); ++k)
-        if (free_spans[k].second >= length) {
-          const std::size_t at = free_spans[k].first;
-          free_spans[k].first += length;
-          free_spans[k].second -= length;
-          if (free_spans[k].second == 0) free_spans.erase(free_spans.begin() + static_cast<std::ptrdiff_t>(k));
-          return at;
-        }
-      extent += length;
-      return extent - length;
-    };
-    auto give = [&](std::size_t at, std::size_t length) {
-      auto it = std::lower_bound(free_spans.begin(), free_spans.end(), std::pair<std::size_t, std::size_t>{at, 0});
-      it = free_spans.insert(it, {at, length});
-      if (auto next = it + 1; next != free_spans.end() && it->first + it->second == next->first) {
-        it->second += next->second;
-        free_spans.erase(next);
+    for (std::size_t i = first; i <= last; ++i)  // values: from their replay, read by later replays
+      if (nodes_[i].transient && replay_needed_[i - first]) {
+        life[2 * (i - first)] = {i - first, every_value_to_the_end ? 2 * n - 1 : i - first};
+        read_at(nodes_[i].a, i - first);
+        read_at(nodes_[i].b, i - first);
       }
-      if (it != free_spans.begin())
-        if (auto prev = it - 1; prev->first + prev->second == it->first) {
-          prev->second += it->second;
-          free_spans.erase(it);
-        }
-    };
-    auto length = [&](std::size_t i) { return Arena<T>::rounded(nodes_[i].dims.size()); };  // whole lines apart
-    for (std::size_t p = last + 1; p-- > first;) {
-      const std::uint32_t a = nodes_[p].a, b = nodes_[p].b;
-      if (takes_grad(a) && last_use[a - first] == p) offset[a - first] = take(length(a));
-      if (b != a && takes_grad(b) && last_use[b - first] == p) offset[b - first] = take(length(b));
-      if (takes_grad(static_cast<std::uint32_t>(p)) && last_use[p - first] != no_node)
-        give(offset[p - first], length(p));
+    for (std::size_t p = first; p <= last; ++p) {  // ... and by backward steps; gradients
+      const Node<T>& node = nodes_[p];
+      const std::uint8_t reads = backward_value_reads(node);
+      if (reads & reads_out) read_at(static_cast<std::uint32_t>(p), walk_step(p));
+      if (reads & reads_a) read_at(node.a, walk_step(p));
+      if (reads & reads_b) read_at(node.b, walk_step(p));
+      for (const std::uint32_t in : {node.a, node.b})  // p is a consumer of in: the latest one sets its start
+        if (inside(in) && nodes_[in].requires_grad) life[2 * (in - first) + 1] = {walk_step(p), walk_step(in)};
+    }
+    // Each buffer's start and end as events in step order, starts first within a step.
+    std::vector<std::pair<std::size_t, std::size_t>>& events = scope_events_;  // (2 step + ends, buffer)
+    events.clear();
+    for (std::size_t k = 0; k < 2 * n; ++k)
+      if (life[k].first != none) {
+        events.push_back({2 * life[k].first, k});
+        events.push_back({2 * life[k].second + 1, k});
+      }
+    std::sort(events.begin(), events.end());
+    auto length = [&](std::size_t k) { return Arena<T>::rounded(nodes_[first + k / 2].dims.size()); };
+    std::vector<std::size_t>& offset = scope_offset_;
+    offset.assign(2 * n, 0);
+    scope_plan_.clear();
+    for (const auto& [when, k] : events) {
+      if (when % 2 == 0)
+        offset[k] = scope_plan_.take(length(k));
+      else
+        scope_plan_.give(offset[k], length(k));
     }
     T* block = nullptr;
     try {
-      block = scope_memory_.allocate(extent);
+      block = scope_memory_.allocate(scope_plan_.extent());
     } catch (const std::bad_alloc&) {
-      return fail("recompute: out of memory allocating " + std::to_string(extent * sizeof(T)) +
-                  " bytes for the gradients of a scope's nodes " + std::to_string(first) + " to " +
+      return fail("recompute: out of memory allocating " + std::to_string(scope_plan_.extent() * sizeof(T)) +
+                  " bytes for the values and gradients of a scope's nodes " + std::to_string(first) + " to " +
                   std::to_string(last));
     }
-    for (std::size_t i = first; i <= last; ++i)
-      if (takes_grad(static_cast<std::uint32_t>(i)) && last_use[i - first] != no_node)
-        nodes_[i].grad = block + offset[i - first];
+    for (std::size_t k = 0; k < 2 * n; ++k)
+      if (life[k].first != none) (k % 2 == 0 ? nodes_[first + k / 2].value : nodes_[first + k / 2].grad) = block + offset[k];
     return true;
   }
   // Hands the scope memory to another scope: the transient nodes whose
@@ -765,9 +786,10 @@ class Tape {
   std::vector<Scope> scopes_;
   std::uint32_t open_scope_ = no_node;
   Arena<T> scope_memory_;  // recompute scopes' values, and in replay their gradients
-  std::vector<std::uint32_t> replay_last_use_;  // replay_gradients' working space, kept between walks
-  std::vector<std::size_t> replay_offset_;
-  std::vector<std::pair<std::size_t, std::size_t>> replay_free_;
+  // place_scope_buffers' working space, kept between walks
+  std::vector<std::pair<std::size_t, std::size_t>> scope_life_, scope_events_;
+  std::vector<std::size_t> scope_offset_;
+  FirstFit scope_plan_;
   Scope in_scope_memory_;  // the nodes whose transient buffers the scope memory holds now
 
   std::vector<Node<T>> nodes_;

@@ -156,7 +156,7 @@ Var<T> Tape<T>::record_watched(Node<T>& n) {
   using clock = std::chrono::steady_clock;
   const bool timed = profiling();
   const clock::time_point start = timed ? clock::now() : clock::time_point{};
-  Op::forward_tensor(args(n), n.value);
+  Op::forward_tensor(forward_args(n), n.value);
   const clock::time_point stop = timed ? clock::now() : clock::time_point{};
   learn_backward<Op>();
   Var<T> v = push(n);

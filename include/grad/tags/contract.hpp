@@ -29,6 +29,10 @@ struct NodeArgs {
   T scalar = T(0);
   std::uint32_t axis = 0;              // softmax, concat
   const std::size_t* extra = nullptr;  // one per axis: slice's starts, dropout's key (then zeros)
+  // Memory the host loops may use as scratch for this call, lent by the tape
+  // (null when none is idle; the device engine lends none).
+  T* scratch = nullptr;
+  std::size_t scratch_size = 0;
 };
 
 // ---- what an op tag is ----

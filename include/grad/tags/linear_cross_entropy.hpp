@@ -24,7 +24,8 @@
 //     ascending order, so the chunks continue each element's chain of fmas
 //     (gemm_tn_continue): the one-pass gemm's bits.
 // The host loops compute the logits a chunk of rows at a time into a scratch
-// buffer (chunk_rows) and turn them into their gradient in place. Nothing but
+// buffer (chunk_rows; the tape's idle recompute scope memory when it lends
+// enough, NodeArgs::scratch) and turn them into their gradient in place. Nothing but
 // the loss (and dh, below) outlives the forward pass, so dW recomputes them.
 // For a frozen W (LoRA's tied embedding) that is the logits once in all;
 // when W is trained as well, twice.
@@ -249,16 +250,19 @@ struct LinearCrossEntropy {
       gemm_nn(x.a.data + r0 * d, x.b.data, logits, m, d, classes);
   }
   // Calls chunk(r0, m, logits) over the rows in ascending chunks, the
-  // chunk's logits computed.
+  // chunk's logits computed: in the scratch the tape lends when it is large
+  // enough (an idle recompute scope's memory), else in a buffer of its own.
   template <class T, class Chunk>
   static void each_chunk(const NodeArgs<T>& x, Chunk&& chunk) {
     const auto [rows, d, classes] = sizes(x);
-    const std::size_t step = chunk_rows<T>(classes);
-    std::vector<T> logits(std::min(rows, step) * classes);
+    const std::size_t step = chunk_rows<T>(classes), need = std::min(rows, step) * classes;
+    std::vector<T> own;
+    if (x.scratch_size < need) own.resize(need);
+    T* const logits = x.scratch_size < need ? own.data() : x.scratch;
     for (std::size_t r0 = 0; r0 < rows; r0 += step) {
       const std::size_t m = std::min(step, rows - r0);
-      chunk_logits(x, r0, m, logits.data());
-      chunk(r0, m, logits.data());
+      chunk_logits(x, r0, m, logits);
+      chunk(r0, m, logits);
     }
   }
 
