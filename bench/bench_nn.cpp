@@ -113,6 +113,7 @@ template <bool Fused>
 void attention_step(benchmark::State& state) {
   const auto t = static_cast<std::size_t>(state.range(0)), H = static_cast<std::size_t>(state.range(1)),
              KV = static_cast<std::size_t>(state.range(2)), hd = static_cast<std::size_t>(state.range(3));
+  grad::set_num_threads(static_cast<std::size_t>(state.range(4)));
   Tape<float> tp;
   auto filled_f = [](grad::Shape shape, float start) {
     Tensor<float> x(std::move(shape));
@@ -132,10 +133,13 @@ void attention_step(benchmark::State& state) {
     tp.reset_to(m);
   }
   state.counters["arena_MiB"] = static_cast<double>(tp.arena_bytes()) / (1 << 20);
+  grad::set_num_threads(1);
 }
 
+// t, heads, key/value heads, head width, threads.
 void attention_sizes(benchmark::internal::Benchmark* b) {
-  b->Args({128, 14, 2, 64})->Args({512, 14, 2, 64})->Args({128, 4, 4, 32})->Unit(benchmark::kMillisecond);
+  b->Args({128, 14, 2, 64, 1})->Args({512, 14, 2, 64, 1})->Args({512, 14, 2, 64, 2})->Args({128, 4, 4, 32, 1});
+  b->Unit(benchmark::kMillisecond);
 }
 
 BENCHMARK(attention_step<false>)->Apply(attention_sizes);

@@ -228,6 +228,36 @@ TEST_CASE("set_num_threads: 0 means one per hardware thread, and 1 restores the 
   CHECK(num_threads() == 1);
 }
 
+// parallel_each gives every item its own part; a kernel called inside a part
+// runs on that thread alone (a nested run is serial instead of locking the
+// pool again), with the bits it has anywhere else.
+TEST_CASE_TEMPLATE("parallel_each: every item once, and products inside its parts give their usual bits", T, double,
+                   float) {
+  Rng rng(5);
+  const std::size_t items = 7, m = 40, k = 90, n = 130;  // m * n * k past the gemm's parallel threshold
+  const Tensor<T> a = random_tensor<T>({items, m, k}, rng), b = random_tensor<T>({k, n}, rng);
+  std::vector<T> alone(items * m * n), inside(items * m * n);
+  const T *pa = a.data().data(), *pb = b.data().data();
+  for (std::size_t i = 0; i < items; ++i) gemm_nn(pa + i * m * k, pb, &alone[i * m * n], m, k, n);
+  for (const std::size_t threads : {2, 3}) {
+    set_num_threads(threads);
+    std::vector<int> visits(items, 0);
+    std::fill(inside.begin(), inside.end(), T(-1));
+    parallel_each(items, [&](std::size_t i) {
+      ++visits[i];
+      CHECK(parallel_detail::free_threads() == 1);
+      gemm_nn(pa + i * m * k, pb, &inside[i * m * n], m, k, n);
+      parallel_ranges(m * n, 1, [&](std::size_t lo, std::size_t hi) {  // nested elementwise loop: serial
+        for (std::size_t e = lo; e < hi; ++e) inside[i * m * n + e] = inside[i * m * n + e] * T(1);
+      });
+    });
+    CHECK(std::all_of(visits.begin(), visits.end(), [](int v) { return v == 1; }));
+    CHECK(same_bits(alone, inside));
+    CHECK(parallel_detail::free_threads() == threads);
+  }
+  set_num_threads(1);
+}
+
 // Elementwise loops long enough to be split over the pool (and a matmul
 // large enough to be) give the same values and gradients on any thread count.
 TEST_CASE_TEMPLATE("a training graph gives the same bits on one and three threads", T, double, float) {

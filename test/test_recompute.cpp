@@ -227,10 +227,12 @@ TEST_CASE("recompute: a scope's gradients share memory where their lifetimes do 
     Tape<float> tp_plain, tp_scoped;
     std::vector<Var<float>> pp, ps;
     std::size_t plain_transient = 0, every_value_and_gradient = 0;
-    const Var<float> lp = run(false, tp_plain, pp, plain_transient), ls = run(true, tp_scoped, ps, every_value_and_gradient);
+    const Var<float> lp = run(false, tp_plain, pp, plain_transient);
+    const Var<float> ls = run(true, tp_scoped, ps, every_value_and_gradient);
     CHECK(plain_transient == 0);
     CHECK(bitwise_equal(tp_plain.value(lp).data, tp_scoped.value(ls).data));
-    for (std::size_t k = 0; k < pp.size(); ++k) CHECK(bitwise_equal(tp_plain.grad(pp[k]).data, tp_scoped.grad(ps[k]).data));
+    for (std::size_t k = 0; k < pp.size(); ++k)
+      CHECK(bitwise_equal(tp_plain.grad(pp[k]).data, tp_scoped.grad(ps[k]).data));
     // Less than one block's values and gradients (a third of every scope's), which is what the
     // shared memory held when each transient node kept a gradient buffer of its own.
     CHECK(tp_scoped.recompute_bytes() > 0);
@@ -239,7 +241,8 @@ TEST_CASE("recompute: a scope's gradients share memory where their lifetimes do 
             every_value_and_gradient / blocks);
     // Walking again places the gradients the same way: the same bits.
     REQUIRE(tp_scoped.backward(ls));
-    for (std::size_t k = 0; k < pp.size(); ++k) CHECK(bitwise_equal(tp_plain.grad(pp[k]).data, tp_scoped.grad(ps[k]).data));
+    for (std::size_t k = 0; k < pp.size(); ++k)
+      CHECK(bitwise_equal(tp_plain.grad(pp[k]).data, tp_scoped.grad(ps[k]).data));
   }
   set_num_threads(1);
 }
@@ -328,7 +331,8 @@ TEST_CASE("FirstFit: buffers alive at the same time never share a byte, and the 
           CHECK(offsets[k] + buffers[k].length <= plan.extent());
           for (std::size_t j = 0; j < k; ++j)
             if (buffers[j].start <= step && step <= buffers[j].end) {
-              const bool apart = offsets[j] + buffers[j].length <= offsets[k] || offsets[k] + buffers[k].length <= offsets[j];
+              const bool apart =
+                  offsets[j] + buffers[j].length <= offsets[k] || offsets[k] + buffers[k].length <= offsets[j];
               if (!apart) FAIL_CHECK("buffers " << j << " and " << k << " overlap at step " << step);
             }
         }

@@ -13,8 +13,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <memory>
-#include <span>
 #include <new>
+#include <span>
 #include <vector>
 
 namespace grad {

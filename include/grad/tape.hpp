@@ -732,8 +732,10 @@ class Tape {
                   " bytes for the values and gradients of a scope's nodes " + std::to_string(first) + " to " +
                   std::to_string(last));
     }
-    for (std::size_t k = 0; k < 2 * n; ++k)
-      if (life[k].first != none) (k % 2 == 0 ? nodes_[first + k / 2].value : nodes_[first + k / 2].grad) = block + offset[k];
+    for (std::size_t k = 0; k < 2 * n; ++k) {
+      Node<T>& node = nodes_[first + k / 2];
+      if (life[k].first != none) (k % 2 == 0 ? node.value : node.grad) = block + offset[k];
+    }
     return true;
   }
   // Hands the scope memory to another scope: the transient nodes whose

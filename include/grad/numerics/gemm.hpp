@@ -681,7 +681,7 @@ void multiply(Isa isa, const Problem<T>& pr) {
     std::fill(pr.c, pr.c + pr.m * pr.n, T(0));
     return;
   }
-  const std::size_t threads = num_threads();
+  const std::size_t threads = parallel_detail::free_threads();
   if (threads <= 1 || pr.m * pr.n * pr.k < parallel_threshold) return multiply_range(isa, pr, 0, pr.m, 0, pr.n);
   // Each thread packs the whole of the operand it does not split: split
   // the output so that the smaller operand is the one packed twice (columns

@@ -40,6 +40,15 @@ class Pool {
 
   std::size_t size() const { return workers_.size() + 1; }
 
+  // Whether this thread is running a part of a job: a run() from inside a
+  // part (a head's products while the heads are spread over the pool) is
+  // done serially, without touching run_mutex_, which the thread that
+  // published the job holds and may not lock again.
+  static bool& in_part() {
+    thread_local bool flag = false;
+    return flag;
+  }
+
   // Joins the old workers and starts threads - 1 new ones (the caller of
   // run() is the remaining thread).
   void resize(std::size_t threads) {
@@ -62,8 +71,12 @@ class Pool {
   // flight (a second user thread, or a part that itself calls run) is done
   // serially by its caller instead of waiting.
   void run(std::size_t parts, PartFn fn, void* context) {
+    if (in_part() || workers_.empty() || parts <= 1 || parts > max_parts) {
+      for (std::size_t p = 0; p < parts; ++p) fn(context, p);
+      return;
+    }
     std::unique_lock<std::mutex> lock(run_mutex_, std::try_to_lock);
-    if (!lock.owns_lock() || workers_.empty() || parts <= 1 || parts > max_parts) {
+    if (!lock.owns_lock()) {
       for (std::size_t p = 0; p < parts; ++p) fn(context, p);
       return;
     }
@@ -97,7 +110,9 @@ class Pool {
       const std::uint64_t next = t & 0xffff, parts = t >> 16 & 0xffff;
       if (next >= parts) return;
       if (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+      in_part() = true;
       fn_(context_, static_cast<std::size_t>(next));
+      in_part() = false;
       if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == parts) done_.notify_one();
       t = ticket_.load(std::memory_order_acquire);
     }
@@ -145,6 +160,12 @@ inline void set_num_threads(std::size_t threads) {
 
 inline std::size_t num_threads() { return parallel_detail::pool().size(); }
 
+namespace parallel_detail {
+// The threads a kernel called here can spread over: num_threads(), or 1
+// inside a part of a pool job (whose runs are serial, Pool::in_part).
+inline std::size_t free_threads() { return Pool::in_part() ? 1 : num_threads(); }
+}  // namespace parallel_detail
+
 // Runs fn(context, part) for part in [0, parts) on the pool (in any order,
 // possibly concurrently); returns when all are done.
 inline void parallel_for(std::size_t parts, parallel_detail::PartFn fn, void* context) {
@@ -157,7 +178,7 @@ inline void parallel_for(std::size_t parts, parallel_detail::PartFn fn, void* co
 // independent (each output written by exactly one range).
 template <class Body>
 inline void parallel_ranges(std::size_t n, std::size_t grain, Body&& body) {
-  const std::size_t threads = num_threads();
+  const std::size_t threads = parallel_detail::free_threads();
   if (threads <= 1 || n < 2 * grain) {
     body(std::size_t{0}, n);
     return;
@@ -171,6 +192,20 @@ inline void parallel_ranges(std::size_t n, std::size_t grain, Body&& body) {
     (*x.body)(p * x.n / x.parts, (p + 1) * x.n / x.parts);
   };
   parallel_for(context.parts, part, &context);
+}
+
+// Calls body(i) for every i in [0, n), each its own part of the pool (in
+// any order, possibly concurrently): for a few large, independent items of
+// like work (attention heads), which contiguous ranges would split unevenly.
+// A part's own kernels then run on its thread alone (free_threads).
+template <class Body>
+inline void parallel_each(std::size_t n, Body&& body) {
+  if (parallel_detail::free_threads() <= 1 || n < 2) {
+    for (std::size_t i = 0; i < n; ++i) body(i);
+    return;
+  }
+  auto part = [](void* c, std::size_t i) { (*static_cast<std::remove_reference_t<Body>*>(c))(i); };
+  parallel_for(n, part, &body);
 }
 
 }  // namespace grad

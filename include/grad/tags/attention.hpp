@@ -103,15 +103,23 @@ inline constexpr std::size_t causal_block = 32;
 
 // f(s, first, count, end) for every block: rows [first, first + count) of
 // slice s are one head's positions [end - count, end). Blocks run over the
-// pool when the product (`row_work` multiply-adds per row) is large.
+// pool when the product (`row_work` multiply-adds per row) is large. A
+// block's work grows (or shrinks) with its position, so a head's blocks are
+// taken alternately from its two ends: a contiguous range of them, one
+// thread's share, then holds short and long blocks alike (in position
+// order, one head's second half would be three times its first's work).
+// Which thread computes a block changes no bit.
 template <class F>
 void causal_blocks(const Sizes& z, std::size_t row_work, F&& f) {
   const std::size_t per_head = (z.t + causal_block - 1) / causal_block, blocks = z.slices * z.group * per_head;
-  const std::size_t grain = std::max<std::size_t>(1, (std::size_t{1} << 20) / std::max<std::size_t>(1, causal_block * row_work));
+  const std::size_t grain =
+      std::max<std::size_t>(1, (std::size_t{1} << 20) / std::max<std::size_t>(1, causal_block * row_work));
   parallel_ranges(blocks, grain, [&](std::size_t lo, std::size_t hi) {
     for (std::size_t b = lo; b < hi; ++b) {
-      const std::size_t p0 = b % per_head * causal_block, count = std::min(causal_block, z.t - p0);
-      f(b / (z.group * per_head), b / per_head % z.group * z.t + p0, count, p0 + count);
+      const std::size_t head = b / per_head, q = b % per_head;
+      const std::size_t p0 = (q % 2 == 0 ? q / 2 : per_head - 1 - q / 2) * causal_block;
+      const std::size_t count = std::min(causal_block, z.t - p0);
+      f(head / z.group, head % z.group * z.t + p0, count, p0 + count);
     }
   });
 }
@@ -153,21 +161,34 @@ void causal_keys(const T* a, const T* b, T* c, const Sizes& z) {
   });
 }
 
-// A key/value gradient of one slice on the host: per head of the group, in
-// the tape's order, head = a_h^T . b_h on the gemm (a_h [t, t] and b_h
-// [t, width] the head's rows of a and b, which point at the slice's first
-// row; causal_keys when a is lower-triangular per head), added into d
-// [t, width] as add_head adds it. `head` is scratch.
-template <class T>
-void sum_heads_tn(const T* a, const T* b, T* d, T* head, const Sizes& z, bool causal) {
-  for (std::size_t n = 0; n < z.group; ++n) {
-    const std::size_t first = head_in_sum_order(n, z.group) * z.t;
-    if (causal)
-      causal_keys(a + first * z.t, b + first * z.width, head, z);
-    else
-      gemm_tn(a + first * z.t, b + first * z.width, head, z.t, z.t, z.width);
-    for (std::size_t e = 0; e < z.t * z.width; ++e) add_head(d[e], head[e], n);
-  }
+// Calls f(i) for i in [0, items): one item per part of the pool when there
+// are at least as many as threads (a head or a key/value group then runs
+// whole on one thread, its products serial there: the heads of a group are
+// even work, a causal head's rows are not), else one after another, each
+// product spreading over the pool itself.
+template <class F>
+void each_head(std::size_t items, F&& f) {
+  if (items >= num_threads())
+    parallel_each(items, f);
+  else
+    for (std::size_t i = 0; i < items; ++i) f(i);
+}
+
+// A key/value gradient d [N, t, width] on the host: per slice, the group's
+// heads in the tape's order, head_term(row, head) writing a head's term
+// [t, width] into `head` (row: the head's first row in the node's
+// [N, G*t, ...] operands), added into the slice's d as add_head adds it.
+// Slices run over the pool (each_head).
+template <class T, class HeadTerm>
+void sum_heads(const Sizes& z, T* d, HeadTerm&& head_term) {
+  each_head(z.slices, [&](std::size_t s) {
+    T* const head = scratch<T, head_gradient>(z.t * z.width);  // this thread's
+    T* const ds = d + s * z.t * z.width;
+    for (std::size_t n = 0; n < z.group; ++n) {
+      head_term(s * z.rows + head_in_sum_order(n, z.group) * z.t, head);
+      for (std::size_t e = 0; e < z.t * z.width; ++e) add_head(ds[e], head[e], n);
+    }
+  });
 }
 
 // Shape rule shared by both tags: a [N, G*t, a2], b [N, t, b2].
@@ -352,25 +373,25 @@ struct CausalAttentionProbs {
   }
   template <int In, class T>
   static void backward_tensor(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
+    using namespace attention_detail;
     const auto z = sizes(x);
     // One head's ds [t, t] at a time (4 MiB at Qwen2.5-0.5B's sequence 1024,
-    // where the group's took 29), then its product: dq's rows for the head
-    // (ds . k), or the head's term of dk (ds^T . q) added in the tape's order.
-    T* const ds = attention_detail::scratch<T, attention_detail::score_gradients>(z.t * z.t);
-    T* const head = In == 1 ? attention_detail::scratch<T, attention_detail::head_gradient>(z.t * z.width) : nullptr;
-    const attention_detail::Sizes one{1, z.t, z.t, z.width, 1};
-    for (std::size_t s = 0; s < z.slices; ++s)
-      for (std::size_t n = 0; n < z.group; ++n) {
-        const std::size_t first = s * z.rows + (In == 0 ? n : attention_detail::head_in_sum_order(n, z.group)) * z.t;
-        score_gradients(x, y + first * z.t, g + first * z.t, z.t, ds);
-        if constexpr (In == 0) {  // dq = ds . k
-          attention_detail::causal_rows(ds, x.b.data + s * z.t * z.width, dx + first * z.width, one);
-        } else {  // dk: the heads' ds^T . q summed as the tape summed the repeated k's gradients
-          attention_detail::causal_keys(ds, x.a.data + first * z.width, head, one);
-          T* const d = dx + s * z.t * z.width;
-          for (std::size_t e = 0; e < z.t * z.width; ++e) attention_detail::add_head(d[e], head[e], n);
-        }
-      }
+    // where the group's took 29), in the scratch of the thread that computes
+    // the head, then its product: dq's rows for the head (ds . k), or the
+    // head's term of dk (ds^T . q) summed as the tape summed the repeated k's.
+    const auto head_ds = [&](std::size_t row) {
+      T* const ds = scratch<T, attention_detail::score_gradients>(z.t * z.t);
+      score_gradients(x, y + row * z.t, g + row * z.t, z.t, ds);
+      return ds;
+    };
+    if constexpr (In == 0) {  // heads are independent: dq = ds . k
+      const Sizes one{1, z.t, z.t, z.width, 1};
+      each_head(z.slices * z.group, [&](std::size_t h) {
+        causal_rows(head_ds(h * z.t), x.b.data + h / z.group * z.t * z.width, dx + h * z.t * z.width, one);
+      });
+    } else {
+      sum_heads(z, dx, [&](std::size_t row, T* head) { causal_keys(head_ds(row), x.a.data + row * z.width, head, z); });
+    }
   }
 
  private:
@@ -504,10 +525,13 @@ struct AttentionContext {
       for (std::size_t s = 0; s < z.slices; ++s)
         gemm_nt(g + s * z.rows * z.width, x.b.data + s * z.t * z.width, dx + s * z.rows * z.t, z.rows, z.width, z.t);
     } else {  // dv = per head p^T . g, then the heads in the tape's order
-      T* const head = attention_detail::scratch<T, attention_detail::head_gradient>(z.t * z.width);
-      for (std::size_t s = 0; s < z.slices; ++s)
-        attention_detail::sum_heads_tn(x.a.data + s * z.rows * z.t, g + s * z.rows * z.width, dx + s * z.t * z.width,
-                                       head, z, x.axis == 1);
+      attention_detail::sum_heads(z, dx, [&](std::size_t row, T* head) {
+        const T *p = x.a.data + row * z.t, *gh = g + row * z.width;
+        if (x.axis == 1)
+          attention_detail::causal_keys(p, gh, head, z);
+        else
+          gemm_tn(p, gh, head, z.t, z.t, z.width);
+      });
     }
   }
 };
