@@ -71,11 +71,9 @@ class Pool {
   // flight (a second user thread, or a part that itself calls run) is done
   // serially by its caller instead of waiting.
   void run(std::size_t parts, PartFn fn, void* context) {
-    if (in_part() || workers_.empty() || parts <= 1 || parts > max_parts) {
-      for (std::size_t p = 0; p < parts; ++p) fn(context, p);
-      return;
-    }
-    std::unique_lock<std::mutex> lock(run_mutex_, std::try_to_lock);
+    std::unique_lock<std::mutex> lock;
+    if (!in_part() && !workers_.empty() && parts > 1 && parts <= max_parts)
+      lock = std::unique_lock<std::mutex>(run_mutex_, std::try_to_lock);
     if (!lock.owns_lock()) {
       for (std::size_t p = 0; p < parts; ++p) fn(context, p);
       return;
@@ -197,13 +195,10 @@ inline void parallel_ranges(std::size_t n, std::size_t grain, Body&& body) {
 // Calls body(i) for every i in [0, n), each its own part of the pool (in
 // any order, possibly concurrently): for a few large, independent items of
 // like work (attention heads), which contiguous ranges would split unevenly.
-// A part's own kernels then run on its thread alone (free_threads).
+// A part's own kernels then run on its thread alone (free_threads); on one
+// thread, or inside a part, the items run one after another (Pool::run).
 template <class Body>
 inline void parallel_each(std::size_t n, Body&& body) {
-  if (parallel_detail::free_threads() <= 1 || n < 2) {
-    for (std::size_t i = 0; i < n; ++i) body(i);
-    return;
-  }
   auto part = [](void* c, std::size_t i) { (*static_cast<std::remove_reference_t<Body>*>(c))(i); };
   parallel_for(n, part, &body);
 }

@@ -161,11 +161,11 @@ void causal_keys(const T* a, const T* b, T* c, const Sizes& z) {
   });
 }
 
-// Calls f(i) for i in [0, items): one item per part of the pool when there
-// are at least as many as threads (a head or a key/value group then runs
-// whole on one thread, its products serial there: the heads of a group are
-// even work, a causal head's rows are not), else one after another, each
-// product spreading over the pool itself.
+// Calls f(i) for i in [0, items): one item (a head, or a key/value group)
+// per part of the pool when there are at least as many items as threads, so
+// each runs whole on one thread, its products serial there (heads are even
+// work; the positions of one causal head are not); else one after another,
+// each product spreading over the pool itself.
 template <class F>
 void each_head(std::size_t items, F&& f) {
   if (items >= num_threads())
@@ -183,10 +183,10 @@ template <class T, class HeadTerm>
 void sum_heads(const Sizes& z, T* d, HeadTerm&& head_term) {
   each_head(z.slices, [&](std::size_t s) {
     T* const head = scratch<T, head_gradient>(z.t * z.width);  // this thread's
-    T* const ds = d + s * z.t * z.width;
+    T* const slice_d = d + s * z.t * z.width;
     for (std::size_t n = 0; n < z.group; ++n) {
       head_term(s * z.rows + head_in_sum_order(n, z.group) * z.t, head);
-      for (std::size_t e = 0; e < z.t * z.width; ++e) add_head(ds[e], head[e], n);
+      for (std::size_t e = 0; e < z.t * z.width; ++e) add_head(slice_d[e], head[e], n);
     }
   });
 }
