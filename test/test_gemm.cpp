@@ -136,6 +136,47 @@ TEST_CASE_TEMPLATE("blocked gemm equals the reference loops bit for bit on three
   check_every_shape<T>(3);
 }
 
+// Problem::a_in_place: the row panels read where they lie, partial panels
+// and tail strips included, on every instruction set; and multiply choosing
+// it for a larger-than-L2 a whose columns are split over three threads.
+TEST_CASE_TEMPLATE("reading a in place gives the packed blocks' bits", T, double, float) {
+  Rng rng(31);
+  for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512}) {
+    if (!gemm_detail::supported(isa)) continue;
+    for (const Dims3& d : {Dims3{97, 300, 200}, Dims3{171, 520, 77}, Dims3{13, 11, 72}, Dims3{6, 257, 1025}}) {
+      const std::size_t m = d.m, k = d.k, n = d.n;
+      const auto A = operand<T>(m * k, rng), B = operand<T>(k * n, rng), Bt = operand<T>(n * k, rng);
+      std::vector<T> want(m * n, T(0)), got(m * n, std::numeric_limits<T>::quiet_NaN());
+      INFO("isa ", static_cast<int>(isa), " m ", m, " k ", k, " n ", n);
+      reference::gemm_nn(A.data(), B.data(), want.data(), m, k, n);
+      gemm_detail::Problem<T> nn{{A.data(), k, 1}, {B.data(), n, 1}, got.data(), m, n, k};
+      nn.a_in_place = true;
+      gemm_detail::multiply_range(isa, nn, 0, m, 0, n);
+      CHECK(same_bits(want, got));
+      std::fill(want.begin(), want.end(), T(0));
+      std::fill(got.begin(), got.end(), std::numeric_limits<T>::quiet_NaN());
+      reference::gemm_nt(A.data(), Bt.data(), want.data(), m, k, n);  // C[m,n] = A[m,k] Bt[n,k]^T
+      gemm_detail::Problem<T> nt{{A.data(), k, 1}, {Bt.data(), 1, k}, got.data(), m, n, k};
+      nt.a_in_place = true;
+      gemm_detail::multiply_range(isa, nt, 0, m, 0, n);
+      CHECK(same_bits(want, got));
+    }
+  }
+  // Just past L2 (whatever this machine's is) by its length, split by columns (m <= n).
+  const std::size_t m = 100, n = 203, k = gemm_detail::cache_blocking().l2_bytes / (m * sizeof(T)) + 3;
+  const auto A = operand<T>(m * k, rng), B = operand<T>(k * n, rng);
+  const gemm_detail::Problem<T> large{{A.data(), k, 1}, {B.data(), n, 1}, nullptr, m, n, k};
+  CHECK(gemm_detail::a_in_place_when_split(large));
+  const gemm_detail::Problem<T> columns_of_a{{A.data(), 1, m}, {B.data(), n, 1}, nullptr, k, n, m};
+  CHECK_FALSE(gemm_detail::a_in_place_when_split(columns_of_a));  // a's columns contiguous: packed
+  std::vector<T> want(m * n, T(0)), got(m * n, std::numeric_limits<T>::quiet_NaN());
+  reference::gemm_nn(A.data(), B.data(), want.data(), m, k, n);
+  set_num_threads(3);
+  gemm_nn(A.data(), B.data(), got.data(), m, k, n);
+  set_num_threads(1);
+  CHECK(same_bits(want, got));
+}
+
 TEST_CASE_TEMPLATE("the public gemm entry points match the reference on the best instruction set", T, double, float) {
   Rng rng(5);
   const std::size_t m = 37, k = 300, n = 41;

@@ -122,6 +122,10 @@ struct Problem {
   T* c;
   std::size_t m, n, k;
   bool continued = false;
+  // Read a's row panels where they lie instead of packing a's blocks: set
+  // by multiply when threads split the columns and would each pack the
+  // same large a (multiply_block; the same fmas in the same order).
+  bool a_in_place = false;
 };
 
 template <class T, std::size_t Lanes>
@@ -144,14 +148,14 @@ inline std::size_t cache_bytes(int level) {
   return level == 1 ? 48 * 1024 : 1024 * 1024;
 }
 struct CacheBlocking {
-  std::size_t kc, nc_bytes;
+  std::size_t kc, nc_bytes, l2_bytes;
 };
 inline const CacheBlocking& cache_blocking() {
   static const CacheBlocking b = [] {
     const std::size_t l1 = std::clamp<std::size_t>(cache_bytes(1), 16 * 1024, 128 * 1024);
     const std::size_t l2 = std::clamp<std::size_t>(cache_bytes(2), 256 * 1024, 4 * 1024 * 1024);
     const std::size_t kc = std::clamp<std::size_t>(256 * l1 / (48 * 1024) / 16 * 16, 128, 512);
-    return CacheBlocking{kc, l2 / kc};
+    return CacheBlocking{kc, l2 / kc, l2};
   }();
   return b;
 }
@@ -568,8 +572,9 @@ template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
       const std::size_t kc = std::min(KC, pr.k - pc);
       const bool accumulate = pc > 0 || pr.continued;  // later runs continue the stored partial sums
       pack_b<T, Lanes, NV>(pr.b, pc, kc, jc, nc, bpack);
-      // Packing a's block pays off when its panels serve several strips.
-      const bool pack_whole_a = nc > nr;
+      // Packing a's block pays off when its panels serve several strips
+      // (and a is not read in place, Problem::a_in_place).
+      const bool pack_whole_a = nc > nr && !pr.a_in_place;
       for (std::size_t ic = i0; ic < i1; ic += MC) {
         const std::size_t mc = std::min(MC, i1 - ic);
         if (pack_whole_a) pack_a<T, MR>(pr.a, ic, mc, pc, kc, apack);
@@ -673,6 +678,19 @@ void run_part(void* context, std::size_t part) {
     multiply_range(s.isa, pr, lo, hi, 0, pr.n);
 }
 
+// Whether threads that split the product's columns read a in place
+// (Problem::a_in_place): when its rows are contiguous and it is larger than
+// L2. Packed, such an a is one more pass over memory per thread, every
+// thread copying the same rows (Qwen2.5-0.5B's down projection: a is 10 MB;
+// the fused loss's dh product: 104 MB per chunk). Measured there (Zen 5, 2
+// threads, L1 step, two runs of 6 interleaved rounds): 5.68 -> 5.39 s and
+// 5.76 -> 5.52 s. One thread keeps packing: its copy is made once, and
+// reading in place measured no faster there.
+template <class T>
+bool a_in_place_when_split(const Problem<T>& pr) {
+  return pr.a.cs == 1 && pr.m * pr.k * sizeof(T) > cache_blocking().l2_bytes;
+}
+
 template <class T>
 void multiply(Isa isa, const Problem<T>& pr) {
   if (pr.m == 0 || pr.n == 0) return;
@@ -694,7 +712,10 @@ void multiply(Isa isa, const Problem<T>& pr) {
   // One part per thread: every part packs its own copy of the unsplit
   // operand, so finer parts would pay that copy again (measured: 8 parts cost ~30% more
   // CPU time than 2 on workload B).
-  Split<T> split{isa, &pr, std::min(threads, units), units, by_columns ? col_unit : row_unit, by_columns};
+  Problem<T> split_problem = pr;
+  split_problem.a_in_place = by_columns && a_in_place_when_split(pr);
+  Split<T> split{isa, &split_problem, std::min(threads, units), units, by_columns ? col_unit : row_unit,
+                 by_columns};
   parallel_for(split.parts, &run_part<T>, &split);
 }
 
