@@ -511,11 +511,13 @@ TEST_CASE("anomaly deep in an Lm block: an overflowing projection is named by bl
   CHECK(contains(tp.error(), "(matmul in 'layers.1.attention.k'"));
 }
 
-TEST_CASE("profiler: the per-op totals account for the step's wall time") {
+TEST_CASE("profiler: the per-op totals account for the step's wall time, with recompute scopes too") {
   // A step of the LM at tinylm's default width: the events' durations
   // against the wall time of the same forward and backward. The events
   // leave out the tape's own bookkeeping between ops (shape checks,
   // allocation, the reverse walk's loop), so they sum to a little less.
+  // With recompute on, the forward steps backward computes again are
+  // events of their own (about a third of such a step).
   nn::LmConfig c = tiny_lm();
   c.vocab = 256;
   c.d_model = 64;
@@ -524,28 +526,81 @@ TEST_CASE("profiler: the per-op totals account for the step's wall time") {
   c.kv_heads = 2;
   c.ffn = 176;
   c.max_seq = 32;
-  Tape<float> tp;
-  nn::Lm<float> m(tp, c, 5);
-  const auto mark = tp.mark();
-  double best = 0, best_wall = 0, best_events = 0;
-  for (int step = 0; step < 3; ++step) {  // the first warms the arenas; the best of the rest counts
-    tp.reset_to(mark);
-    tp.clear_profile();
-    tp.profile(true);
-    const auto t0 = std::chrono::steady_clock::now();
-    auto r = m.forward(m.ids(tokens(4 * 32, 1), 4, 32), m.ids(tokens(4 * 32, 2), 128, 0));
-    REQUIRE(tp.backward(r.loss));
-    const double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    tp.profile(false);
-    double events = 0;
-    for (const ProfileRow& row : profile_by_op(tp)) events += row.forward_ms + row.backward_ms;
-    if (step > 0 && events / wall > best) {
-      best = events / wall;
-      best_wall = wall;
-      best_events = events;
+  for (const bool recompute : {false, true}) {
+    Tape<float> tp;
+    nn::Lm<float> m(tp, c, 5);
+    m.set_recompute(recompute);
+    const auto mark = tp.mark();
+    double best = 0, best_wall = 0, best_events = 0, best_recomputed = 0;
+    for (int step = 0; step < 3; ++step) {  // the first warms the arenas; the best of the rest counts
+      tp.reset_to(mark);
+      tp.clear_profile();
+      tp.profile(true);
+      const auto t0 = std::chrono::steady_clock::now();
+      auto r = m.forward(m.ids(tokens(4 * 32, 1), 4, 32), m.ids(tokens(4 * 32, 2), 128, 0));
+      REQUIRE(tp.backward(r.loss));
+      const double wall = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      tp.profile(false);
+      double events = 0, recomputed = 0;
+      for (const ProfileRow& row : profile_by_op(tp)) {
+        events += row.total_ms();
+        recomputed += row.recomputed_ms;
+      }
+      if (step > 0 && events / wall > best) {
+        best = events / wall;
+        best_wall = wall;
+        best_events = events;
+        best_recomputed = recomputed;
+      }
     }
+    MESSAGE("recompute " << recompute << ": per-op totals " << best_events << " ms (recomputed " << best_recomputed
+                         << ") of a " << best_wall << " ms step (" << 100 * best << "%)");
+    CHECK(best <= 1.0);   // nested in the step: cannot exceed it
+    CHECK(best >= 0.75);  // 0.9 or more on an idle machine; loose for shared CI cores
+    CHECK((best_recomputed > 0) == recompute);
   }
-  MESSAGE("per-op totals " << best_events << " ms of a " << best_wall << " ms step (" << 100 * best << "%)");
-  CHECK(best <= 1.0);   // nested in the step: cannot exceed it
-  CHECK(best >= 0.75);  // 0.9 or more on an idle machine; loose for shared CI cores
+}
+
+TEST_CASE("profiler: the steps a recompute scope computes again are timed on a track of their own") {
+  nn::LmConfig c = tiny_lm();
+  Tape<double> tp;
+  nn::Lm<double> m(tp, c, 3);
+  m.set_recompute(true);
+  const auto mark = tp.mark();
+  tp.profile(true);
+  auto r = m.forward(m.ids(tokens(2 * 8, 1), 2, 8), m.ids(tokens(2 * 8, 2), 16, 0));
+  REQUIRE(tp.backward(r.loss));
+  tp.profile(false);
+  REQUIRE(tp.recomputed_nodes() > 0);
+  std::size_t recomputed = 0, forward = 0, both = 0;
+  for (const TraceEvent& e : tp.inspection().events) {
+    recomputed += e.recomputed;
+    forward += !e.recomputed && !e.backward;
+    both += e.recomputed && e.backward;
+  }
+  CHECK(both == 0);
+  CHECK(recomputed == tp.recomputed_nodes());
+  CHECK(forward > recomputed);  // every node was recorded once; backward computes some again
+  std::size_t rows_recomputed = 0;
+  double share = 0;
+  const auto by_op = profile_by_op(tp);
+  for (const ProfileRow& row : by_op) {
+    rows_recomputed += row.recomputed_calls;
+    share += row.share;
+  }
+  CHECK(rows_recomputed == recomputed);
+  CHECK(share == doctest::Approx(1.0));
+  CHECK(contains(profile_table(by_op), "re ms"));
+  const std::string trace = chrome_trace(tp);
+  CHECK(count(trace, "\"tid\":3,\"ts\"") == recomputed);
+  CHECK(count(trace, "\"cat\":\"recompute\"") == recomputed);
+  // Without recompute scopes the table keeps its usual columns.
+  tp.reset_to(mark);
+  tp.clear_profile();
+  m.set_recompute(false);
+  tp.profile(true);
+  r = m.forward(m.ids(tokens(2 * 8, 1), 2, 8), m.ids(tokens(2 * 8, 2), 16, 0));
+  REQUIRE(tp.backward(r.loss));
+  tp.profile(false);
+  CHECK_FALSE(contains(profile_table(profile_by_op(tp)), "re ms"));
 }

@@ -624,7 +624,10 @@ class Tape {
     if (!place_scope_buffers(first, last)) return false;
     for (std::size_t i = first; i <= last; ++i)
       if (nodes_[i].transient && replay_needed_[i - first]) {
-        (this->*replay_steps_[nodes_[i].op])(nodes_[i]);
+        if (profiling()) [[unlikely]]
+          replay_profiled(i);
+        else
+          (this->*replay_steps_[nodes_[i].op])(nodes_[i]);
         ++recomputed_nodes_;
       }
     return true;
@@ -755,6 +758,7 @@ class Tape {
   Var<T> record_watched(Node<T>& n);
   Var<T> check_leaf(Var<T> v);
   bool backward_watched(std::size_t i);
+  void replay_profiled(std::size_t i);
   bool report_anomaly(Anomaly a);
   Anomaly describe(Anomaly::Phase phase, std::size_t i) const;
   void push_scope(std::string_view name) { inspection_.scopes.enter(name, nodes_.size()); }

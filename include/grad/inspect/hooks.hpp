@@ -49,7 +49,9 @@ struct Anomaly {
   std::string message;
 };
 
-// One profiled forward or backward step of one node.
+// One profiled forward or backward step of one node. A recomputed event is
+// a forward step computed again during backward (a recompute scope's node
+// whose value a backward step reads, grad/recompute.hpp).
 struct TraceEvent {
   std::uint32_t node = 0;
   std::uint8_t op = 0;
@@ -57,6 +59,7 @@ struct TraceEvent {
   std::uint32_t scope = 0;
   std::uint64_t start_ns = 0, duration_ns = 0;  // start relative to when profiling was turned on
   std::uint64_t bytes = 0;                      // of the buffer the step wrote (value, or gradients handed down)
+  bool recomputed = false;
 };
 
 namespace inspect_detail {

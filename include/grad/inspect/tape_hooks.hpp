@@ -192,6 +192,19 @@ Var<T> Tape<T>::check_leaf(Var<T> v) {
   return rejected();
 }
 
+// A recompute scope's node computed again, timed (Tape::replay while profiling).
+template <class T>
+void Tape<T>::replay_profiled(std::size_t i) {
+  using clock = std::chrono::steady_clock;
+  Node<T>& n = nodes_[i];
+  const clock::time_point start = clock::now();
+  (this->*replay_steps_[n.op])(n);
+  const clock::time_point stop = clock::now();
+  const std::uint64_t t0 = inspect_detail::since(inspection_.epoch, start);
+  inspection_.events.push_back({static_cast<std::uint32_t>(i), n.op, false, inspection_.scopes.of(i), t0,
+                                inspect_detail::since(inspection_.epoch, stop) - t0, n.dims.size() * sizeof(T), true});
+}
+
 template <class T>
 bool Tape<T>::backward_watched(std::size_t i) {
   using clock = std::chrono::steady_clock;
