@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -176,6 +177,55 @@ TEST_CASE_TEMPLATE("reading a in place gives the packed blocks' bits", T, double
   gemm_nn(A.data(), B.data(), got.data(), m, k, n);
   set_num_threads(1);
   CHECK(same_bits(want, got));
+}
+
+// A b held as bfloat16 (a frozen base, Storage::bf16) is widened while it is
+// packed: the product's bits are the reference's over the widened values, in
+// both b layouts (nn: rows of b contiguous; nt: b's terms contiguous, the
+// transposed squares), one-row products (which pack instead of reading b in
+// place) included, on every instruction set and on one and three threads.
+TEST_CASE_TEMPLATE("a bfloat16 b gives the bits of the product over its widened values", T, double, float) {
+  Rng rng(41);
+  for (const std::size_t threads : {1, 3}) {
+    set_num_threads(threads);
+    for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512}) {
+      if (!gemm_detail::supported(isa)) continue;
+      for (const Dims3& d : {Dims3{1, 520, 1031}, Dims3{1, 257, 77}, Dims3{97, 300, 200}, Dims3{13, 11, 72},
+                             Dims3{130, 300, 600}, Dims3{6, 17, 33}}) {
+        const std::size_t m = d.m, k = d.k, n = d.n;
+        const auto A = operand<T>(m * k, rng);
+        std::vector<std::uint16_t> bits(k * n);
+        std::vector<T> widened(k * n);
+        for (std::size_t i = 0; i < bits.size(); ++i) {
+          bits[i] = round_to_bf16(rng.uniform(-2, 2));
+          widened[i] = widen_bf16<T>(bits[i]);
+        }
+        const T* B16 = reinterpret_cast<const T*>(bits.data());
+        INFO("isa ", static_cast<int>(isa), " m ", m, " k ", k, " n ", n, " threads ", threads);
+        std::vector<T> want(m * n, T(0)), got(m * n, std::numeric_limits<T>::quiet_NaN());
+        reference::gemm_nn(A.data(), widened.data(), want.data(), m, k, n);  // b [k, n]
+        gemm_detail::multiply<T>(isa, {{A.data(), k, 1}, {B16, n, 1, Storage::bf16}, got.data(), m, n, k});
+        CHECK(same_bits(want, got));
+        std::fill(got.begin(), got.end(), std::numeric_limits<T>::quiet_NaN());
+        reference::gemm_nt(A.data(), widened.data(), want.data(), m, k, n);  // the same bits read as b [n, k]
+        gemm_detail::multiply<T>(isa, {{A.data(), k, 1}, {B16, 1, k, Storage::bf16}, got.data(), m, n, k});
+        CHECK(same_bits(want, got));
+      }
+    }
+  }
+  set_num_threads(1);
+}
+
+TEST_CASE("bfloat16 rounding: to nearest, ties to even; NaN and infinities kept; widening exact") {
+  CHECK(round_to_bf16(1.0f) == 0x3f80);
+  CHECK(round_to_bf16(std::bit_cast<float>(0x3f808000u)) == 0x3f80);  // a tie: to the even 0x3f80
+  CHECK(round_to_bf16(std::bit_cast<float>(0x3f818000u)) == 0x3f82);  // a tie: to the even 0x3f82
+  CHECK(round_to_bf16(std::bit_cast<float>(0x3f808001u)) == 0x3f81);  // past the tie: up
+  CHECK(round_to_bf16(-std::numeric_limits<float>::infinity()) == 0xff80);
+  CHECK(std::isnan(widen_bf16<float>(round_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  CHECK(std::isnan(widen_bf16<float>(round_to_bf16(std::bit_cast<float>(0x7f800001u)))));  // a signalling NaN stays NaN
+  CHECK(widen_bf16<double>(0xc0a0) == -5.0);
+  CHECK(std::bit_cast<std::uint32_t>(widen_bf16<float>(0x8000)) == 0x80000000u);  // -0
 }
 
 TEST_CASE_TEMPLATE("the public gemm entry points match the reference on the best instruction set", T, double, float) {

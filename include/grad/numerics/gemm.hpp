@@ -19,7 +19,9 @@
 //   - threads take disjoint ranges of output columns (or rows), each
 //     element computed whole by one thread;
 //   - a single output row (a decoding step's x . W or x . W^T) skips the
-//     packing and reads b where it lies (multiply_row, multiply_row_transposed).
+//     packing and reads b where it lies (multiply_row, multiply_row_transposed);
+//   - a b held as bfloat16 (a frozen base, Storage::bf16) is widened while it
+//     is packed: exact, so the product's bits are those over the widened b.
 // So the blocked kernels equal grad::reference::gemm_* bit for bit, on any
 // instruction set and thread count (test_gemm checks it over many shapes).
 //
@@ -40,6 +42,7 @@
 #include "grad/numerics/isa.hpp"
 #include "grad/numerics/parallel.hpp"
 #include "grad/numerics/simd.hpp"
+#include "grad/numerics/storage.hpp"
 
 // Full unrolling of the register tile's constant-trip loops. nvcc's front end
 // (which sees this header through op_list.hpp) does not know GCC's pragma.
@@ -106,11 +109,13 @@ using grad::Isa;
 using grad::supported;
 
 // Element (r, c) of a matrix operand lives at p[r * rs + c * cs]; the three
-// layouts differ only in these strides.
+// layouts differ only in these strides. b may be held as bfloat16 (storage):
+// p then points at its 16-bit elements, and only pack_b reads them.
 template <class T>
 struct Strided {
   const T* p;
   std::size_t rs, cs;
+  Storage storage = Storage::native;
 };
 
 // C (row-major, m x n) = sum over p < k of a(i, p) b(p, j); with
@@ -351,29 +356,52 @@ template <class T, std::size_t Lanes>
 #endif
 }
 
+// Where pack_b reads b's elements: as T, or as bfloat16 widened to T
+// (exact). Each gives runs of contiguous elements, a Lanes x Lanes square
+// transposed (Lanes runs of Lanes terms, rs apart), and single elements.
+template <class T, std::size_t Lanes>
+struct NativeElements {
+  const T* p;
+  void run(std::size_t at, T* dst, std::size_t n) const { __builtin_memcpy(dst, p + at, n * sizeof(T)); }
+  void square(std::size_t at, std::size_t stride, T* dst, std::size_t dst_stride) const {
+    transpose_square<T, Lanes>(p + at, stride, dst, dst_stride);
+  }
+  T operator[](std::size_t at) const { return p[at]; }
+};
+template <class T, std::size_t Lanes>
+struct Bf16Elements {
+  const std::uint16_t* p;
+  void run(std::size_t at, T* dst, std::size_t n) const { widen_bf16_run(p + at, dst, n); }
+  void square(std::size_t at, std::size_t stride, T* dst, std::size_t dst_stride) const {
+    alignas(64) T widened[Lanes * Lanes];
+    for (std::size_t i = 0; i < Lanes; ++i) widen_bf16_run(p + at + i * stride, widened + i * Lanes, Lanes);
+    transpose_square<T, Lanes>(widened, Lanes, dst, dst_stride);
+  }
+  T operator[](std::size_t at) const { return widen_bf16<T>(p[at]); }
+};
+
 // Strips of b's block, each kc x width (strip_width: NR, or the tail's),
 // zero-padded past the last column.
-template <class T, std::size_t Lanes, std::size_t NV>
-[[gnu::always_inline]] inline void pack_b(const Strided<T>& b, std::size_t p0, std::size_t kc, std::size_t j0,
-                                          std::size_t nc, T* out) {
+template <class T, std::size_t Lanes, std::size_t NV, class Elements>
+[[gnu::always_inline]] inline void pack_b_from(const Elements& e, const Strided<T>& b, std::size_t p0, std::size_t kc,
+                                               std::size_t j0, std::size_t nc, T* out) {
   constexpr std::size_t nr = NV * Lanes;
   for (std::size_t jr = 0; jr < nc;) {
     const std::size_t width = strip_width<T, Lanes, NV>(nc - jr);
     const std::size_t cols = std::min(width, nc - jr);
-    const T* src = b.p + p0 * b.rs + (j0 + jr) * b.cs;
+    const std::size_t src = p0 * b.rs + (j0 + jr) * b.cs;
     if (b.cs == 1) {  // rows of b contiguous
       for (std::size_t p = 0; p < kc; ++p) {
-        const T* row = src + p * b.rs;
+        const std::size_t row = src + p * b.rs;
         T* dst = out + p * width;
         // Whole strips as fixed-size copies (vector moves at any -O level,
         // not left to the auto-vectoriser); a ragged last strip by element.
         if (cols == nr) {
-          __builtin_memcpy(dst, row, nr * sizeof(T));
+          e.run(row, dst, nr);
         } else if (cols == width) {
-          for (std::size_t j = 0; j < width; j += tail_unit<T, Lanes>)
-            __builtin_memcpy(dst + j, row + j, tail_unit<T, Lanes> * sizeof(T));
+          for (std::size_t j = 0; j < width; j += tail_unit<T, Lanes>) e.run(row + j, dst + j, tail_unit<T, Lanes>);
         } else {
-          for (std::size_t j = 0; j < cols; ++j) dst[j] = row[j];
+          for (std::size_t j = 0; j < cols; ++j) dst[j] = e[row + j];
           for (std::size_t j = cols; j < width; ++j) dst[j] = T(0);
         }
       }
@@ -384,12 +412,11 @@ template <class T, std::size_t Lanes, std::size_t NV>
       // so b streams in order instead of missing its cache lines column by column.
       const std::size_t square_cols = b.rs == 1 ? cols / Lanes * Lanes : 0, square_terms = kc / Lanes * Lanes;
       for (std::size_t js = 0; js < square_cols; js += Lanes)
-        for (std::size_t p = 0; p < square_terms; p += Lanes)
-          transpose_square<T, Lanes>(src + js * b.cs + p, b.cs, out + p * width + js, width);
+        for (std::size_t p = 0; p < square_terms; p += Lanes) e.square(src + js * b.cs + p, b.cs, out + p * width + js, width);
       for (std::size_t js = 0; js < cols; js += Lanes) {  // the rest, element by element
         const std::size_t je = std::min(cols, js + Lanes);
         for (std::size_t p = js < square_cols ? square_terms : 0; p < kc; ++p)
-          for (std::size_t j = js; j < je; ++j) out[p * width + j] = src[j * b.cs + p * b.rs];
+          for (std::size_t j = js; j < je; ++j) out[p * width + j] = e[src + j * b.cs + p * b.rs];
       }
       for (std::size_t p = 0; p < kc; ++p)
         for (std::size_t j = cols; j < width; ++j) out[p * width + j] = T(0);
@@ -397,6 +424,14 @@ template <class T, std::size_t Lanes, std::size_t NV>
     out += kc * width;
     jr += width;
   }
+}
+template <class T, std::size_t Lanes, std::size_t NV>
+[[gnu::always_inline]] inline void pack_b(const Strided<T>& b, std::size_t p0, std::size_t kc, std::size_t j0,
+                                          std::size_t nc, T* out) {
+  if (b.storage == Storage::bf16)
+    return pack_b_from<T, Lanes, NV>(Bf16Elements<T, Lanes>{reinterpret_cast<const std::uint16_t*>(b.p)}, b, p0, kc,
+                                     j0, nc, out);
+  pack_b_from<T, Lanes, NV>(NativeElements<T, Lanes>{b.p}, b, p0, kc, j0, nc, out);
 }
 
 // Row panels of a's block, each kc x MR (MR values per term), zero-padded.
@@ -551,11 +586,13 @@ template <class T, std::size_t Lanes>
 template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
 [[gnu::always_inline]] inline void multiply_block(const Problem<T>& pr, std::size_t i0, std::size_t i1, std::size_t j0,
                                                   std::size_t j1) {
-  if (i1 - i0 == 1 && pr.b.cs == 1) {
+  // The one-row paths read b where it lies, so a 16-bit b takes the packing path.
+  const bool b_native = pr.b.storage == Storage::native;
+  if (b_native && i1 - i0 == 1 && pr.b.cs == 1) {
     if (j1 - j0 <= narrow_row_strips * 2 * NV * Lanes) return multiply_narrow_row<T, Lanes, 2 * NV>(pr, i0, j0, j1);
     return multiply_row<T, Lanes>(pr, i0, j0, j1);
   }
-  if (i1 - i0 == 1 && pr.b.rs == 1) return multiply_row_transposed<T, Lanes>(pr, i0, j0, j1);
+  if (b_native && i1 - i0 == 1 && pr.b.rs == 1) return multiply_row_transposed<T, Lanes>(pr, i0, j0, j1);
   constexpr std::size_t nr = NV * Lanes;
   constexpr std::size_t MC = Blocking<T>::mc;
   const std::size_t KC = Blocking<T>::kc(), NC = std::max(Blocking<T>::nc() / nr * nr, nr);
@@ -724,16 +761,19 @@ void multiply(Isa isa, const Problem<T>& pr) {
 // The kernels the matmul/bmm tags call: same arguments and results as the
 // reference loops above.
 
-// C[m,n] = A[m,k] B[k,n]
+// C[m,n] = A[m,k] B[k,n]; B may be held as bfloat16 (b_storage; B then
+// points at its 16-bit elements), widened exactly as it is packed.
 template <class T>
-inline void gemm_nn(const T* A, const T* B, T* C, std::size_t m, std::size_t k, std::size_t n) {
-  gemm_detail::multiply<T>(gemm_detail::best_isa(), {{A, k, 1}, {B, n, 1}, C, m, n, k});
+inline void gemm_nn(const T* A, const T* B, T* C, std::size_t m, std::size_t k, std::size_t n,
+                    Storage b_storage = Storage::native) {
+  gemm_detail::multiply<T>(gemm_detail::best_isa(), {{A, k, 1}, {B, n, 1, b_storage}, C, m, n, k});
 }
 
-// C[m,k] = G[m,n] B[k,n]^T (C[i,p] sums over j)
+// C[m,k] = G[m,n] B[k,n]^T (C[i,p] sums over j); B as gemm_nn's
 template <class T>
-inline void gemm_nt(const T* G, const T* B, T* C, std::size_t m, std::size_t n, std::size_t k) {
-  gemm_detail::multiply<T>(gemm_detail::best_isa(), {{G, n, 1}, {B, 1, n}, C, m, k, n});
+inline void gemm_nt(const T* G, const T* B, T* C, std::size_t m, std::size_t n, std::size_t k,
+                    Storage b_storage = Storage::native) {
+  gemm_detail::multiply<T>(gemm_detail::best_isa(), {{G, n, 1}, {B, 1, n, b_storage}, C, m, k, n});
 }
 
 // C[k,n] = A[m,k]^T G[m,n] (C[p,j] sums over i)
