@@ -240,3 +240,17 @@ TEST_CASE("an f32 capture of a double tape gives the same bits on CUDA as on the
   CHECK(std::abs(runs[0][0] - tp.scalar(loss)) <= 1e-5 * std::abs(tp.scalar(loss)));
   for (std::size_t k = 1; k < runs.size(); ++k) CHECK(bitwise_equal<double>(runs[0], runs[k]));
 }
+
+// A frozen base held as bfloat16 (Tape::constant(t, Storage::bf16)): the engines read every value as T.
+TEST_CASE("a tape with a bfloat16 constant is refused by the device engine and grad::emit, by name") {
+  Tape<float> tp;
+  const Var<float> x = tp.param(Tensor<float>::full({2, 4}, 0.5f));
+  const Var<float> w = tp.constant(Tensor<float>::full({4, 3}, 0.25f), Storage::bf16);
+  const Var<float> loss = sum(matmul(x, w));
+  REQUIRE(tp.ok());
+  CHECK_THROWS_WITH_AS(device::capture(tp, loss, {}),
+                       doctest::Contains("node 1 (a constant [4, 3]) is held as bf16; record it as a native constant "
+                                         "before capturing"),
+                       device::CaptureError);
+  CHECK_THROWS_WITH_AS(emit(tp, loss), doctest::Contains("is held as bf16"), EmitError);
+}

@@ -673,3 +673,68 @@ TEST_CASE("merge, export and load again: the same logits bit for bit; the KV dec
   CHECK(r.error.find("save_pretrained") != std::string::npos);
   CHECK_FALSE(std::filesystem::exists(dir.file("x.model")));
 }
+
+// A BF16 checkpoint into a base held as bfloat16 (nn::Lm's base_storage):
+// every matrix's bits exactly as stored (the projections transposed), so the
+// model gives the logits of the same checkpoint loaded into float; an F32
+// checkpoint rounds to the nearest bfloat16. Written back out (BF16 and
+// F32), it gives the checkpoint's values again.
+TEST_CASE("a BF16 checkpoint loads into a bfloat16 base bit for bit, and writes back out") {
+  ScratchDir dir("hf_bf16");
+  for (const bool tied : {false, true}) {
+    CAPTURE(tied);
+    const std::string d = dir.file(tied ? "tied" : "untied");
+    write_checkpoint(d, {hf::Architecture::qwen2, hf::Dtype::bf16, false, tied, 0}, 23);
+    const hf::ModelInfo info = hf::read_config(d);
+    Tape<float> tf, th;
+    nn::Lm<float> as_float(tf, info.config, 1, nn::Lm<float>::Train::none);
+    nn::Lm<float> held(th, info.config, 1, nn::Lm<float>::Train::none, Storage::bf16);
+    CHECK(held.trainable().empty());
+    hf::load_weights(d, as_float);
+    hf::load_weights(d, held);
+    for (const auto& p : held.base()) {
+      CAPTURE(p.name);
+      CHECK(th.storage(p.var) == (th.dims(p.var).rank == 2 ? Storage::bf16 : Storage::native));
+      const Tensor<float> w = th.widened_value(p.var);
+      CHECK(std::memcmp(w.data().data(), tf.value(as_float.tensor(p.name)).data.data(), w.size() * sizeof(float)) == 0);
+    }
+    const std::vector<int> ids = some_ids(9, 2 * 6);
+    const View<float> a = tf.value(as_float.forward(as_float.ids(ids, 2, 6)).logits);
+    const View<float> b = th.value(held.forward(held.ids(ids, 2, 6)).logits);
+    REQUIRE(a.size() == b.size());
+    CHECK(std::memcmp(a.data.data(), b.data.data(), a.size() * sizeof(float)) == 0);
+    // Out again in BF16 and F32: the checkpoint's values.
+    for (const hf::Dtype dtype : {hf::Dtype::bf16, hf::Dtype::f32}) {
+      const std::string out = dir.file(std::string(tied ? "t" : "u") + std::string(hf::dtype_name(dtype)));
+      hf::SaveOptions o;
+      o.dtype = dtype;
+      hf::save_pretrained(out, held, o);
+      Tape<float> tr;
+      nn::Lm<float> again(tr, hf::read_config(out).config, 2, nn::Lm<float>::Train::none);
+      hf::load_weights(out, again);
+      for (const auto& p : again.base()) {
+        const View<float> v = tr.value(p.var);
+        CHECK(std::memcmp(v.data.data(), tf.value(as_float.tensor(p.name)).data.data(), v.size() * sizeof(float)) ==
+              0);
+      }
+    }
+  }
+  // An F32 checkpoint into a bfloat16 base: each value rounded to the nearest bfloat16.
+  const std::string d32 = dir.file("f32");
+  write_checkpoint(d32, {hf::Architecture::qwen2, hf::Dtype::f32, false, false, 0}, 24);
+  const hf::ModelInfo info = hf::read_config(d32);
+  Tape<float> tf, th;
+  nn::Lm<float> as_float(tf, info.config, 1, nn::Lm<float>::Train::none);
+  nn::Lm<float> held(th, info.config, 1, nn::Lm<float>::Train::none, Storage::bf16);
+  hf::load_weights(d32, as_float);
+  hf::load_weights(d32, held);
+  const View<float> v = tf.value(as_float.tensor("layers.1.gate"));
+  const Tensor<float> w = th.widened_value(held.tensor("layers.1.gate"));
+  REQUIRE(v.size() == w.size());
+  std::size_t changed = 0;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    CHECK(w[i] == widen_bf16<float>(round_to_bf16(v[i])));
+    changed += w[i] != v[i];
+  }
+  CHECK(changed > 0);  // random F32 values are not bfloat16s
+}

@@ -147,3 +147,113 @@ TEST_CASE("a scalar of -0.0 keeps its sign on the tape's vector path, as in plai
   scalar_ops_match_plain_cpp<double>();
   scalar_ops_match_plain_cpp<float>();
 }
+
+// ---- bfloat16 constants (a frozen base held in 16 bits) ----
+
+namespace {
+
+// Values with more bits than a bfloat16 holds, so that rounding matters.
+template <class T>
+Tensor<T> bf16_source(Shape shape, Rng& rng) {
+  return random_tensor<T>(std::move(shape), rng, -1.5, 1.5);
+}
+
+// What a bf16 constant holds, as a native tensor: each value rounded to bf16 and widened.
+template <class T>
+Tensor<T> rounded(const Tensor<T>& t) {
+  Tensor<T> r = t;
+  for (T& x : r.data()) x = widen_bf16<T>(round_to_bf16(x));
+  return r;
+}
+
+// Every op that reads a bf16 operand, value and gradients, on one tape whose
+// weights are held as `storage` (their values already bf16's): matmul's b
+// [k, n] (a batch of rows, and one row: the decoding path), matmul_nt's b
+// [n, k], embedding's table and linear_cross_entropy's W (tied, [classes, d]).
+template <class T>
+struct ReaderRun {
+  std::vector<std::vector<T>> values, grads;
+};
+template <class T>
+ReaderRun<T> run_readers(const Tensor<T>& w, const Tensor<T>& wt, const Tensor<T>& table, Storage storage) {
+  Tape<T> tp;
+  Rng rng(99);
+  const Var<T> x = tp.param(random_tensor<T>({7, 40}, rng)), row = tp.param(random_tensor<T>({1, 40}, rng));
+  const Var<T> h = tp.param(random_tensor<T>({5, 24}, rng));
+  const Var<T> W = tp.constant(w, storage), Wt = tp.constant(wt, storage), E = tp.constant(table, storage);
+  CHECK(tp.storage(W) == storage);
+  Tensor<T> ids({5}), targets({5});
+  for (std::size_t i = 0; i < 5; ++i) {
+    ids[i] = static_cast<T>((i * 7) % 33);
+    targets[i] = static_cast<T>((i * 5 + 1) % 33);
+  }
+  const Var<T> y1 = matmul(x, W), y2 = matmul(row, W), y3 = matmul_nt(x, Wt), y4 = matmul_nt(row, Wt);
+  const Var<T> e = embedding(E, tp.constant(ids));
+  const Var<T> ce = linear_cross_entropy(h, E, tp.constant(targets));
+  const Var<T> loss = weighted_sum(y1) + weighted_sum(y2) + weighted_sum(y3) + weighted_sum(y4) +
+                      weighted_sum(e * h) + ce;
+  REQUIRE_MESSAGE(tp.backward(loss), tp.error());
+  ReaderRun<T> r;
+  for (Var<T> v : {y1, y2, y3, y4, e, ce, loss}) r.values.emplace_back(tp.value(v).begin(), tp.value(v).end());
+  for (Var<T> v : {x, row, h}) r.grads.emplace_back(tp.grad(v).begin(), tp.grad(v).end());
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("a bfloat16 constant gives the bits of a native constant holding its widened values", T, float,
+                   double) {
+  Rng rng(7);
+  const Tensor<T> w = bf16_source<T>({40, 300}, rng), wt = bf16_source<T>({300, 40}, rng);
+  const Tensor<T> table = bf16_source<T>({33, 24}, rng);
+  for (const std::size_t threads : {1, 3}) {
+    INFO("threads ", threads);
+    set_num_threads(threads);
+    const ReaderRun<T> held = run_readers(w, wt, table, Storage::bf16);
+    const ReaderRun<T> native = run_readers(rounded(w), rounded(wt), rounded(table), Storage::native);
+    for (std::size_t i = 0; i < held.values.size(); ++i) {
+      INFO("value ", i);
+      CHECK(bitwise_equal<T>(held.values[i], native.values[i]));
+    }
+    for (std::size_t i = 0; i < held.grads.size(); ++i) {
+      INFO("gradient ", i);
+      CHECK(bitwise_equal<T>(held.grads[i], native.grads[i]));
+    }
+  }
+  set_num_threads(1);
+}
+
+TEST_CASE("a bfloat16 constant: half the memory, read out widened, written as bits, refused by other ops") {
+  Tape<float> tp;
+  Tensor<float> t({3, 4});
+  for (std::size_t i = 0; i < t.size(); ++i) t[i] = 1.0f + static_cast<float>(i) / 1024.0f;  // 1 + i/1024: rounded
+  const Var<float> w = tp.constant(t, Storage::bf16);
+  REQUIRE(tp.ok());
+  CHECK(tp.storage(w) == Storage::bf16);
+  CHECK(tp.dims(w).size() == 12);
+  CHECK(tp.value(w).empty());       // not T: read it widened
+  CHECK(tp.leaf_value(w).empty());  // and write its bits
+  const Tensor<float> widened = tp.widened_value(w);
+  REQUIRE(widened.size() == 12);
+  for (std::size_t i = 0; i < t.size(); ++i) CHECK(widened[i] == widen_bf16<float>(round_to_bf16(t[i])));
+  CHECK(widened[1] == 1.0f);  // 1 + 1/1024 is not a bfloat16: it rounds to 1
+  CHECK(tp.scalar(w) == 1.0f);
+  std::span<std::uint16_t> bits = tp.leaf_bits(w);
+  REQUIRE(bits.size() == 12);
+  bits[0] = round_to_bf16(-2.5f);
+  CHECK(tp.widened_value(w)[0] == -2.5f);
+  CHECK(tp.leaf_bits(tp.constant(t)).empty());  // a native constant has no bits to write
+  // Its value takes half a float's memory in the summary.
+  const Tensor<float> big({1000, 100});
+  const std::size_t before = summarize(tp).value_bytes;
+  tp.constant(big, Storage::bf16);
+  CHECK(summarize(tp).value_bytes - before == 200000);
+  // Ops that do not widen it themselves refuse it, naming the op, the operand and the readers.
+  const Var<float> x = tp.param(Tensor<float>::full({3, 4}, 1.0f));
+  const Var<float> bad = x + w;
+  CHECK_FALSE(bad.valid());
+  CHECK(tp.error().find("add: operand 2 [3, 4] is a bf16 constant, which only matmul's operand 2") !=
+        std::string::npos);
+  CHECK(tp.error().find("embedding's operand 1") != std::string::npos);
+  CHECK(tp.error().find("linear_cross_entropy's operand 2 read; record it as a native constant") != std::string::npos);
+}

@@ -107,17 +107,24 @@ ModelFileResult save_model(const std::string& path, const Tape<T>& tp, std::span
   detail::ByteWriter payload;
   payload.put(static_cast<std::uint64_t>(params.size()));
   for (const auto& p : params) {
-    const View<T> v = tp.value(p.var);
-    if (v.empty()) return failed("parameter '" + p.name + "' is not a live node of this tape");
-    if (v.rank() == 0 || v.rank() > max_rank)
-      return failed("parameter '" + p.name + "' has rank " + std::to_string(v.rank()) + " (expected 1 .. " +
+    // A bfloat16 constant (a frozen base) is written widened: exact.
+    const bool live = !tp.value(p.var).empty() || tp.storage(p.var) != Storage::native;
+    if (!live) return failed("parameter '" + p.name + "' is not a live node of this tape");
+    const Dims& d = tp.dims(p.var);
+    if (d.rank == 0 || d.rank > max_rank)
+      return failed("parameter '" + p.name + "' has rank " + std::to_string(d.rank) + " (expected 1 .. " +
                     std::to_string(max_rank) + "); nothing written");
     payload.put(static_cast<std::uint32_t>(p.name.size()));
     payload.put_all(std::span<const char>(p.name));
-    payload.put(static_cast<std::uint32_t>(v.rank()));
-    for (std::size_t d : v.shape) payload.put(static_cast<std::uint64_t>(d));
+    payload.put(static_cast<std::uint32_t>(d.rank));
+    for (std::size_t x : d.span()) payload.put(static_cast<std::uint64_t>(x));
   }
-  for (const auto& p : params) payload.put_all(tp.value(p.var).data);
+  for (const auto& p : params) {
+    if (tp.storage(p.var) == Storage::native)
+      payload.put_all(tp.value(p.var).data);
+    else
+      payload.put_all(std::span<const T>(tp.widened_value(p.var).data()));
+  }
   const auto file =
       detail::frame(detail::model_magic, model_file_version, detail::dtype_code<T>, detail::model_kind, payload.bytes);
   if (std::string why = detail::write_atomically(path, file, "model"); !why.empty()) return failed(why);
@@ -191,9 +198,9 @@ ModelFileResult load_model(const std::string& path, Tape<T>& tp, std::span<const
   // ---- names and shapes against the model, before writing anything ----
   std::vector<const Entry*> match(params.size(), nullptr);
   for (std::size_t i = 0; i < params.size(); ++i) {
-    const View<T> have = tp.value(params[i].var);
-    if (have.empty() || tp.leaf_value(params[i].var).empty())
-      return failed("model parameter '" + params[i].name + "' is not a live parameter of this tape");
+    const bool writable = !tp.leaf_value(params[i].var).empty() || !tp.leaf_bits(params[i].var).empty();
+    if (!writable) return failed("model parameter '" + params[i].name + "' is not a live parameter of this tape");
+    const std::span<const std::size_t> have_shape = tp.dims(params[i].var).span();
     for (Entry& e : entries)
       if (e.name == params[i].name) {
         match[i] = &e;
@@ -207,9 +214,9 @@ ModelFileResult load_model(const std::string& path, Tape<T>& tp, std::span<const
       return failed("name mismatch: the model's parameter '" + params[i].name + "' is not in the file" +
                     (unmatched.empty() ? std::string() : " (the file has " + unmatched + " instead)"));
     }
-    if (!std::equal(have.shape.begin(), have.shape.end(), match[i]->shape.begin(), match[i]->shape.end()))
+    if (!std::equal(have_shape.begin(), have_shape.end(), match[i]->shape.begin(), match[i]->shape.end()))
       return failed("shape mismatch: parameter '" + params[i].name + "' is " + shape_string(match[i]->shape) +
-                    " in the file but " + shape_string(have.shape) + " in the model");
+                    " in the file but " + shape_string(have_shape) + " in the model");
   }
   for (const Entry& e : entries)
     if (!e.used) return failed("name mismatch: the file's parameter '" + e.name + "' is not in the model");
@@ -228,12 +235,16 @@ ModelFileResult load_model(const std::string& path, Tape<T>& tp, std::span<const
       }
 
   // ---- every check passed: write ----
+  std::vector<T> widened;
   for (std::size_t i = 0; i < params.size(); ++i) {
-    const std::span<T> to = tp.leaf_value(params[i].var);
+    const std::span<std::uint16_t> bits = tp.leaf_bits(params[i].var);  // a bfloat16 constant: rounded to it
+    if (!bits.empty()) widened.resize(bits.size());
+    const std::span<T> to = bits.empty() ? tp.leaf_value(params[i].var) : std::span<T>(widened);
     if (f.dtype == 1)
       detail::convert_into<T, double>(match[i]->values, to);
     else
       detail::convert_into<T, float>(match[i]->values, to);
+    for (std::size_t k = 0; k < bits.size(); ++k) bits[k] = round_to_bf16(widened[k]);
   }
   return {};
 }

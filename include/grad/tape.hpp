@@ -98,6 +98,7 @@ struct Node {
   // outputs: value and gradient live in memory the next scope reuses, so
   // the reverse walk computes the value again before it needs it.
   bool transient = false;
+  Storage storage = Storage::native;  // bf16: a constant whose value holds 16-bit floats (Tape::constant)
   std::uint32_t a = no_node, b = no_node;
   std::uint32_t axis = 0;
   std::uint32_t extra = no_node;  // offset of per-axis parameters in the tape's index pool
@@ -129,6 +130,18 @@ class Tape {
 
   Var<T> param(const Tensor<T>& t) { return leaf<Param>(t); }
   Var<T> constant(const Tensor<T>& t) { return leaf<Const>(t); }
+  // A constant held as bfloat16 (Storage::bf16): half a float's memory, each
+  // value rounded to the nearest bfloat16 (ties to even, as PyTorch's
+  // .to(torch.bfloat16); a double is rounded to float first). A frozen base
+  // model's weights: the ops that read it widen it exactly (matmul's and
+  // matmul_nt's b, embedding's table, linear_cross_entropy's weights), so
+  // they give the bits of the same ops over a T constant holding the widened
+  // values; any other op refuses it (poisons the tape), as do the device
+  // engine and grad::emit. value() and leaf_value() read it as empty:
+  // widened_value() copies it out as T, leaf_bits() writes its bits.
+  Var<T> constant(const Tensor<T>& t, Storage storage) {
+    return storage == Storage::native ? leaf<Const>(t) : leaf<Const>(t, storage);
+  }
 
   // Gradients of `loss` (one element) with respect to every node; previous
   // gradients are cleared first (not summed, as PyTorch's would be: with an
@@ -153,12 +166,13 @@ class Tape {
   bool backward(Var<T> loss, Accumulate);
 
   // Queries never poison: an invalid, foreign or dropped Var reads as empty
-  // (scalar reads NaN).
+  // (scalar reads NaN). value() reads a bfloat16 constant as empty too: its
+  // elements are not T (widened_value copies them out).
   // A node recorded inside a recompute scope and not returned from it reads
   // as empty too: its value is not kept.
   View<T> value(Var<T> v) const {
     const Node<T>* n = find(v);
-    if (!n || n->transient) return {};
+    if (!n || n->transient || n->storage != Storage::native) return {};
     return {n->dims.span(), {n->value, n->dims.size()}};
   }
   View<T> grad(Var<T> v) const {
@@ -169,7 +183,32 @@ class Tape {
   }
   T scalar(Var<T> v) const {
     const Node<T>* n = find(v);
-    return n && !n->transient ? n->value[0] : std::numeric_limits<T>::quiet_NaN();
+    if (!n || n->transient) return std::numeric_limits<T>::quiet_NaN();
+    return n->storage == Storage::bf16 ? widen_bf16<T>(*reinterpret_cast<const std::uint16_t*>(n->value)) : n->value[0];
+  }
+  // How v's value is held (native for an invalid, foreign or dropped Var).
+  Storage storage(Var<T> v) const {
+    const Node<T>* n = find(v);
+    return n ? n->storage : Storage::native;
+  }
+  // v's value as a tensor of T: a copy of what value() reads, or a 16-bit
+  // constant's values widened (exactly). Empty where value() is.
+  Tensor<T> widened_value(Var<T> v) const {
+    const Node<T>* n = find(v);
+    if (!n || n->transient) return {};
+    Tensor<T> t(Shape(n->dims.span().begin(), n->dims.span().end()));
+    if (n->storage == Storage::bf16)
+      widen_bf16_run(reinterpret_cast<const std::uint16_t*>(n->value), t.data().data(), t.size());
+    else
+      std::copy_n(n->value, t.size(), t.data().begin());
+    return t;
+  }
+  // Writable bits of a bfloat16 constant (loading a checkpoint's BF16
+  // tensors as they are); empty for any other node.
+  std::span<std::uint16_t> leaf_bits(Var<T> v) {
+    const Node<T>* n = find(v);
+    if (!n || n->storage != Storage::bf16) return {};
+    return {reinterpret_cast<std::uint16_t*>(n->value), n->dims.size()};
   }
   // Was v recorded by op Op? (False for an invalid, foreign or dropped Var.)
   template <class Op>
@@ -207,7 +246,7 @@ class Tape {
   // minibatch rows). Empty for a computed node: its value is a function of its inputs.
   std::span<T> leaf_value(Var<T> v) {
     const Node<T>* n = find(v);
-    if (!n || (n->op != op_code<Param> && n->op != op_code<Const>)) return {};
+    if (!n || (n->op != op_code<Param> && n->op != op_code<Const>) || n->storage != Storage::native) return {};
     return {n->value, n->dims.size()};
   }
 
@@ -410,6 +449,7 @@ class Tape {
     if (!checked_element_count(out.span()))
       return invalid(std::string(Op::name) + ": output shape " + shape_string(out) +
                      " has more elements than can be stored (at most " + std::to_string(max_elements) + ")");
+    if (const std::string why = storage_refusal<Op>(a, b); !why.empty()) return invalid(why);
     Node<T> n;
     n.op = op_code<Op>;
     n.a = a.index_;
@@ -460,8 +500,8 @@ class Tape {
   }
   NodeArgs<T> args(const Node<T>& n) const {
     NodeArgs<T> x;
-    if (n.a != no_node) x.a = {nodes_[n.a].value, nodes_[n.a].dims};
-    if (n.b != no_node) x.b = {nodes_[n.b].value, nodes_[n.b].dims};
+    if (n.a != no_node) x.a = {nodes_[n.a].value, nodes_[n.a].dims, nodes_[n.a].storage};
+    if (n.b != no_node) x.b = {nodes_[n.b].value, nodes_[n.b].dims, nodes_[n.b].storage};
     x.out = n.dims;
     x.scalar = n.scalar;
     x.axis = n.axis;
@@ -471,7 +511,7 @@ class Tape {
 
  private:
   template <class Op>
-  Var<T> leaf(const Tensor<T>& t) {
+  Var<T> leaf(const Tensor<T>& t, Storage storage = Storage::native) {
     if (!ok()) return rejected();
     std::string op(Op::name);
     if (t.rank() > max_rank)
@@ -482,11 +522,40 @@ class Tape {
     n.op = op_code<Op>;
     n.dims = t.rank() == 0 ? Dims::of(std::array<std::size_t, 1>{1}) : Dims::of(t.shape());
     n.requires_grad = std::is_same_v<Op, Param>;
+    n.storage = storage;
     if (!allocate(n, Op::name, false)) return rejected();  // a leaf's value is kept, inside a recompute scope too
-    std::copy(t.data().begin(), t.data().end(), n.value);
+    if (storage == Storage::bf16) {
+      auto* bits = reinterpret_cast<std::uint16_t*>(n.value);
+      for (std::size_t i = 0; i < t.size(); ++i) bits[i] = round_to_bf16(t.data()[i]);
+    } else {
+      std::copy(t.data().begin(), t.data().end(), n.value);
+    }
     if (watch_ & inspect_detail::watch_anomalies) [[unlikely]]
       return check_leaf(push(n));
     return push(n);
+  }
+
+  // Why Op may not read a 16-bit operand ("" when it may): only the tags
+  // whose host loops widen one (takes_bf16) read one.
+  template <class Op>
+  std::string storage_refusal(Var<T> a, Var<T> b) const {
+    const Var<T> operands[2] = {a, b};
+    for (int i = 0; i < 2; ++i) {
+      if (!operands[i].valid()) continue;
+      const Node<T>& n = nodes_[operands[i].index_];
+      if (n.storage == Storage::native || takes_bf16<Op>(i)) continue;
+      std::string readers;
+      boost::mp11::mp_for_each<OpList>([&](auto op) {
+        using Reader = decltype(op);
+        for (int k = 0; k < 2; ++k)
+          if (takes_bf16<Reader>(k))
+            readers += (readers.empty() ? "" : ", ") + std::string(Reader::name) + "'s operand " + std::to_string(k + 1);
+      });
+      return std::string(Op::name) + ": operand " + std::to_string(i + 1) + " " + shape_string(n.dims) + " is a " +
+             std::string(storage_name(n.storage)) + " constant, which only " + readers +
+             " read; record it as a native constant to use it here";
+    }
+    return {};
   }
 
   // Value (and gradient) buffers for a new node, from the recompute scopes'
@@ -497,7 +566,10 @@ class Tape {
   // transient node's gradient before backward replays the scope, and replay
   // gives each gradient memory for its lifetime only (replay).
   bool allocate(Node<T>& n, std::string_view op, bool scoped) {
-    const std::size_t size = n.dims.size();
+    const std::size_t elements = n.dims.size();
+    // A 16-bit constant's value takes whole elements of T, rounded up.
+    const std::size_t size =
+        n.storage == Storage::native ? elements : (elements * storage_bytes(n.storage, sizeof(T)) + sizeof(T) - 1) / sizeof(T);
     Arena<T>& values = scoped ? scope_memory_ : values_;
     const bool with_grad = n.requires_grad && !scoped;
     const auto values_at = values.position(), grads_at = grads_.position();

@@ -154,8 +154,8 @@ void load_mapped(const std::string& where, const std::vector<std::unique_ptr<Saf
                  Tape<T>& tp, const std::string& described, Ignorable ignorable) {
   std::vector<Located> found;
   for (const Mapped<T>& w : wanted) {
-    const View<T> v = tp.value(w.var);
-    std::vector<std::size_t> expect(v.shape.begin(), v.shape.end());
+    const std::span<const std::size_t> shape = tp.dims(w.var).span();
+    std::vector<std::size_t> expect(shape.begin(), shape.end());
     if (w.transposed) std::swap(expect[0], expect[1]);
     const auto o = owner.find(w.hf_name);
     const TensorInfo* info = o == owner.end() ? nullptr : o->second->find(w.hf_name);
@@ -184,9 +184,22 @@ void load_mapped(const std::string& where, const std::vector<std::unique_ptr<Saf
         throw Error("grad::hf: '" + f->path() + "': tensor '" + t.name + "' has no place in " + described);
     }
   std::vector<T> staging;
+  std::vector<std::uint16_t> staging_bits;
   for (std::size_t i = 0; i < wanted.size(); ++i) {
-    const std::span<T> to = tp.leaf_value(wanted[i].var);
     const TensorInfo& info = *found[i].info;
+    if (const std::span<std::uint16_t> bits = tp.leaf_bits(wanted[i].var); !bits.empty()) {  // a bf16 base
+      if (!wanted[i].transposed) {
+        found[i].file->read_bf16(info, bits);
+        continue;
+      }
+      staging_bits.resize(info.elements);
+      found[i].file->read_bf16(info, std::span<std::uint16_t>(staging_bits));
+      const std::size_t rows = info.shape[0], cols = info.shape[1];
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t c = 0; c < cols; ++c) bits[c * rows + r] = staging_bits[r * cols + c];
+      continue;
+    }
+    const std::span<T> to = tp.leaf_value(wanted[i].var);
     if (!wanted[i].transposed) {
       found[i].file->read(info, to);
       continue;
@@ -199,6 +212,7 @@ void load_mapped(const std::string& where, const std::vector<std::unique_ptr<Saf
       for (std::size_t c = 0; c < cols; ++c) to[c * rows + r] = staging[r * cols + c];
   }
   std::vector<T>().swap(staging);
+  std::vector<std::uint16_t>().swap(staging_bits);
 }
 
 // A file name from an index: a plain name inside the directory.
@@ -228,14 +242,20 @@ std::string torch_dtype(Dtype d) {
   return "float32";
 }
 
+// The tensors to write; a bfloat16-held one (a frozen base) widened into
+// `widened`, which must outlive the result.
 template <class T>
-std::vector<TensorOut<T>> outputs(const Tape<T>& tp, const std::vector<Mapped<T>>& list) {
+std::vector<TensorOut<T>> outputs(const Tape<T>& tp, const std::vector<Mapped<T>>& list,
+                                  std::vector<Tensor<T>>& widened) {
   std::vector<TensorOut<T>> out;
+  widened.reserve(list.size());  // the spans below must not move
   for (const Mapped<T>& m : list) {
-    const View<T> v = tp.value(m.var);
-    std::vector<std::size_t> shape(v.shape.begin(), v.shape.end());
+    const std::span<const std::size_t> dims = tp.dims(m.var).span();
+    std::vector<std::size_t> shape(dims.begin(), dims.end());
     if (m.transposed) std::swap(shape[0], shape[1]);
-    out.push_back({m.hf_name, shape, v.data, m.transposed});
+    std::span<const T> values = tp.value(m.var).data;
+    if (tp.storage(m.var) != Storage::native) values = widened.emplace_back(tp.widened_value(m.var)).data();
+    out.push_back({m.hf_name, shape, values, m.transposed});
   }
   return out;
 }
@@ -372,7 +392,8 @@ void save_pretrained(const std::string& dir, const nn::Lm<T>& model, const SaveO
   } else {
     j["use_sliding_window"] = false;
   }
-  const std::vector<TensorOut<T>> tensors = outputs(model.tape(), base_tensors(model));
+  std::vector<Tensor<T>> widened;
+  const std::vector<TensorOut<T>> tensors = outputs(model.tape(), base_tensors(model), widened);
   write_safetensors<T>(dir + "/model.safetensors", tensors, options.dtype, {{"format", "pt"}});
   if (!options.copy_from.empty())
     for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
@@ -464,7 +485,8 @@ void save_adapters(const std::string& dir, const nn::Lm<T>& model, Dtype dtype) 
   j["modules_to_save"] = nullptr;
   j["layers_to_transform"] = nullptr;
   j["base_model_name_or_path"] = nullptr;
-  const std::vector<TensorOut<T>> tensors = outputs(model.tape(), adapter_tensors(model));
+  std::vector<Tensor<T>> widened;
+  const std::vector<TensorOut<T>> tensors = outputs(model.tape(), adapter_tensors(model), widened);
   write_safetensors<T>(dir + "/adapter_model.safetensors", tensors, dtype, {{"format", "pt"}});
   write_file_atomically(dir + "/adapter_config.json", j.dump(2) + "\n");
 }

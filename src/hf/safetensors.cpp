@@ -1,5 +1,6 @@
 // safetensors in and out (include/grad/hf/safetensors.hpp).
 #include "grad/hf/safetensors.hpp"
+#include "grad/numerics/storage.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -367,8 +368,34 @@ void read_into(const std::string& path, const TensorInfo& t, std::span<T> out) {
   }
 }
 
+// read_into's slices as bfloat16 bits: BF16's copied, the others' converted
+// exactly to double and rounded.
+void read_bf16_into(const std::string& path, const TensorInfo& t, std::span<std::uint16_t> out) {
+  if (out.size() != t.elements)
+    throw Error("grad::hf: safetensors file '" + path + "': tensor '" + t.name + "' has " +
+                std::to_string(t.elements) + " elements, read into " + std::to_string(out.size()));
+  constexpr std::size_t slice_elements = std::size_t{4} << 20;
+  const std::size_t element_bytes = dtype_size(t.dtype);
+  std::vector<double> slice;
+  for (std::size_t first = 0; first < t.elements; first += slice_elements) {
+    const std::size_t n = std::min(slice_elements, t.elements - first);
+    const unsigned char* p = t.bytes.data() + first * element_bytes;
+    if (t.dtype == Dtype::bf16) {
+      for (std::size_t i = 0; i < n; ++i) out[first + i] = static_cast<std::uint16_t>(p[2 * i] | p[2 * i + 1] << 8);
+    } else {
+      slice.resize(n);
+      convert_range(path, t, first, std::span<double>(slice));
+      for (std::size_t i = 0; i < n; ++i) out[first + i] = round_to_bf16(slice[i]);
+    }
+    release_pages(t.bytes.subspan(first * element_bytes, n * element_bytes));
+  }
+}
+
 }  // namespace
 
+void SafetensorsFile::read_bf16(const TensorInfo& t, std::span<std::uint16_t> out) const {
+  read_bf16_into(path_, t, out);
+}
 void SafetensorsFile::read(const TensorInfo& t, std::span<double> out) const { read_into(path_, t, out); }
 void SafetensorsFile::read(const TensorInfo& t, std::span<float> out) const { read_into(path_, t, out); }
 

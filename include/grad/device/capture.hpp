@@ -358,12 +358,18 @@ std::string episode_refusal(const Tape<T>& tape, Var<T> loss, std::string_view d
   if (tape.value(loss).empty()) return "the loss Var is not a live node of the tape (rejected, or dropped by reset_to)";
   // A recompute scope's transient values are not kept, and both engines read
   // every node's value from the tape.
-  for (std::uint32_t i = 0; i <= loss.index(); ++i)
+  for (std::uint32_t i = 0; i <= loss.index(); ++i) {
     if (tape.nodes()[i].transient)
       return "node " + std::to_string(i) + " (a '" + std::string(op_name(tape.nodes()[i].op)) +
              "' op) was recorded inside a recompute scope (grad::recompute), whose values are not kept; record the "
              "episode without recompute scopes before " +
              std::string(doing);
+    // Their kernels read every operand as T.
+    if (tape.nodes()[i].storage != Storage::native)
+      return "node " + std::to_string(i) + " (a constant " + shape_string(tape.nodes()[i].dims) + ") is held as " +
+             std::string(storage_name(tape.nodes()[i].storage)) + "; record it as a native constant before " +
+             std::string(doing);
+  }
   return "";
 }
 

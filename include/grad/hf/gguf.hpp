@@ -150,16 +150,21 @@ ModelFileResult write_gguf(const std::string& path, const nn::Lm<T>& model, cons
             "): fold them in first (nn::merge_lora into a model without adapters); nothing written"};
   const Tape<T>& tp = model.tape();
   if (!tp.ok()) return {"grad: GGUF '" + path + "': the tape is poisoned (" + tp.error() + "); nothing written"};
-  std::vector<std::vector<float>> converted;  // float64 models only; reserved: the spans must not move
+  // float64 models and bfloat16-held matrices only; reserved: the spans must not move
+  std::vector<std::vector<float>> converted;
   converted.reserve(model.base().size());
   std::vector<LmTensor> tensors;
   for (const auto& p : model.base()) {
-    const View<T> v = tp.value(p.var);
-    LmTensor t{p.name, std::vector<std::size_t>(v.shape.begin(), v.shape.end()), {}};
+    const std::span<const std::size_t> dims = tp.dims(p.var).span();
+    LmTensor t{p.name, std::vector<std::size_t>(dims.begin(), dims.end()), {}};
+    bool in_place = false;
     if constexpr (std::is_same_v<T, float>) {
-      t.values = v.data;
-    } else {
-      converted.emplace_back(v.data.begin(), v.data.end());
+      in_place = tp.storage(p.var) == Storage::native;
+      if (in_place) t.values = tp.value(p.var).data;
+    }
+    if (!in_place) {
+      const Tensor<T> v = tp.widened_value(p.var);
+      converted.emplace_back(v.data().begin(), v.data().end());
       t.values = converted.back();
     }
     tensors.push_back(std::move(t));
@@ -175,8 +180,8 @@ template <class T>
 void round_like_gguf(nn::Lm<T>& model, GgufType type) {
   Tape<T>& tp = model.tape();
   for (const auto& p : model.base()) {
-    const std::span<T> w = tp.leaf_value(p.var);
-    const bool matrix = tp.value(p.var).rank() == 2;
+    const std::span<T> w = tp.leaf_value(p.var);  // empty for a bfloat16-held matrix: left as it is
+    const bool matrix = tp.dims(p.var).rank == 2;
     for (T& x : w) {
       const float f = static_cast<float>(x);
       x = static_cast<T>(type == GgufType::f16 && matrix ? round_to_f16(f) : f);

@@ -68,6 +68,10 @@ class SafetensorsFile {
   // The tensor's values converted exactly; `out` must hold exactly its elements.
   void read(const TensorInfo& t, std::span<double> out) const;
   void read(const TensorInfo& t, std::span<float> out) const;  // F64 values that are not floats are refused
+  // The tensor as bfloat16 bits (a frozen base held 16-bit): BF16 copied
+  // exactly, other dtypes rounded to the nearest bfloat16 (ties to even; an
+  // F64 value through float first).
+  void read_bf16(const TensorInfo& t, std::span<std::uint16_t> out) const;
 
  private:
   std::string path_;

@@ -69,7 +69,8 @@ std::string to_dot(const Tape<T>& tp, const DotOptions& options = {}) {
     // A recompute scope's inner node keeps no value or gradient of its own
     // (only the scope last recorded or replayed holds them): "recomputed".
     if (n.transient && (options.value_norms || options.gradient_norms)) label += "\\nrecomputed";
-    if (options.value_norms && !n.transient) label += "\\n|v| = " + number(l2(n.value, n.dims.size()));
+    if (options.value_norms && !n.transient && n.storage == Storage::native)
+      label += "\\n|v| = " + number(l2(n.value, n.dims.size()));
     if (options.gradient_norms && !n.transient && n.touched && n.grad)
       label += "\\n|g| = " + number(l2(n.grad, n.dims.size()));
     std::string style = param      ? "fillcolor=\"#ffe08a\", shape=ellipse"

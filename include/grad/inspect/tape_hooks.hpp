@@ -183,11 +183,21 @@ Var<T> Tape<T>::record_watched(Node<T>& n) {
 template <class T>
 Var<T> Tape<T>::check_leaf(Var<T> v) {
   const Node<T>& n = nodes_[v.index_];
-  const std::size_t bad = inspect_detail::first_non_finite(n.value, n.dims.size());
-  if (bad == n.dims.size()) return v;
+  const std::size_t size = n.dims.size();
+  std::size_t bad = 0;
+  T value = T(0);
+  if (n.storage == Storage::bf16) {  // its widened values
+    const auto* bits = reinterpret_cast<const std::uint16_t*>(n.value);
+    while (bad < size && std::isfinite(widen_bf16<T>(bits[bad]))) ++bad;
+    if (bad < size) value = widen_bf16<T>(bits[bad]);
+  } else {
+    bad = inspect_detail::first_non_finite(n.value, size);
+    if (bad < size) value = n.value[bad];
+  }
+  if (bad == size) return v;
   Anomaly a = describe(Anomaly::Phase::forward, v.index_);
   a.element = bad;
-  a.bad = static_cast<double>(n.value[bad]);
+  a.bad = static_cast<double>(value);
   report_anomaly(std::move(a));
   return rejected();
 }

@@ -101,7 +101,7 @@ class KvDecoder {
     ids_.resize(rows);
     for (std::size_t i = 0; i < rows; ++i) ids_[i] = static_cast<T>(tokens[i]);
     const Dims xd = dims({rows, d});
-    run2<Embedding>(val(m_->embed()), dims({c_.vocab, d}), ids_.data(), dims({rows}), x_.data(), xd);
+    run<Embedding>(weight(m_->embed()), {ids_.data(), dims({rows})}, x_.data(), xd);
     const T scale = T(1) / std::sqrt(static_cast<T>(hd));
     for (std::size_t l = 0; l < c_.layers; ++l) {
       const LmLayer<T>& L = m_->layer(l);
@@ -148,11 +148,9 @@ class KvDecoder {
     // Only the last position's logits: the final norm and the head on one row.
     rmsnorm_rows(x_.data() + (rows - 1) * d, val(m_->final_norm()), h_.data(), 1);
     if (c_.tied_embeddings)  // the embedding [vocab, d] read in place, as Lm::forward's matmul_nt reads it
-      run2<MatmulNt>(h_.data(), dims({1, d}), val(m_->embed()), dims({c_.vocab, d}), logits_.data(),
-                     dims({1, c_.vocab}));
+      run<MatmulNt>({h_.data(), dims({1, d})}, weight(m_->embed()), logits_.data(), dims({1, c_.vocab}));
     else
-      run2<Matmul>(h_.data(), dims({1, d}), val(m_->head()), dims({d, c_.vocab}), logits_.data(),
-                   dims({1, c_.vocab}));
+      run<Matmul>({h_.data(), dims({1, d})}, weight(m_->head()), logits_.data(), dims({1, c_.vocab}));
     pos_ += rows;
     return logits_;
   }
@@ -161,6 +159,11 @@ class KvDecoder {
     return Dims::of(std::span<const std::size_t>(s.begin(), s.size()));
   }
   const T* val(Var<T> v) const { return m_->tape().value(v).data.data(); }
+  // A base matrix as the ops read it: where the tape holds it, as it is held (bfloat16 included).
+  Operand<T> weight(Var<T> v) const {
+    const Node<T>& n = m_->tape().nodes()[v.index()];
+    return {n.value, n.dims, n.storage};
+  }
   T* key(std::size_t l, std::size_t j, std::size_t s) {
     return keys_.data() + ((l * c_.kv_heads + j) * c_.max_seq + s) * c_.head_dim();
   }
@@ -174,6 +177,14 @@ class KvDecoder {
     x.a = {a, da};
     x.out = out ? *out : da;
     x.scalar = scalar;
+    Op::forward_tensor(x, y);
+  }
+  template <class Op>
+  static void run(const Operand<T>& a, const Operand<T>& b, T* y, const Dims& out) {
+    NodeArgs<T> x;
+    x.a = a;
+    x.b = b;
+    x.out = out;
     Op::forward_tensor(x, y);
   }
   template <class Op>
@@ -216,7 +227,7 @@ class KvDecoder {
     const auto [in, o] = c_.proj_shape(p);
     const Dims hin = dims({rows, in}), ho = dims({rows, o});
     if (!L.lora_a[i].valid()) {
-      run2<Matmul>(h, hin, val(L.w[i]), dims({in, o}), out, ho);
+      run<Matmul>({h, hin}, weight(L.w[i]), out, ho);
       return;
     }
     const std::size_t r = c_.lora_rank;
@@ -224,7 +235,7 @@ class KvDecoder {
     base.resize(rows * o);
     lora_mid_.resize(rows * r);
     lora_low_.resize(rows * o);
-    run2<Matmul>(h, hin, val(L.w[i]), dims({in, o}), base.data(), ho);
+    run<Matmul>({h, hin}, weight(L.w[i]), base.data(), ho);
     run2<Matmul>(h, hin, val(L.lora_a[i]), dims({in, r}), lora_mid_.data(), dims({rows, r}));
     run2<Matmul>(lora_mid_.data(), dims({rows, r}), val(L.lora_b[i]), dims({r, o}), lora_low_.data(), ho);
     run2<AddScaled>(base.data(), ho, lora_low_.data(), ho, out, ho, static_cast<T>(c_.lora_scale));

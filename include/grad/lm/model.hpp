@@ -283,18 +283,32 @@ template <class T>
 class Lm {
  public:
   // full: every tensor a parameter. lora: the base weights constants (no
-  // gradient), the adapters parameters (needs lora_rank > 0).
-  enum class Train { full, lora };
+  // gradient), the adapters parameters (needs lora_rank > 0). none: every
+  // tensor a constant (inference: a decoder, an evaluation; nothing to train).
+  enum class Train { full, lora, none };
 
   // Records every tensor on tp, seeded: the base weights from `seed` alone
   // (so a base model and its LoRA variant start from the same base), the
   // adapters' A from a stream derived from it. Throws std::invalid_argument
   // for a bad config.
-  Lm(Tape<T>& tp, const LmConfig& config, std::uint64_t seed, Train train = Train::full)
-      : tp_(&tp), c_(config), train_(train) {
+  //
+  // base_storage: how the frozen base's matrices (the embedding, the projections,
+  // the head) are held under Train::lora or Train::none. Storage::bf16 halves their memory
+  // (Qwen2.5-0.5B: 0.99 GB instead of 1.98), rounding each initial value to
+  // the nearest bfloat16; a BF16 checkpoint (hf::load_weights) loads
+  // exactly. Every op that reads them widens them exactly, so the model
+  // gives the bits of a native one holding the widened values. The norms,
+  // biases and adapters stay T.
+  Lm(Tape<T>& tp, const LmConfig& config, std::uint64_t seed, Train train = Train::full,
+     Storage base_storage = Storage::native)
+      : tp_(&tp), c_(config), train_(train), base_storage_(base_storage) {
     if (std::string why = c_.check(); !why.empty()) throw std::invalid_argument("nn::Lm: bad config: " + why);
     if (train == Train::lora && c_.lora_rank == 0)
       throw std::invalid_argument("nn::Lm: Train::lora needs a config with lora_rank > 0");
+    if (base_storage != Storage::native && train == Train::full)
+      throw std::invalid_argument("nn::Lm: a " + std::string(storage_name(base_storage)) +
+                                  " base is a frozen one: it needs Train::lora or Train::none (Train::full trains "
+                                  "every tensor in T)");
     // check() bounds the count; this machine's memory may hold less.
     const std::size_t bytes = *c_.parameter_count() * sizeof(T);
     if (const std::size_t memory = physical_memory_bytes(); memory != 0 && bytes > memory)
@@ -306,14 +320,16 @@ class Lm {
         throw std::invalid_argument("nn::Lm: a vocabulary of " + std::to_string(c_.vocab) +
                                     " ids is not exact in float (at most 2^24)");
     SplitMix64 base(seed), adapters(seed ^ 0x6c6f7261u);
-    const bool frozen = train == Train::lora;
     auto uniform = [](Shape s, double bound, SplitMix64& g) {
       Tensor<T> t(std::move(s));
       for (T& x : t.data()) x = static_cast<T>(g.uniform(-bound, bound));
       return t;
     };
     auto leaf = [&](std::string name, const Tensor<T>& init, ParamKind kind, bool adapter) {
-      const Var<T> v = adapter || !frozen ? tp.param(init) : tp.constant(init);
+      // Only the base's matrices may be held 16-bit: their readers widen them.
+      const Storage storage = init.rank() == 2 ? base_storage : Storage::native;
+      const bool trained = train == Train::full || (adapter && train == Train::lora);
+      const Var<T> v = trained ? tp.param(init) : tp.constant(init, storage);
       named_.push_back({std::move(name), v, kind});
       (adapter ? adapter_names_ : base_names_).push_back(named_.back());
       return v;
@@ -388,7 +404,10 @@ class Lm {
   const std::vector<NamedParameter<T>>& base() const { return base_names_; }
   const std::vector<NamedParameter<T>>& adapters() const { return adapter_names_; }
   // What an optimizer steps: every tensor (full) or the adapters (lora).
-  const std::vector<NamedParameter<T>>& trainable() const { return train_ == Train::lora ? adapter_names_ : named_; }
+  const std::vector<NamedParameter<T>>& trainable() const {
+    static const std::vector<NamedParameter<T>> nothing;
+    return train_ == Train::lora ? adapter_names_ : train_ == Train::none ? nothing : named_;
+  }
   Var<T> tensor(std::string_view name) const {
     for (const auto& p : named_)
       if (p.name == name) return p.var;
@@ -407,9 +426,11 @@ class Lm {
   // episodes recorded without it.
   void set_recompute(bool on) { recompute_ = on; }
   bool recomputes() const { return recompute_; }
+  // How the frozen base's matrices are held (the constructor's `base`).
+  Storage base_storage() const { return base_storage_; }
   std::size_t parameter_count() const {
     std::size_t n = 0;
-    for (const auto& p : named_) n += tp_->value(p.var).size();
+    for (const auto& p : named_) n += tp_->dims(p.var).size();
     return n;
   }
 
@@ -552,6 +573,7 @@ class Lm {
   Tape<T>* tp_;
   LmConfig c_;
   Train train_;
+  Storage base_storage_ = Storage::native;
   bool recompute_ = false;
   Var<T> embed_, final_norm_, head_, config_var_;
   std::vector<LmLayer<T>> layers_;
@@ -579,15 +601,16 @@ void merge_lora(const Lm<T>& src, Lm<T>& dst) {
   Tape<T>& from = src.tape();
   Tape<T>& to = dst.tape();
   for (const auto& p : dst.base()) {
-    const View<T> v = from.value(src.tensor(p.name));
+    const Tensor<T> v = from.widened_value(src.tensor(p.name));  // a bf16 base widened: exact
     const std::span<T> w = to.leaf_value(p.var);
-    std::copy(v.begin(), v.end(), w.begin());
+    std::copy(v.data().begin(), v.data().end(), w.begin());
   }
   for (std::size_t l = 0; l < a.layers; ++l)
     for (std::size_t p = 0; p < proj_count; ++p) {
       const LmLayer<T>& L = src.layer(l);
       if (!L.lora_a[p].valid()) continue;
-      const View<T> A = from.value(L.lora_a[p]), Bm = from.value(L.lora_b[p]), w0 = from.value(L.w[p]);
+      const View<T> A = from.value(L.lora_a[p]), Bm = from.value(L.lora_b[p]);
+      const Tensor<T> w0 = from.widened_value(L.w[p]);
       const std::size_t in = A.shape[0], r = A.shape[1], out = Bm.shape[1];
       std::vector<T> ab(in * out), scaled(in * out);
       NodeArgs<T> x;
@@ -601,7 +624,7 @@ void merge_lora(const Lm<T>& src, Lm<T>& dst) {
       s.scalar = static_cast<T>(a.lora_scale);
       MulScalar::forward_tensor(s, scaled.data());
       NodeArgs<T> sum;
-      sum.a = {w0.data.data(), x.out};
+      sum.a = {w0.data().data(), x.out};
       sum.b = {scaled.data(), x.out};
       sum.out = x.out;
       Add::forward_tensor(sum, to.leaf_value(dst.layer(l).w[p]).data());

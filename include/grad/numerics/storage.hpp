@@ -8,6 +8,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string_view>
 
 #include "grad/config.hpp"
@@ -31,10 +32,23 @@ GRAD_HD inline T widen_bf16(std::uint16_t bits) {
 }
 
 // x rounded to the nearest bfloat16, ties to even (PyTorch's
-// tensor.to(torch.bfloat16)); a NaN stays a (quiet) NaN, infinities stay.
+// tensor.to(torch.bfloat16)); a NaN stays a (quiet) NaN, infinities stay. A
+// double is rounded to float first (beyond float's range: an infinity).
 template <class T>
 inline std::uint16_t round_to_bf16(T x) {
-  const auto u = std::bit_cast<std::uint32_t>(static_cast<float>(x));
+  float f = std::numeric_limits<float>::infinity();
+  if constexpr (sizeof(T) > sizeof(float)) {
+    const T most = static_cast<T>(std::numeric_limits<float>::max());
+    if (x != x)
+      f = std::numeric_limits<float>::quiet_NaN();
+    else if (x <= most && x >= -most)
+      f = static_cast<float>(x);
+    else if (x < T(0))
+      f = -f;
+  } else {
+    f = x;
+  }
+  const auto u = std::bit_cast<std::uint32_t>(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>(u >> 16 | 0x0040u);
   return static_cast<std::uint16_t>((u + 0x7fffu + (u >> 16 & 1u)) >> 16);
 }

@@ -11,6 +11,7 @@
 
 #include "grad/config.hpp"
 #include "grad/numerics/isa.hpp"
+#include "grad/numerics/storage.hpp"
 #include "grad/tensor.hpp"
 
 namespace grad {
@@ -19,6 +20,9 @@ template <class T>
 struct Operand {
   const T* data = nullptr;
   Dims dims;
+  // bf16: data points at 16-bit floats (a frozen constant), which only the
+  // tags that say so read (reads_bf16 below), widening them exactly.
+  Storage storage = Storage::native;
 };
 
 // Everything an op's kernels read besides the output and gradient buffers.
@@ -34,6 +38,18 @@ struct NodeArgs {
   T* scratch = nullptr;
   std::size_t scratch_size = 0;
 };
+
+// Which operands an op's host loops read as bfloat16 constants
+// (Storage::bf16, widened exactly where they are read): a tag's
+// `reads_bf16` array, none by default. The tape refuses any other op such
+// an operand, and the device engine and grad::emit refuse such tapes.
+template <class Op>
+constexpr bool takes_bf16(int operand) {
+  if constexpr (requires { Op::reads_bf16; })
+    return Op::reads_bf16[operand];
+  else
+    return false;
+}
 
 // ---- what an op tag is ----
 //

@@ -67,7 +67,7 @@ struct MatrixProduct {
     const std::size_t m = x.a.dims.back(1), k = x.a.dims.back(), n = x.b.dims.back();
     const std::size_t batches = x.out.size() / (m * n == 0 ? 1 : m * n);
     for (std::size_t s = 0; s < batches; ++s)
-      gemm_nn(x.a.data + s * m * k, x.b.data + s * k * n, y + s * m * n, m, k, n);
+      gemm_nn(x.a.data + s * m * k, x.b.data + s * k * n, y + s * m * n, m, k, n, x.b.storage);
   }
   template <int In, class T>
   static void backward_tensor(const NodeArgs<T>& x, const T*, const T* g, T* dx) {
@@ -75,7 +75,7 @@ struct MatrixProduct {
     const std::size_t batches = x.out.size() / (m * n == 0 ? 1 : m * n);
     for (std::size_t s = 0; s < batches; ++s) {
       if constexpr (In == 0)
-        gemm_nt(g + s * m * n, x.b.data + s * k * n, dx + s * m * k, m, n, k);
+        gemm_nt(g + s * m * n, x.b.data + s * k * n, dx + s * m * k, m, n, k, x.b.storage);
       else
         gemm_tn(x.a.data + s * m * k, g + s * m * n, dx + s * k * n, m, k, n);
     }
@@ -85,6 +85,9 @@ struct MatrixProduct {
 struct Matmul : MatrixProduct<Matmul> {
   static constexpr std::string_view name = "matmul";
   static constexpr std::string_view torch = "a @ b";
+  // b may be a bfloat16 constant (a frozen base's weight [in, out]): the
+  // gemm widens it exactly while packing. (One matrix: no batch offsets.)
+  static constexpr std::array<bool, 2> reads_bf16{false, true};
   static std::string output_dims(const Dims& a, const Dims& b, OpAttrs&, Dims& out) {
     if (a.rank != 2 || b.rank != 2 || a[1] != b[0])
       return "expected [m, k] x [k, n], got " + shape_string(a) + " x " + shape_string(b);
@@ -115,6 +118,7 @@ struct MatmulNt {
   static constexpr std::string_view torch = "a @ b.transpose(-1, -2)";
   static constexpr int arity = 2;
   static constexpr std::array<std::uint8_t, 2> backward_reads{reads_b, reads_a};  // dA = g b, db = g^T a
+  static constexpr std::array<bool, 2> reads_bf16{false, true};  // b a bfloat16 constant [out, in], as Matmul's
   static std::string output_dims(const Dims& a, const Dims& b, OpAttrs&, Dims& out) {
     if (a.rank < 2 || b.rank != 2 || a.back() != b[1])
       return "expected [..., m, k] x [n, k] (b stored [out, in]), got " + shape_string(a) + " x " + shape_string(b);
@@ -167,13 +171,13 @@ struct MatmulNt {
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
     const auto [rows, k, n] = sizes(x);
-    gemm_nt(x.a.data, x.b.data, y, rows, k, n);
+    gemm_nt(x.a.data, x.b.data, y, rows, k, n, x.b.storage);
   }
   template <int In, class T>
   static void backward_tensor(const NodeArgs<T>& x, const T*, const T* g, T* dx) {
     const auto [rows, k, n] = sizes(x);
     if constexpr (In == 0)
-      gemm_nn(g, x.b.data, dx, rows, n, k);
+      gemm_nn(g, x.b.data, dx, rows, n, k, x.b.storage);
     else
       gemm_tn(g, x.a.data, dx, rows, n, k);
   }

@@ -69,6 +69,9 @@ struct LinearCrossEntropy {
       "lambda l: torch.nn.functional.cross_entropy(l, torch.tensor(extra), ignore_index=l.shape[1]), "
       "a @ b.transpose(-1, -2) if axis % 2 == 0 else a @ b)";
   static constexpr int arity = 2;
+  // W may be a bfloat16 constant (a frozen base's tied embedding): every
+  // product reads it as the gemm's b, widened exactly while packed.
+  static constexpr std::array<bool, 2> reads_bf16{false, true};
   static constexpr bool keeps_sizes = true;    // the rows' classes (OpAttrs::sizes), on the tape's index pool
   static constexpr bool keeps_row_ids = true;  // one extra per row of a, not one per axis
 
@@ -245,9 +248,9 @@ struct LinearCrossEntropy {
   static void chunk_logits(const NodeArgs<T>& x, std::size_t r0, std::size_t m, T* logits) {
     const auto [rows, d, classes] = sizes(x);
     if (stored_nt(x))
-      gemm_nt(x.a.data + r0 * d, x.b.data, logits, m, d, classes);
+      gemm_nt(x.a.data + r0 * d, x.b.data, logits, m, d, classes, x.b.storage);
     else
-      gemm_nn(x.a.data + r0 * d, x.b.data, logits, m, d, classes);
+      gemm_nn(x.a.data + r0 * d, x.b.data, logits, m, d, classes, x.b.storage);
   }
   // Calls chunk(r0, m, logits) over the rows in ascending chunks, the
   // chunk's logits computed: in the scratch the tape lends when it is large
@@ -302,9 +305,9 @@ struct LinearCrossEntropy {
   static void chunk_dh(const NodeArgs<T>& x, std::size_t r0, std::size_t m, const T* dlogits, T* dh) {
     const auto [rows, d, classes] = sizes(x);
     if (stored_nt(x))
-      gemm_nn(dlogits, x.b.data, dh + r0 * d, m, classes, d);
+      gemm_nn(dlogits, x.b.data, dh + r0 * d, m, classes, d, x.b.storage);
     else
-      gemm_nt(dlogits, x.b.data, dh + r0 * d, m, classes, d);
+      gemm_nt(dlogits, x.b.data, dh + r0 * d, m, classes, d, x.b.storage);
   }
 
   template <class T>
