@@ -3,10 +3,13 @@
 // Hugging Face directory through grad::hf.
 //
 //   bench_real_scale write    --out DIR [--small]              config.json, model.safetensors, model.gguf (F32)
-//   bench_real_scale finetune --model DIR --threads N --reps R [--recompute]
+//   bench_real_scale finetune --model DIR --threads N --reps R [--recompute] [--base bf16]
 //                                                               L1: LoRA rank 16 on every projection, Adam
 //                                                               (--recompute: nn::Lm::set_recompute)
-//   bench_real_scale generate --model DIR --threads N --reps R  L2: prefill 512 tokens, 128 greedy tokens
+//   bench_real_scale generate --model DIR --threads N --reps R [--base bf16]
+//                                                               L2: prefill 512 tokens, 128 greedy tokens
+// (--base bf16: the frozen base held as bfloat16, nn::Lm's base_storage;
+// the F32 checkpoint's values rounded to it as they load.)
 //
 // bench/real_scale.sh runs these beside PyTorch (bench/peer_torch_real_scale.py)
 // and llama.cpp (bench/peer_llama_real_scale.mjs) and prints the table. The
@@ -28,6 +31,7 @@
 #include <grad/hf/model.hpp>
 #include <grad/inspect.hpp>
 #include <grad/lm.hpp>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -104,6 +108,7 @@ struct Options {
   std::string model;
   std::size_t threads = 1, reps = 5, seq = 512, prompt = 512, new_tokens = 128, rank = 16;
   bool recompute = false;  // finetune: each layer in a recompute scope (nn::Lm::set_recompute)
+  grad::Storage base = grad::Storage::native;  // how the frozen base's matrices are held
   std::string profile;  // finetune: print grad's profile of one step (by op and by scope) and write a Chrome trace here
 };
 
@@ -112,7 +117,8 @@ struct Options {
 // constructed, once per process: every repetition reuses them.
 class Finetune {
  public:
-  explicit Finetune(const Options& o) : o_(o), model_(tp_, config(o), 1, nn::Lm<T>::Train::lora), opt_(T(1e-4)) {
+  explicit Finetune(const Options& o)
+      : o_(o), model_(tp_, config(o), 1, nn::Lm<T>::Train::lora, o.base), opt_(T(1e-4)) {
     hf::load_weights(o.model, model_);
     model_.set_recompute(o.recompute);
     for (const auto& p : model_.trainable()) opt_.add(p.var);
@@ -180,7 +186,9 @@ class Finetune {
 class Generate {
  public:
   explicit Generate(const Options& o)
-      : o_(o), model_(tp_, hf::read_config(o.model, {.max_seq = o.prompt + o.new_tokens}).config, 1) {
+      : o_(o),
+        model_(tp_, hf::read_config(o.model, {.max_seq = o.prompt + o.new_tokens}).config, 1, nn::Lm<T>::Train::none,
+               o.base) {
     hf::load_weights(o.model, model_);
     dec_ = std::make_unique<nn::KvDecoder<T>>(model_);
     for (std::size_t i = 0; i < o.prompt; ++i) prompt_.push_back(token_at(i, model_.config().vocab));
@@ -232,6 +240,9 @@ int main(int argc, char** argv) {
     cmd->add_option("--model", o.model, "the Hugging Face directory (bench_real_scale write)")->required();
     cmd->add_option("--threads", o.threads, "grad's worker threads")->check(cli::range<std::size_t>(1, 256));
     cmd->add_option("--reps", o.reps, "timed repetitions after one warm-up")->check(cli::range<std::size_t>(1, 1000));
+    cmd->add_option("--base", o.base, "how the frozen base's matrices are held: native (f32) or bf16")
+        ->transform(CLI::CheckedTransformer(std::map<std::string, grad::Storage>{{"native", grad::Storage::native},
+                                                                                 {"bf16", grad::Storage::bf16}}));
   }
   finetune_cmd->add_option("--seq", o.seq, "tokens per step")->check(cli::range<std::size_t>(2, 32768));
   finetune_cmd->add_option("--rank", o.rank, "LoRA rank")->check(cli::range<std::size_t>(1, 4096));
