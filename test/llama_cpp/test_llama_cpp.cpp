@@ -41,7 +41,10 @@ LlamaRun llama_decode(const std::string& gguf, std::span<const int> prompt, std:
   const char* script = std::getenv("GRAD_LLAMA_DECODE");
   REQUIRE_MESSAGE(script != nullptr, "GRAD_LLAMA_DECODE is not set: run this through test/llama_cpp/run.sh");
   std::string ids;
-  for (int t : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  for (int t : prompt) {  // not "," + std::to_string(t): GCC 12's -Wrestrict misreads it (a false positive)
+    if (!ids.empty()) ids += ',';
+    ids += std::to_string(t);
+  }
   std::string command = "node '" + std::string(script) + "' --model '" + gguf + "' --prompt " + ids + " --count " +
                         std::to_string(count) + " --kv " + kv + " --logits";
   if (!tokenize.empty()) command += " --tokenize '" + tokenize + "'";  // the test's texts have no quote
