@@ -180,18 +180,18 @@ TEST_CASE_TEMPLATE("reading a in place gives the packed blocks' bits", T, double
 }
 
 // A b held as bfloat16 (a frozen base, Storage::bf16) is widened while it is
-// packed: the product's bits are the reference's over the widened values, in
-// both b layouts (nn: rows of b contiguous; nt: b's terms contiguous, the
-// transposed squares), one-row products (which pack instead of reading b in
-// place) included, on every instruction set and on one and three threads.
+// packed, or as it is loaded by the one-row kernels (a decoding step): the
+// product's bits are the reference's over the widened values, in both b
+// layouts (nn: rows of b contiguous; nt: b's terms contiguous, the
+// transposed squares), on every instruction set and on one and three threads.
 TEST_CASE_TEMPLATE("a bfloat16 b gives the bits of the product over its widened values", T, double, float) {
   Rng rng(41);
   for (const std::size_t threads : {1, 3}) {
     set_num_threads(threads);
     for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512}) {
       if (!gemm_detail::supported(isa)) continue;
-      for (const Dims3& d : {Dims3{1, 520, 1031}, Dims3{1, 257, 77}, Dims3{97, 300, 200}, Dims3{13, 11, 72},
-                             Dims3{130, 300, 600}, Dims3{6, 17, 33}}) {
+      for (const Dims3& d : {Dims3{1, 520, 1031}, Dims3{1, 257, 77}, Dims3{1, 13, 5}, Dims3{1, 700, 2003},
+                             Dims3{97, 300, 200}, Dims3{13, 11, 72}, Dims3{130, 300, 600}, Dims3{6, 17, 33}}) {
         const std::size_t m = d.m, k = d.k, n = d.n;
         const auto A = operand<T>(m * k, rng);
         std::vector<std::uint16_t> bits(k * n);

@@ -21,7 +21,8 @@
 //   - a single output row (a decoding step's x . W or x . W^T) skips the
 //     packing and reads b where it lies (multiply_row, multiply_row_transposed);
 //   - a b held as bfloat16 (a frozen base, Storage::bf16) is widened while it
-//     is packed: exact, so the product's bits are those over the widened b.
+//     is packed, or (one row) as it is loaded: exact, so the product's bits
+//     are those over the widened b.
 // So the blocked kernels equal grad::reference::gemm_* bit for bit, on any
 // instruction set and thread count (test_gemm checks it over many shapes).
 //
@@ -493,15 +494,53 @@ template <class T, std::size_t Lanes, std::size_t NV>
   }
 }
 
+// Where the one-row kernels read b's elements (of type E: T, or a
+// bfloat16's bits): Lanes of them as a vector of T, or one, widened exactly.
+template <class T, std::size_t Lanes, class E>
+[[gnu::always_inline]] inline typename Vec<T, Lanes>::type load_terms(const E* p) {
+  using V = typename Vec<T, Lanes>::type;
+  V v;
+  if constexpr (std::is_same_v<E, T>) {
+    __builtin_memcpy(&v, p, sizeof(V));
+  } else {
+#if GRAD_SIMD
+    using Bits = typename Vec<std::uint16_t, Lanes>::type;
+    using Wide = typename Vec<std::uint32_t, Lanes>::type;
+    using F = typename Vec<float, Lanes>::type;
+    Bits bits;
+    __builtin_memcpy(&bits, p, sizeof(Bits));
+    const Wide wide = __builtin_convertvector(bits, Wide) << 16;  // a bfloat16 is a float's upper half
+    F f;
+    __builtin_memcpy(&f, &wide, sizeof(F));
+    if constexpr (std::is_same_v<T, float>)
+      v = f;
+    else
+      v = __builtin_convertvector(f, V);
+#else  // nvcc's front end and other compilers: lane by lane
+    T lanes[Lanes];
+    for (std::size_t l = 0; l < Lanes; ++l) lanes[l] = widen_bf16<T>(p[l]);
+    __builtin_memcpy(&v, lanes, sizeof(V));
+#endif
+  }
+  return v;
+}
+template <class T, class E>
+[[gnu::always_inline]] inline T load_term(const E* p) {
+  if constexpr (std::is_same_v<E, T>)
+    return *p;
+  else
+    return widen_bf16<T>(*p);
+}
+
 // One pass of multiply_row: R rows of b from term p, added into c[j0, j1).
 // A function, not a lambda: at -O1 a lambda is not inlined into the
 // instruction set's copy, and its vector code would lack the target.
-template <class T, std::size_t Lanes, std::size_t R>
+template <class T, std::size_t Lanes, std::size_t R, class E>
 [[gnu::always_inline]] inline void row_pass(const Problem<T>& pr, const T* a, T* c, std::size_t p, std::size_t j0,
                                             std::size_t vectors_end, std::size_t j1) {
   using V = typename Vec<T, Lanes>::type;
   const std::size_t rs = pr.b.rs;
-  const T* b = pr.b.p + p * rs;
+  const E* b = reinterpret_cast<const E*>(pr.b.p) + p * rs;
   V splats[R];
   GRAD_GEMM_UNROLL
   for (std::size_t r = 0; r < R; ++r) splats[r] = simd::splat<V>(a[(p + r) * pr.a.cs]);
@@ -509,15 +548,12 @@ template <class T, std::size_t Lanes, std::size_t R>
     V acc;
     __builtin_memcpy(&acc, c + j, sizeof(V));
     GRAD_GEMM_UNROLL
-    for (std::size_t r = 0; r < R; ++r) {
-      V terms;
-      __builtin_memcpy(&terms, b + r * rs + j, sizeof(V));
-      acc = simd::fma_lanes<T>(splats[r], terms, acc);
-    }
+    for (std::size_t r = 0; r < R; ++r)
+      acc = simd::fma_lanes<T>(splats[r], load_terms<T, Lanes>(b + r * rs + j), acc);
     __builtin_memcpy(c + j, &acc, sizeof(V));
   }
   for (std::size_t j = vectors_end; j < j1; ++j)
-    for (std::size_t r = 0; r < R; ++r) c[j] = fma_hd(a[(p + r) * pr.a.cs], b[r * rs + j], c[j]);
+    for (std::size_t r = 0; r < R; ++r) c[j] = fma_hd(a[(p + r) * pr.a.cs], load_term<T>(b + r * rs + j), c[j]);
 }
 // One output row (a decoding step's matrix-vector product) against b with
 // contiguous rows: b is read where it lies and in the order it lies, Rows
@@ -529,7 +565,9 @@ template <class T, std::size_t Lanes, std::size_t R>
 // Each element's sum is the blocked kernel's: ascending p, one fma per term,
 // from zero (or from what C holds when continued), stored and reloaded
 // unchanged between passes; columns past the last whole vector by scalar fma.
-template <class T, std::size_t Lanes>
+// A bfloat16 b (E = std::uint16_t) is widened as it is loaded: half the bytes
+// to stream, the same terms.
+template <class T, std::size_t Lanes, class E = T>
 [[gnu::always_inline]] inline void multiply_row(const Problem<T>& pr, std::size_t i, std::size_t j0, std::size_t j1) {
   constexpr std::size_t Rows = 8;
   const T* a = pr.a.p + i * pr.a.rs;
@@ -537,8 +575,8 @@ template <class T, std::size_t Lanes>
   const std::size_t vectors_end = j0 + (j1 - j0) / Lanes * Lanes;
   if (!pr.continued) std::fill(c + j0, c + j1, T(0));
   std::size_t p = 0;
-  for (; p + Rows <= pr.k; p += Rows) row_pass<T, Lanes, Rows>(pr, a, c, p, j0, vectors_end, j1);
-  for (; p < pr.k; ++p) row_pass<T, Lanes, 1>(pr, a, c, p, j0, vectors_end, j1);
+  for (; p + Rows <= pr.k; p += Rows) row_pass<T, Lanes, Rows, E>(pr, a, c, p, j0, vectors_end, j1);
+  for (; p < pr.k; ++p) row_pass<T, Lanes, 1, E>(pr, a, c, p, j0, vectors_end, j1);
 }
 
 // One output row against b with contiguous columns (x . W^T with W [n, k],
@@ -547,21 +585,34 @@ template <class T, std::size_t Lanes>
 // written and read back), each lane's sum ascending p from zero (or from C
 // when continued); the terms
 // past the last square and the columns past the last vector by scalar fma.
-template <class T, std::size_t Lanes>
+// A bfloat16 b (E = std::uint16_t) is widened as it is loaded (the square's
+// rows first, then the same transpose).
+template <class T, std::size_t Lanes, class E = T>
 [[gnu::always_inline]] inline void multiply_row_transposed(const Problem<T>& pr, std::size_t i, std::size_t j0,
                                                            std::size_t j1) {
   using V = typename Vec<T, Lanes>::type;
   const T* a = pr.a.p + i * pr.a.rs;
   T* c = pr.c + i * pr.n;
+  const E* const bp = reinterpret_cast<const E*>(pr.b.p);
   const std::size_t terms = pr.k / Lanes * Lanes;
   std::size_t j = j0;
   for (; j + Lanes <= j1; j += Lanes) {
-    const T* b = pr.b.p + j * pr.b.cs;
+    const E* b = bp + j * pr.b.cs;
     V acc = V{};
     if (pr.continued) __builtin_memcpy(&acc, c + j, sizeof(V));
     for (std::size_t p = 0; p < terms; p += Lanes) {
       alignas(64) T square[Lanes * Lanes];
-      transpose_square<T, Lanes>(b + p, pr.b.cs, square, Lanes);
+      if constexpr (std::is_same_v<E, T>) {
+        transpose_square<T, Lanes>(b + p, pr.b.cs, square, Lanes);
+      } else {
+        alignas(64) T rows[Lanes * Lanes];
+        GRAD_GEMM_UNROLL
+        for (std::size_t l = 0; l < Lanes; ++l) {
+          const V row = load_terms<T, Lanes>(b + l * pr.b.cs + p);
+          __builtin_memcpy(rows + l * Lanes, &row, sizeof(V));
+        }
+        transpose_square<T, Lanes>(rows, Lanes, square, Lanes);
+      }
       GRAD_GEMM_UNROLL
       for (std::size_t q = 0; q < Lanes; ++q) {
         V terms_q;
@@ -572,12 +623,13 @@ template <class T, std::size_t Lanes>
     alignas(64) T out[Lanes];
     __builtin_memcpy(out, &acc, sizeof(V));
     for (std::size_t l = 0; l < Lanes; ++l)
-      for (std::size_t p = terms; p < pr.k; ++p) out[l] = fma_hd(a[p * pr.a.cs], b[l * pr.b.cs + p], out[l]);
+      for (std::size_t p = terms; p < pr.k; ++p)
+        out[l] = fma_hd(a[p * pr.a.cs], load_term<T>(b + l * pr.b.cs + p), out[l]);
     __builtin_memcpy(c + j, out, sizeof(V));
   }
   for (; j < j1; ++j) {
     T acc = pr.continued ? c[j] : T(0);
-    for (std::size_t p = 0; p < pr.k; ++p) acc = fma_hd(a[p * pr.a.cs], pr.b.p[j * pr.b.cs + p], acc);
+    for (std::size_t p = 0; p < pr.k; ++p) acc = fma_hd(a[p * pr.a.cs], load_term<T>(bp + j * pr.b.cs + p), acc);
     c[j] = acc;
   }
 }
@@ -586,13 +638,17 @@ template <class T, std::size_t Lanes>
 template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
 [[gnu::always_inline]] inline void multiply_block(const Problem<T>& pr, std::size_t i0, std::size_t i1, std::size_t j0,
                                                   std::size_t j1) {
-  // The one-row paths read b where it lies, so a 16-bit b takes the packing path.
-  const bool b_native = pr.b.storage == Storage::native;
-  if (b_native && i1 - i0 == 1 && pr.b.cs == 1) {
+  // One row (a decoding step) reads b where it lies; a bfloat16 b is widened
+  // as it is loaded (its narrow rows too: the register-strip kernel reads T).
+  if (i1 - i0 == 1 && pr.b.storage == Storage::bf16) {
+    if (pr.b.cs == 1) return multiply_row<T, Lanes, std::uint16_t>(pr, i0, j0, j1);
+    if (pr.b.rs == 1) return multiply_row_transposed<T, Lanes, std::uint16_t>(pr, i0, j0, j1);
+  }
+  if (i1 - i0 == 1 && pr.b.cs == 1) {
     if (j1 - j0 <= narrow_row_strips * 2 * NV * Lanes) return multiply_narrow_row<T, Lanes, 2 * NV>(pr, i0, j0, j1);
     return multiply_row<T, Lanes>(pr, i0, j0, j1);
   }
-  if (b_native && i1 - i0 == 1 && pr.b.rs == 1) return multiply_row_transposed<T, Lanes>(pr, i0, j0, j1);
+  if (i1 - i0 == 1 && pr.b.rs == 1) return multiply_row_transposed<T, Lanes>(pr, i0, j0, j1);
   constexpr std::size_t nr = NV * Lanes;
   constexpr std::size_t MC = Blocking<T>::mc;
   const std::size_t KC = Blocking<T>::kc(), NC = std::max(Blocking<T>::nc() / nr * nr, nr);
