@@ -3,13 +3,13 @@
 // Hugging Face directory through grad::hf.
 //
 //   bench_real_scale write    --out DIR [--small]              config.json, model.safetensors, model.gguf (F32)
-//   bench_real_scale finetune --model DIR --threads N --reps R [--recompute] [--base bf16]
+//   bench_real_scale finetune --model DIR --threads N --reps R [--recompute] [--base bf16|f16]
 //                                                               L1: LoRA rank 16 on every projection, Adam
 //                                                               (--recompute: nn::Lm::set_recompute)
-//   bench_real_scale generate --model DIR --threads N --reps R [--base bf16]
+//   bench_real_scale generate --model DIR --threads N --reps R [--base bf16|f16]
 //                                                               L2: prefill 512 tokens, 128 greedy tokens
-// (--base bf16: the frozen base held as bfloat16, nn::Lm's base_storage;
-// the F32 checkpoint's values rounded to it as they load.)
+// (--base bf16 / f16: the frozen base held as bfloat16 / half, nn::Lm's
+// base_storage; the F32 checkpoint's values rounded to it as they load.)
 //
 // bench/real_scale.sh runs these beside PyTorch (bench/peer_torch_real_scale.py)
 // and llama.cpp (bench/peer_llama_real_scale.mjs) and prints the table. The
@@ -240,9 +240,10 @@ int main(int argc, char** argv) {
     cmd->add_option("--model", o.model, "the Hugging Face directory (bench_real_scale write)")->required();
     cmd->add_option("--threads", o.threads, "grad's worker threads")->check(cli::range<std::size_t>(1, 256));
     cmd->add_option("--reps", o.reps, "timed repetitions after one warm-up")->check(cli::range<std::size_t>(1, 1000));
-    cmd->add_option("--base", o.base, "how the frozen base's matrices are held: native (f32) or bf16")
+    cmd->add_option("--base", o.base, "how the frozen base's matrices are held: native (f32), bf16 or f16")
         ->transform(CLI::CheckedTransformer(std::map<std::string, grad::Storage>{{"native", grad::Storage::native},
-                                                                                 {"bf16", grad::Storage::bf16}}));
+                                                                                 {"bf16", grad::Storage::bf16},
+                                                                                 {"f16", grad::Storage::f16}}));
   }
   finetune_cmd->add_option("--seq", o.seq, "tokens per step")->check(cli::range<std::size_t>(2, 32768));
   finetune_cmd->add_option("--rank", o.rank, "LoRA rank")->check(cli::range<std::size_t>(1, 4096));

@@ -504,14 +504,14 @@ int finetune(const FinetuneOptions& o) {
   const Codec codec = codec_of(o.from);
   const std::vector<int> tokens = codec.encode(read_text(path));
   nn::LmConfig c;
-  // A BF16 checkpoint's frozen base stays bfloat16 (half the memory, the same bits).
+  // A BF16 or F16 checkpoint's frozen base stays 16-bit (half the memory, the same bits).
   grad::Storage base_storage = grad::Storage::native;
 #ifdef GRAD_TINYLM_HF
   if (hf) {  // max_seq: the text's tokens (the decoder's cache), at most max_position_embeddings
     const grad::hf::ModelInfo info = grad::hf::read_config(base);
     c = info.config;
     c.max_seq = std::clamp<std::size_t>(tokens.size(), 2, c.max_seq);
-    if (info.dtype == grad::hf::Dtype::bf16) base_storage = grad::Storage::bf16;
+    base_storage = grad::hf::storage_for(info.dtype);
   }
 #endif
   if (!hf)
@@ -543,7 +543,7 @@ int finetune(const FinetuneOptions& o) {
   const long steps = o.steps;
   std::printf("tinylm finetune: %s (%zu bytes) on %s\nmodel: %s; %zu adapter parameters of %zu%s\n", path.c_str(),
               tokens.size(), base.c_str(), c.describe().c_str(), adapter_elements, model.parameter_count(),
-              base_storage == grad::Storage::bf16 ? " (the frozen base held as bf16, as the checkpoint is)" : "");
+              grad::narrow(base_storage) ? " (the frozen base held in 16 bits, as the checkpoint is)" : "");
   const std::size_t n = tokens.size() - 1;
   const std::span<const int> all(tokens);
   std::printf("before: greedy from the first %zu tokens gives \"%s\"\n", prompt,
@@ -597,8 +597,8 @@ int merge_hf([[maybe_unused]] const MergeOptions& o) {
   const hf::ModelInfo info = hf::read_config(o.from);
   const nn::LmConfig c = hf::with_adapters(info.config, hf::read_adapter_config(o.in));
   grad::Tape<T> tp, out_tp;
-  // A BF16 checkpoint's base stays bfloat16 until the merge widens it.
-  const grad::Storage base_storage = info.dtype == hf::Dtype::bf16 ? grad::Storage::bf16 : grad::Storage::native;
+  // A BF16 or F16 checkpoint's base stays 16-bit until the merge widens it.
+  const grad::Storage base_storage = hf::storage_for(info.dtype);
   nn::Lm<T> lora(tp, c, 1, nn::Lm<T>::Train::lora, base_storage);
   hf::load_weights(o.from, lora);
   hf::load_adapters(o.in, lora);

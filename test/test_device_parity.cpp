@@ -241,16 +241,43 @@ TEST_CASE("an f32 capture of a double tape gives the same bits on CUDA as on the
   for (std::size_t k = 1; k < runs.size(); ++k) CHECK(bitwise_equal<double>(runs[0], runs[k]));
 }
 
-// A frozen base held as bfloat16 (Tape::constant(t, Storage::bf16)): the engines read every value as T.
-TEST_CASE("a tape with a bfloat16 constant is refused by the device engine and grad::emit, by name") {
-  Tape<float> tp;
-  const Var<float> x = tp.param(Tensor<float>::full({2, 4}, 0.5f));
-  const Var<float> w = tp.constant(Tensor<float>::full({4, 3}, 0.25f), Storage::bf16);
-  const Var<float> loss = sum(matmul(x, w));
-  REQUIRE(tp.ok());
-  CHECK_THROWS_WITH_AS(device::capture(tp, loss, {}),
-                       doctest::Contains("node 1 (a constant [4, 3]) is held as bf16; record it as a native constant "
-                                         "before capturing"),
-                       device::CaptureError);
-  CHECK_THROWS_WITH_AS(emit(tp, loss), doctest::Contains("is held as bf16"), EmitError);
+// A frozen base held in 16 bits (Tape::constant(t, Storage::bf16 / f16)):
+// the engines hold it widened (their kernels read T; widening is exact), so
+// every reader of it (matmul's and matmul_nt's b, embedding's table,
+// linear_cross_entropy's W) replays the tape's bits, in every mode; grad::emit
+// writes its widened values. set_input refuses it (a weight, not an input).
+TEST_CASE("a tape with 16-bit constants replays bit for bit, and grad::emit writes their widened values") {
+  for (const Storage storage : {Storage::bf16, Storage::f16}) {
+    CAPTURE(storage_name(storage));
+    Tape<double> tp;
+    Rng rng(17);
+    const Var<double> x = tp.param(random_tensor<double>({3, 8}, rng));
+    const Var<double> h = tp.param(random_tensor<double>({4, 6}, rng));
+    const Var<double> W = tp.constant(random_tensor<double>({8, 5}, rng), storage);
+    const Var<double> Wt = tp.constant(random_tensor<double>({5, 8}, rng), storage);
+    const Var<double> E = tp.constant(random_tensor<double>({11, 6}, rng), storage);
+    const Var<double> ids = tp.constant(Tensor<double>({4}, {3, 0, 10, 3}));
+    const Var<double> targets = tp.constant(Tensor<double>({4}, {1, 7, 2, 9}));
+    const Var<double> loss = sum(matmul(x, W) * matmul_nt(x, Wt)) + sum(embedding(E, ids) * h) +
+                             linear_cross_entropy(h, E, targets);
+    REQUIRE_MESSAGE(tp.backward(loss), tp.error());
+    for (dev::Backend backend : backends())
+      for (const Variant& v : variants(backend)) {
+        CAPTURE(static_cast<int>(v.mode));
+        CAPTURE(schedule_name(v.schedule));
+        auto prog = replay_and_compare(tp, loss, backend, {x, h}, v);
+        CHECK_THROWS_WITH_AS(prog.set_input(W, Tensor<double>::full({8, 5}, 1.0)),
+                             doctest::Contains(("is a constant held as " + std::string(storage_name(storage))).c_str()),
+                             std::invalid_argument);
+      }
+    // grad::emit (which takes no linear_cross_entropy: its ids live on the tape's index pool).
+    Tape<double> te;
+    const Var<double> ex = te.param(tp.widened_value(x)), eh = te.param(tp.widened_value(h));
+    const Var<double> eWt = te.constant(tp.widened_value(Wt), storage), eE = te.constant(tp.widened_value(E), storage);
+    const Var<double> eloss = sum(matmul_nt(ex, eWt)) + sum(embedding(eE, te.constant(tp.widened_value(ids))) * eh);
+    REQUIRE_MESSAGE(te.backward(eloss), te.error());
+    const std::string source = emit(te, eloss).cpp;
+    CHECK(source.find(emit_detail::literal(te.widened_value(eWt)[7])) != std::string::npos);
+    CHECK(source.find(emit_detail::literal(te.widened_value(eE)[65])) != std::string::npos);
+  }
 }

@@ -8,6 +8,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -179,40 +180,48 @@ TEST_CASE_TEMPLATE("reading a in place gives the packed blocks' bits", T, double
   CHECK(same_bits(want, got));
 }
 
-// A b held as bfloat16 (a frozen base, Storage::bf16) is widened while it is
-// packed, or as it is loaded by the one-row kernels (a decoding step): the
-// product's bits are the reference's over the widened values, in both b
+// A b held in 16 bits (a frozen base, Storage::bf16 or f16) is widened while
+// it is packed, or as it is loaded by the one-row kernels (a decoding step):
+// the product's bits are the reference's over the widened values, in both b
 // layouts (nn: rows of b contiguous; nt: b's terms contiguous, the
-// transposed squares), on every instruction set and on one and three threads.
-TEST_CASE_TEMPLATE("a bfloat16 b gives the bits of the product over its widened values", T, double, float) {
+// transposed squares), on every instruction set and on one and three
+// threads. The halves are any finite bits (subnormals to 65504).
+TEST_CASE_TEMPLATE("a 16-bit b gives the bits of the product over its widened values", T, double, float) {
   Rng rng(41);
-  for (const std::size_t threads : {1, 3}) {
-    set_num_threads(threads);
-    for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512}) {
-      if (!gemm_detail::supported(isa)) continue;
-      for (const Dims3& d : {Dims3{1, 520, 1031}, Dims3{1, 257, 77}, Dims3{1, 13, 5}, Dims3{1, 700, 2003},
-                             Dims3{97, 300, 200}, Dims3{13, 11, 72}, Dims3{130, 300, 600}, Dims3{6, 17, 33}}) {
-        const std::size_t m = d.m, k = d.k, n = d.n;
-        const auto A = operand<T>(m * k, rng);
-        std::vector<std::uint16_t> bits(k * n);
-        std::vector<T> widened(k * n);
-        for (std::size_t i = 0; i < bits.size(); ++i) {
-          bits[i] = round_to_bf16(rng.uniform(-2, 2));
-          widened[i] = widen_bf16<T>(bits[i]);
+  for (const Storage storage : {Storage::bf16, Storage::f16})
+    for (const std::size_t threads : {1, 3}) {
+      set_num_threads(threads);
+      for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512}) {
+        if (!gemm_detail::supported(isa)) continue;
+        for (const Dims3& d : {Dims3{1, 520, 1031}, Dims3{1, 257, 77}, Dims3{1, 13, 5}, Dims3{1, 700, 2003},
+                               Dims3{97, 300, 200}, Dims3{13, 11, 72}, Dims3{130, 300, 600}, Dims3{6, 17, 33}}) {
+          const std::size_t m = d.m, k = d.k, n = d.n;
+          const auto A = operand<T>(m * k, rng);
+          std::vector<std::uint16_t> bits(k * n);
+          std::vector<T> widened(k * n);
+          for (std::size_t i = 0; i < bits.size(); ++i) {
+            if (storage == Storage::f16) {
+              do bits[i] = static_cast<std::uint16_t>(rng.next() >> 48);
+              while ((bits[i] & 0x7c00u) == 0x7c00u);
+            } else {
+              bits[i] = round_to_bf16(rng.uniform(-2, 2));
+            }
+            widened[i] = widen<T>(storage, bits[i]);
+          }
+          const T* B16 = reinterpret_cast<const T*>(bits.data());
+          INFO(storage_name(storage), " isa ", static_cast<int>(isa), " m ", m, " k ", k, " n ", n, " threads ",
+               threads);
+          std::vector<T> want(m * n, T(0)), got(m * n, std::numeric_limits<T>::quiet_NaN());
+          reference::gemm_nn(A.data(), widened.data(), want.data(), m, k, n);  // b [k, n]
+          gemm_detail::multiply<T>(isa, {{A.data(), k, 1}, {B16, n, 1, storage}, got.data(), m, n, k});
+          CHECK(same_bits(want, got));
+          std::fill(got.begin(), got.end(), std::numeric_limits<T>::quiet_NaN());
+          reference::gemm_nt(A.data(), widened.data(), want.data(), m, k, n);  // the same bits read as b [n, k]
+          gemm_detail::multiply<T>(isa, {{A.data(), k, 1}, {B16, 1, k, storage}, got.data(), m, n, k});
+          CHECK(same_bits(want, got));
         }
-        const T* B16 = reinterpret_cast<const T*>(bits.data());
-        INFO("isa ", static_cast<int>(isa), " m ", m, " k ", k, " n ", n, " threads ", threads);
-        std::vector<T> want(m * n, T(0)), got(m * n, std::numeric_limits<T>::quiet_NaN());
-        reference::gemm_nn(A.data(), widened.data(), want.data(), m, k, n);  // b [k, n]
-        gemm_detail::multiply<T>(isa, {{A.data(), k, 1}, {B16, n, 1, Storage::bf16}, got.data(), m, n, k});
-        CHECK(same_bits(want, got));
-        std::fill(got.begin(), got.end(), std::numeric_limits<T>::quiet_NaN());
-        reference::gemm_nt(A.data(), widened.data(), want.data(), m, k, n);  // the same bits read as b [n, k]
-        gemm_detail::multiply<T>(isa, {{A.data(), k, 1}, {B16, 1, k, Storage::bf16}, got.data(), m, n, k});
-        CHECK(same_bits(want, got));
       }
     }
-  }
   set_num_threads(1);
 }
 
@@ -226,6 +235,89 @@ TEST_CASE("bfloat16 rounding: to nearest, ties to even; NaN and infinities kept;
   CHECK(std::isnan(widen_bf16<float>(round_to_bf16(std::bit_cast<float>(0x7f800001u)))));  // a signalling NaN stays NaN
   CHECK(widen_bf16<double>(0xc0a0) == -5.0);
   CHECK(std::bit_cast<std::uint32_t>(widen_bf16<float>(0x8000)) == 0x80000000u);  // -0
+}
+
+// Half precision against the numbers themselves: a half with exponent field
+// e and fraction f is (1 + f / 1024) 2^(e - 15), or f 2^-24 when e is 0.
+TEST_CASE("half rounding: to nearest, ties to even, subnormals, overflow; widening exact") {
+  const auto half_value = [](std::uint16_t h) {
+    const int e = h >> 10 & 31, f = h & 1023;
+    const double v = e == 0 ? std::ldexp(f, -24) : std::ldexp(1024 + f, e - 25);
+    return h & 0x8000 ? -v : v;
+  };
+  for (std::uint32_t h = 0; h < 0x10000; ++h) {  // every finite half widens to its value and rounds back to itself
+    const auto bits = static_cast<std::uint16_t>(h);
+    if ((bits & 0x7c00) == 0x7c00) continue;
+    INFO("half ", h);
+    REQUIRE(widen_f16<double>(bits) == half_value(bits));
+    REQUIRE(std::signbit(widen_f16<float>(bits)) == ((bits & 0x8000) != 0));
+    REQUIRE(round_to_f16(widen_f16<float>(bits)) == bits);
+    REQUIRE(round_to_f16(widen_f16<double>(bits)) == bits);
+  }
+  CHECK(round_to_f16(1.0f) == 0x3c00);
+  CHECK(round_to_f16(65504.0f) == 0x7bff);
+  CHECK(round_to_f16(65519.99f) == 0x7bff);
+  CHECK(round_to_f16(65520.0f) == 0x7c00);  // the tie past the largest half: to the even, an infinity
+  CHECK(round_to_f16(-1e30) == 0xfc00);
+  CHECK(round_to_f16(std::ldexp(1.0, -24)) == 0x0001);  // the least subnormal
+  CHECK(round_to_f16(std::ldexp(1.0, -25)) == 0x0000);  // a tie: to the even 0
+  CHECK(round_to_f16(std::ldexp(3.0, -25)) == 0x0002);  // a tie: to the even 2
+  CHECK(round_to_f16(std::ldexp(1.0, -25) + std::ldexp(1.0, -40)) == 0x0001);  // past the tie: up
+  CHECK(round_to_f16(std::ldexp(1023.5, -24)) == 0x0400);  // the largest subnormal's tie: up to the least normal
+  CHECK(round_to_f16(1.0f + std::ldexp(1.0f, -11)) == 0x3c00);  // a tie: to the even 0x3c00
+  CHECK(round_to_f16(1.0f + std::ldexp(3.0f, -11)) == 0x3c02);  // a tie: to the even 0x3c02
+  CHECK(round_to_f16(1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40)) == 0x3c01);  // a double past the tie
+  CHECK(round_to_f16(-0.0f) == 0x8000);
+  CHECK(round_to_f16(-std::numeric_limits<float>::infinity()) == 0xfc00);
+  CHECK(round_to_f16(std::numeric_limits<double>::quiet_NaN()) == 0x7e00);
+  CHECK(std::isinf(widen_f16<float>(0x7c00)));
+  CHECK(std::bit_cast<std::uint32_t>(widen_f16<float>(0x7e01)) == 0x7fc02000u);  // a NaN's payload kept
+  CHECK(std::bit_cast<std::uint32_t>(widen_f16<float>(0xfd00)) == 0xffe00000u);  // a signalling one's, made quiet
+}
+
+// The kernels' vector widening (Terms::load, as each instruction set's
+// width uses it; AVX-512's halves through vcvtph2ps, in a function of that
+// target) gives the scalar widening's bits for every 16-bit pattern.
+template <class T, std::size_t Lanes, class Format>
+[[gnu::noinline]] typename gemm_detail::Terms<T, Lanes, Format>::V widen_vector(const std::uint16_t* p) {
+  return gemm_detail::Terms<T, Lanes, Format>::load(p);
+}
+#if GRAD_HAS_ISA_TARGETS
+[[gnu::noinline]] GRAD_TARGET_AVX512 void widen_f16_avx512(const std::uint16_t* p, float* out) {
+  const auto v = gemm_detail::Terms<float, 16, F16>::load(p);
+  std::memcpy(out, &v, sizeof(v));
+}
+#endif
+template <class T, std::size_t Lanes, class Format>
+void check_vector_widening() {
+  std::vector<std::uint16_t> all(0x10000);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::uint16_t>(i);
+  for (std::size_t i = 0; i < all.size(); i += Lanes) {
+    T got[Lanes];
+#if GRAD_HAS_ISA_TARGETS
+    if constexpr (std::is_same_v<T, float> && Lanes == 16 && std::is_same_v<Format, F16>) {
+      if (!supported(Isa::avx512)) return;
+      widen_f16_avx512(all.data() + i, got);
+    } else
+#endif
+    {
+      const auto v = widen_vector<T, Lanes, Format>(all.data() + i);
+      std::memcpy(got, &v, sizeof(v));
+    }
+    for (std::size_t l = 0; l < Lanes; ++l) {
+      INFO("bits ", i + l, " lanes ", Lanes);
+      const T want = static_cast<T>(Format::widen(all[i + l]));
+      REQUIRE(std::memcmp(&got[l], &want, sizeof(T)) == 0);
+    }
+  }
+}
+TEST_CASE("the kernels' vector widening equals the scalar one for every bfloat16 and half") {
+  check_vector_widening<float, 4, F16>();
+  check_vector_widening<float, 8, F16>();
+  check_vector_widening<double, 8, F16>();
+  check_vector_widening<float, 16, F16>();  // last: it returns early without AVX-512
+  check_vector_widening<float, 16, Bf16>();
+  check_vector_widening<double, 4, Bf16>();
 }
 
 TEST_CASE_TEMPLATE("the public gemm entry points match the reference on the best instruction set", T, double, float) {

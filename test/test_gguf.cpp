@@ -322,21 +322,25 @@ TEST_CASE("write_gguf F16: matrices as round-to-nearest-even halves, vectors F32
   CHECK(read_bytes(p64) == read_bytes(p32));
 }
 
-// A base held as bfloat16 (nn::Lm's base_storage) exports its widened
-// values: the file of a float model that holds them.
-TEST_CASE("write_gguf from a bfloat16 base writes the file of the float model holding its widened values") {
+// A base held as bfloat16 or half (nn::Lm's base_storage) exports its
+// widened values: the file of a float model that holds them.
+TEST_CASE("write_gguf from a 16-bit base writes the file of the float model holding its widened values") {
   ScratchDir dir("gguf");
   const nn::LmConfig c = small(257);
-  Tape<float> th, tf;
-  nn::Lm<float> held(th, c, 4, nn::Lm<float>::Train::none, Storage::bf16), as_float(tf, c, 4);
-  for (const auto& p : held.base()) {
-    const Tensor<float> w = th.widened_value(p.var);
-    std::copy(w.data().begin(), w.data().end(), tf.leaf_value(as_float.tensor(p.name)).begin());
-  }
-  for (const hf::GgufType type : {hf::GgufType::f32, hf::GgufType::f16}) {
-    REQUIRE(hf::write_gguf(dir.file("h.gguf"), held, hf::byte_level_vocab({"<|endoftext|>"}), {.type = type}).ok());
-    REQUIRE(hf::write_gguf(dir.file("f.gguf"), as_float, hf::byte_level_vocab({"<|endoftext|>"}), {.type = type}).ok());
-    CHECK(read_bytes(dir.file("h.gguf")) == read_bytes(dir.file("f.gguf")));
+  for (const Storage storage : {Storage::bf16, Storage::f16}) {
+    CAPTURE(storage_name(storage));
+    Tape<float> th, tf;
+    nn::Lm<float> held(th, c, 4, nn::Lm<float>::Train::none, storage), as_float(tf, c, 4);
+    for (const auto& p : held.base()) {
+      const Tensor<float> w = th.widened_value(p.var);
+      std::copy(w.data().begin(), w.data().end(), tf.leaf_value(as_float.tensor(p.name)).begin());
+    }
+    for (const hf::GgufType type : {hf::GgufType::f32, hf::GgufType::f16}) {
+      const auto vocab = hf::byte_level_vocab({"<|endoftext|>"});
+      REQUIRE(hf::write_gguf(dir.file("h.gguf"), held, vocab, {.type = type}).ok());
+      REQUIRE(hf::write_gguf(dir.file("f.gguf"), as_float, vocab, {.type = type}).ok());
+      CHECK(read_bytes(dir.file("h.gguf")) == read_bytes(dir.file("f.gguf")));
+    }
   }
 }
 

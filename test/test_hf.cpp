@@ -674,67 +674,91 @@ TEST_CASE("merge, export and load again: the same logits bit for bit; the KV dec
   CHECK_FALSE(std::filesystem::exists(dir.file("x.model")));
 }
 
-// A BF16 checkpoint into a base held as bfloat16 (nn::Lm's base_storage):
-// every matrix's bits exactly as stored (the projections transposed), so the
-// model gives the logits of the same checkpoint loaded into float; an F32
-// checkpoint rounds to the nearest bfloat16. Written back out (BF16 and
-// F32), it gives the checkpoint's values again.
-TEST_CASE("a BF16 checkpoint loads into a bfloat16 base bit for bit, and writes back out") {
-  ScratchDir dir("hf_bf16");
-  for (const bool tied : {false, true}) {
-    CAPTURE(tied);
-    const std::string d = dir.file(tied ? "tied" : "untied");
-    write_checkpoint(d, {hf::Architecture::qwen2, hf::Dtype::bf16, false, tied, 0}, 23);
-    const hf::ModelInfo info = hf::read_config(d);
-    Tape<float> tf, th;
-    nn::Lm<float> as_float(tf, info.config, 1, nn::Lm<float>::Train::none);
-    nn::Lm<float> held(th, info.config, 1, nn::Lm<float>::Train::none, Storage::bf16);
-    CHECK(held.trainable().empty());
-    hf::load_weights(d, as_float);
-    hf::load_weights(d, held);
-    for (const auto& p : held.base()) {
-      CAPTURE(p.name);
-      CHECK(th.storage(p.var) == (th.dims(p.var).rank == 2 ? Storage::bf16 : Storage::native));
-      const Tensor<float> w = th.widened_value(p.var);
-      CHECK(std::memcmp(w.data().data(), tf.value(as_float.tensor(p.name)).data.data(), w.size() * sizeof(float)) == 0);
-    }
-    const std::vector<int> ids = some_ids(9, 2 * 6);
-    const View<float> a = tf.value(as_float.forward(as_float.ids(ids, 2, 6)).logits);
-    const View<float> b = th.value(held.forward(held.ids(ids, 2, 6)).logits);
-    REQUIRE(a.size() == b.size());
-    CHECK(std::memcmp(a.data.data(), b.data.data(), a.size() * sizeof(float)) == 0);
-    // Out again in BF16 and F32: the checkpoint's values.
-    for (const hf::Dtype dtype : {hf::Dtype::bf16, hf::Dtype::f32}) {
-      const std::string out = dir.file(std::string(tied ? "t" : "u") + std::string(hf::dtype_name(dtype)));
-      hf::SaveOptions o;
-      o.dtype = dtype;
-      hf::save_pretrained(out, held, o);
-      Tape<float> tr;
-      nn::Lm<float> again(tr, hf::read_config(out).config, 2, nn::Lm<float>::Train::none);
-      hf::load_weights(out, again);
-      for (const auto& p : again.base()) {
-        const View<float> v = tr.value(p.var);
-        CHECK(std::memcmp(v.data.data(), tf.value(as_float.tensor(p.name)).data.data(), v.size() * sizeof(float)) ==
+// A BF16 (F16) checkpoint into a base held as bfloat16 (half; nn::Lm's
+// base_storage): every matrix's bits exactly as stored (the projections
+// transposed), so the model gives the logits of the same checkpoint loaded
+// into float; an F32 checkpoint rounds to the nearest bfloat16 (half), and
+// one with a value beyond the half's range is refused with nothing loaded.
+// Written back out (in its dtype and F32), it gives the checkpoint's values.
+TEST_CASE("a BF16 or F16 checkpoint loads into a 16-bit base bit for bit, and writes back out") {
+  ScratchDir dir("hf_16bit");
+  for (const Storage storage : {Storage::bf16, Storage::f16}) {
+    CAPTURE(storage_name(storage));
+    const hf::Dtype dtype16 = storage == Storage::f16 ? hf::Dtype::f16 : hf::Dtype::bf16;
+    for (const bool tied : {false, true}) {
+      CAPTURE(tied);
+      const std::string d = dir.file(std::string(storage_name(storage)) + (tied ? "tied" : "untied"));
+      write_checkpoint(d, {hf::Architecture::qwen2, dtype16, false, tied, 0}, 23);
+      const hf::ModelInfo info = hf::read_config(d);
+      CHECK(hf::storage_for(info.dtype) == storage);
+      Tape<float> tf, th;
+      nn::Lm<float> as_float(tf, info.config, 1, nn::Lm<float>::Train::none);
+      nn::Lm<float> held(th, info.config, 1, nn::Lm<float>::Train::none, storage);
+      CHECK(held.trainable().empty());
+      hf::load_weights(d, as_float);
+      hf::load_weights(d, held);
+      for (const auto& p : held.base()) {
+        CAPTURE(p.name);
+        CHECK(th.storage(p.var) == (th.dims(p.var).rank == 2 ? storage : Storage::native));
+        const Tensor<float> w = th.widened_value(p.var);
+        CHECK(std::memcmp(w.data().data(), tf.value(as_float.tensor(p.name)).data.data(), w.size() * sizeof(float)) ==
               0);
       }
+      const std::vector<int> ids = some_ids(9, 2 * 6);
+      const View<float> a = tf.value(as_float.forward(as_float.ids(ids, 2, 6)).logits);
+      const View<float> b = th.value(held.forward(held.ids(ids, 2, 6)).logits);
+      REQUIRE(a.size() == b.size());
+      CHECK(std::memcmp(a.data.data(), b.data.data(), a.size() * sizeof(float)) == 0);
+      // Out again in its dtype and F32: the checkpoint's values.
+      for (const hf::Dtype dtype : {dtype16, hf::Dtype::f32}) {
+        const std::string out = dir.file(std::string(storage_name(storage)) + (tied ? "t" : "u") +
+                                         std::string(hf::dtype_name(dtype)));
+        hf::SaveOptions o;
+        o.dtype = dtype;
+        hf::save_pretrained(out, held, o);
+        Tape<float> tr;
+        nn::Lm<float> again(tr, hf::read_config(out).config, 2, nn::Lm<float>::Train::none);
+        hf::load_weights(out, again);
+        for (const auto& p : again.base()) {
+          const View<float> v = tr.value(p.var);
+          CHECK(std::memcmp(v.data.data(), tf.value(as_float.tensor(p.name)).data.data(), v.size() * sizeof(float)) ==
+                0);
+        }
+      }
     }
+    // An F32 checkpoint into a 16-bit base: each value rounded to the nearest.
+    const std::string d32 = dir.file(std::string(storage_name(storage)) + "f32");
+    write_checkpoint(d32, {hf::Architecture::qwen2, hf::Dtype::f32, false, false, 0}, 24);
+    const hf::ModelInfo info = hf::read_config(d32);
+    Tape<float> tf, th;
+    nn::Lm<float> as_float(tf, info.config, 1, nn::Lm<float>::Train::none);
+    nn::Lm<float> held(th, info.config, 1, nn::Lm<float>::Train::none, storage);
+    hf::load_weights(d32, as_float);
+    hf::load_weights(d32, held);
+    const View<float> v = tf.value(as_float.tensor("layers.1.gate"));
+    const Tensor<float> w = th.widened_value(held.tensor("layers.1.gate"));
+    REQUIRE(v.size() == w.size());
+    std::size_t changed = 0;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      CHECK(w[i] == widen<float>(storage, round_to(storage, v[i])));
+      changed += w[i] != v[i];
+    }
+    CHECK(changed > 0);  // random F32 values are not bfloat16s or halves
+    if (storage != Storage::f16) continue;
+    // A value beyond the half's range (65504): refused, naming the tensor
+    // and element, and the base keeps the values it had.
+    tf.leaf_value(as_float.tensor("layers.0.up"))[7] = 1e5f;
+    const std::string big = dir.file("big");
+    hf::SaveOptions o;
+    o.dtype = hf::Dtype::f32;
+    hf::save_pretrained(big, as_float, o);
+    Tape<float> tb;
+    nn::Lm<float> before(tb, info.config, 1, nn::Lm<float>::Train::none, storage);
+    hf::load_weights(d32, before);
+    const std::span<std::uint16_t> up = tb.leaf_bits(before.tensor("layers.0.up"));
+    const std::vector<std::uint16_t> kept(up.begin(), up.end());
+    CHECK_THROWS_WITH_AS(hf::load_weights(big, before), doctest::Contains("is 100000, beyond f16's range"),
+                         hf::Error);
+    CHECK(std::equal(kept.begin(), kept.end(), up.begin()));
   }
-  // An F32 checkpoint into a bfloat16 base: each value rounded to the nearest bfloat16.
-  const std::string d32 = dir.file("f32");
-  write_checkpoint(d32, {hf::Architecture::qwen2, hf::Dtype::f32, false, false, 0}, 24);
-  const hf::ModelInfo info = hf::read_config(d32);
-  Tape<float> tf, th;
-  nn::Lm<float> as_float(tf, info.config, 1, nn::Lm<float>::Train::none);
-  nn::Lm<float> held(th, info.config, 1, nn::Lm<float>::Train::none, Storage::bf16);
-  hf::load_weights(d32, as_float);
-  hf::load_weights(d32, held);
-  const View<float> v = tf.value(as_float.tensor("layers.1.gate"));
-  const Tensor<float> w = th.widened_value(held.tensor("layers.1.gate"));
-  REQUIRE(v.size() == w.size());
-  std::size_t changed = 0;
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    CHECK(w[i] == widen_bf16<float>(round_to_bf16(v[i])));
-    changed += w[i] != v[i];
-  }
-  CHECK(changed > 0);  // random F32 values are not bfloat16s
 }

@@ -982,13 +982,14 @@ TEST_CASE("the LM matches PyTorch float64 (test/oracle/lm_oracle.py): logits, lo
   MESSAGE("worst gradient error (relative to each tensor's largest) " << grad_worst);
 }
 
-// A frozen base held as bfloat16 (Lm's base_storage): the same model as a
-// native one whose base holds the widened values, bit for bit: the loss and
-// every adapter gradient (tied and untied, fused loss, recompute on and off,
-// 1 and 3 threads, float and double), the decoder's logits at every
+// A frozen base held as bfloat16 or half (Lm's base_storage): the same model
+// as a native one whose base holds the widened values, bit for bit: the loss
+// and every adapter gradient (tied and untied, fused loss, recompute on and
+// off, 1 and 3 threads, float and double), the decoder's logits at every
 // position, the merge, and a model file written from it and read back.
-TEST_CASE_TEMPLATE("an Lm whose frozen base is bfloat16 gives the bits of a native base holding the widened values", T,
-                   float, double) {
+template <class T>
+void check_narrow_base(Storage storage) {
+  CAPTURE(storage_name(storage));
   const std::size_t t = 10, B = 2;
   const std::vector<int> in = some_tokens(B * t, 41), out = some_tokens(B * t, 42);
   for (bool tied : {false, true})
@@ -1001,15 +1002,15 @@ TEST_CASE_TEMPLATE("an Lm whose frozen base is bfloat16 gives the bits of a nati
         nn::LmConfig c = small_config(4);
         c.tied_embeddings = tied;
         Tape<T> th, tn;
-        nn::Lm<T> held(th, c, 5, nn::Lm<T>::Train::lora, Storage::bf16), native(tn, c, 5, nn::Lm<T>::Train::lora);
-        CHECK(held.base_storage() == Storage::bf16);
+        nn::Lm<T> held(th, c, 5, nn::Lm<T>::Train::lora, storage), native(tn, c, 5, nn::Lm<T>::Train::lora);
+        CHECK(held.base_storage() == storage);
         CHECK(held.parameter_count() == native.parameter_count());
         randomize_adapters(held, 8);
         randomize_adapters(native, 8);
-        for (const auto& p : native.base()) {  // the native base gets the bf16 one's values, widened
+        for (const auto& p : native.base()) {  // the native base gets the 16-bit one's values, widened
           const Tensor<T> w = th.widened_value(held.tensor(p.name));
           std::copy(w.data().begin(), w.data().end(), tn.leaf_value(p.var).begin());
-          CHECK(th.storage(held.tensor(p.name)) == (w.rank() == 2 ? Storage::bf16 : Storage::native));
+          CHECK(th.storage(held.tensor(p.name)) == (w.rank() == 2 ? storage : Storage::native));
         }
         held.set_recompute(recompute);
         native.set_recompute(recompute);
@@ -1031,10 +1032,10 @@ TEST_CASE_TEMPLATE("an Lm whose frozen base is bfloat16 gives the bits of a nati
         }
       }
   set_num_threads(1);
-  // The merge widens the base; a model file holds it widened and loads back into a bf16 base exactly.
+  // The merge widens the base; a model file holds it widened and loads back into a 16-bit base exactly.
   nn::LmConfig c = small_config(4);
   Tape<T> th, tn, tm1, tm2;
-  nn::Lm<T> held(th, c, 5, nn::Lm<T>::Train::lora, Storage::bf16), native(tn, c, 5, nn::Lm<T>::Train::lora);
+  nn::Lm<T> held(th, c, 5, nn::Lm<T>::Train::lora, storage), native(tn, c, 5, nn::Lm<T>::Train::lora);
   randomize_adapters(held, 8);
   randomize_adapters(native, 8);
   for (const auto& p : native.base()) {
@@ -1045,17 +1046,22 @@ TEST_CASE_TEMPLATE("an Lm whose frozen base is bfloat16 gives the bits of a nati
   nn::merge_lora(held, m1);
   nn::merge_lora(native, m2);
   for (const auto& p : m1.named()) CHECK(bitwise_equal<T>(tm1.value(p.var).data, tm2.value(m2.tensor(p.name)).data));
-  ScratchDir dir("lm_bf16");
+  ScratchDir dir("lm_" + std::string(storage_name(storage)));
   REQUIRE(nn::save_lm(dir.file("held.model"), held));
   Tape<T> tr;
-  nn::Lm<T> back(tr, c, 77, nn::Lm<T>::Train::lora, Storage::bf16);
+  nn::Lm<T> back(tr, c, 77, nn::Lm<T>::Train::lora, storage);
   REQUIRE(nn::load_lm(dir.file("held.model"), back));
   for (const auto& p : held.named()) {
     CAPTURE(p.name);
     CHECK(bitwise_equal<T>(th.widened_value(p.var).data(), tr.widened_value(back.tensor(p.name)).data()));
   }
-  // Train::full trains every tensor in T: a bf16 base is refused.
+  // Train::full trains every tensor in T: a 16-bit base is refused.
   Tape<T> tf;
-  CHECK_THROWS_WITH_AS(nn::Lm<T>(tf, c, 1, nn::Lm<T>::Train::full, Storage::bf16),
+  CHECK_THROWS_WITH_AS(nn::Lm<T>(tf, c, 1, nn::Lm<T>::Train::full, storage),
                        doctest::Contains("needs Train::lora"), std::invalid_argument);
+}
+TEST_CASE_TEMPLATE("an Lm whose frozen base is 16-bit gives the bits of a native base holding the widened values", T,
+                   float, double) {
+  check_narrow_base<T>(Storage::bf16);
+  check_narrow_base<T>(Storage::f16);
 }

@@ -148,26 +148,26 @@ TEST_CASE("a scalar of -0.0 keeps its sign on the tape's vector path, as in plai
   scalar_ops_match_plain_cpp<float>();
 }
 
-// ---- bfloat16 constants (a frozen base held in 16 bits) ----
+// ---- 16-bit constants (a frozen base held as bfloat16 or half) ----
 
 namespace {
 
-// Values with more bits than a bfloat16 holds, so that rounding matters.
+// Values with more bits than a bfloat16 or half holds, so that rounding matters.
 template <class T>
-Tensor<T> bf16_source(Shape shape, Rng& rng) {
+Tensor<T> narrow_source(Shape shape, Rng& rng) {
   return random_tensor<T>(std::move(shape), rng, -1.5, 1.5);
 }
 
-// What a bf16 constant holds, as a native tensor: each value rounded to bf16 and widened.
+// What a 16-bit constant holds, as a native tensor: each value rounded and widened.
 template <class T>
-Tensor<T> rounded(const Tensor<T>& t) {
+Tensor<T> rounded(const Tensor<T>& t, Storage storage) {
   Tensor<T> r = t;
-  for (T& x : r.data()) x = widen_bf16<T>(round_to_bf16(x));
+  for (T& x : r.data()) x = widen<T>(storage, round_to(storage, x));
   return r;
 }
 
-// Every op that reads a bf16 operand, value and gradients, on one tape whose
-// weights are held as `storage` (their values already bf16's): matmul's b
+// Every op that reads a 16-bit operand, value and gradients, on one tape whose
+// weights are held as `storage` (their values already rounded to it): matmul's b
 // [k, n] (a batch of rows, and one row: the decoding path), matmul_nt's b
 // [n, k], embedding's table and linear_cross_entropy's W (tied, [classes, d]).
 template <class T>
@@ -201,16 +201,18 @@ ReaderRun<T> run_readers(const Tensor<T>& w, const Tensor<T>& wt, const Tensor<T
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("a bfloat16 constant gives the bits of a native constant holding its widened values", T, float,
+TEST_CASE_TEMPLATE("a 16-bit constant gives the bits of a native constant holding its widened values", T, float,
                    double) {
   Rng rng(7);
-  const Tensor<T> w = bf16_source<T>({40, 300}, rng), wt = bf16_source<T>({300, 40}, rng);
-  const Tensor<T> table = bf16_source<T>({33, 24}, rng);
-  for (const std::size_t threads : {1, 3}) {
-    INFO("threads ", threads);
-    set_num_threads(threads);
-    const ReaderRun<T> held = run_readers(w, wt, table, Storage::bf16);
-    const ReaderRun<T> native = run_readers(rounded(w), rounded(wt), rounded(table), Storage::native);
+  const Tensor<T> w = narrow_source<T>({40, 300}, rng), wt = narrow_source<T>({300, 40}, rng);
+  const Tensor<T> table = narrow_source<T>({33, 24}, rng);
+  for (const auto& [storage, threads] : {std::pair{Storage::bf16, 1}, {Storage::bf16, 3}, {Storage::f16, 1},
+                                         {Storage::f16, 3}}) {
+    INFO(storage_name(storage), " threads ", threads);
+    set_num_threads(static_cast<std::size_t>(threads));
+    const ReaderRun<T> held = run_readers(w, wt, table, storage);
+    const ReaderRun<T> native =
+        run_readers(rounded(w, storage), rounded(wt, storage), rounded(table, storage), Storage::native);
     for (std::size_t i = 0; i < held.values.size(); ++i) {
       INFO("value ", i);
       CHECK(bitwise_equal<T>(held.values[i], native.values[i]));
@@ -223,10 +225,26 @@ TEST_CASE_TEMPLATE("a bfloat16 constant gives the bits of a native constant hold
   set_num_threads(1);
 }
 
-TEST_CASE("a bfloat16 constant: half the memory, read out widened, written as bits, refused by other ops") {
+TEST_CASE("a 16-bit constant: half the memory, read out widened, written as bits, refused by other ops") {
   Tape<float> tp;
   Tensor<float> t({3, 4});
   for (std::size_t i = 0; i < t.size(); ++i) t[i] = 1.0f + static_cast<float>(i) / 1024.0f;  // 1 + i/1024: rounded
+  const Var<float> half = tp.constant(t, Storage::f16);
+  CHECK(tp.storage(half) == Storage::f16);
+  CHECK(tp.widened_value(half)[1] == 1.0f + 1.0f / 1024.0f);  // a half holds 1 + 1/1024
+  CHECK(tp.widened_value(half)[3] == 1.0f + 3.0f / 1024.0f);
+  CHECK(std::isinf(tp.scalar(tp.constant(Tensor<float>::full({1}, INFINITY), Storage::f16))));  // an infinity stays
+  {  // a finite value beyond a half's range (65504) is refused, naming it, with nothing allocated
+    Tape<float> big;
+    big.constant(t, Storage::f16);
+    const std::size_t bytes = summarize(big).value_bytes;
+    Tensor<float> over = t;
+    over[5] = 65520.0f;  // the tie past 65504: to the even, an infinity
+    CHECK_FALSE(big.constant(over, Storage::f16).valid());
+    CHECK(big.error() == "grad: const: element 5 of [3, 4] (65520) is beyond f16's range (it would become "
+                         "infinite); hold this tensor native (or as bf16)");
+    CHECK(summarize(big).value_bytes == bytes);
+  }
   const Var<float> w = tp.constant(t, Storage::bf16);
   REQUIRE(tp.ok());
   CHECK(tp.storage(w) == Storage::bf16);
@@ -256,4 +274,9 @@ TEST_CASE("a bfloat16 constant: half the memory, read out widened, written as bi
         std::string::npos);
   CHECK(tp.error().find("embedding's operand 1") != std::string::npos);
   CHECK(tp.error().find("linear_cross_entropy's operand 2 read; record it as a native constant") != std::string::npos);
+  Tape<double> td;  // a half constant likewise, in double
+  const Var<double> h = td.constant(Tensor<double>::full({2, 2}, 0.1), Storage::f16);
+  CHECK(td.scalar(h) == static_cast<double>(widen_f16<float>(round_to_f16(0.1))));
+  CHECK_FALSE(exp(h).valid());
+  CHECK(td.error().find("exp: operand 1 [2, 2] is a f16 constant, which only matmul's operand 2") != std::string::npos);
 }

@@ -494,7 +494,7 @@ class EmitPlan {
   std::string values_text(const Node<T>& n, const std::string& name, const std::string& qualifier) const {
     std::string s = qualifier + " T " + name + "[" + std::to_string(n.dims.size()) + "] = {";
     for (std::size_t k = 0; k < n.dims.size(); ++k) {
-      s += (k % 8 == 0 ? "\n    " : " ") + emit_detail::literal(n.value[k]) + ",";
+      s += (k % 8 == 0 ? "\n    " : " ") + emit_detail::literal(n.value_at(k)) + ",";  // a 16-bit constant widened
     }
     return s + "\n};\n";
   }

@@ -107,7 +107,7 @@ ModelFileResult save_model(const std::string& path, const Tape<T>& tp, std::span
   detail::ByteWriter payload;
   payload.put(static_cast<std::uint64_t>(params.size()));
   for (const auto& p : params) {
-    // A bfloat16 constant (a frozen base) is written widened: exact.
+    // A 16-bit constant (a frozen base) is written widened: exact.
     const bool live = !tp.value(p.var).empty() || tp.storage(p.var) != Storage::native;
     if (!live) return failed("parameter '" + p.name + "' is not a live node of this tape");
     const Dims& d = tp.dims(p.var);
@@ -237,14 +237,15 @@ ModelFileResult load_model(const std::string& path, Tape<T>& tp, std::span<const
   // ---- every check passed: write ----
   std::vector<T> widened;
   for (std::size_t i = 0; i < params.size(); ++i) {
-    const std::span<std::uint16_t> bits = tp.leaf_bits(params[i].var);  // a bfloat16 constant: rounded to it
+    const std::span<std::uint16_t> bits = tp.leaf_bits(params[i].var);  // a 16-bit constant: rounded to it
     if (!bits.empty()) widened.resize(bits.size());
     const std::span<T> to = bits.empty() ? tp.leaf_value(params[i].var) : std::span<T>(widened);
     if (f.dtype == 1)
       detail::convert_into<T, double>(match[i]->values, to);
     else
       detail::convert_into<T, float>(match[i]->values, to);
-    for (std::size_t k = 0; k < bits.size(); ++k) bits[k] = round_to_bf16(widened[k]);
+    const Storage storage = tp.storage(params[i].var);
+    for (std::size_t k = 0; k < bits.size(); ++k) bits[k] = round_to(storage, widened[k]);
   }
   return {};
 }

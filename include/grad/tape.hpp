@@ -8,6 +8,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <initializer_list>
 #include <limits>
 #include <memory>
@@ -98,7 +99,7 @@ struct Node {
   // outputs: value and gradient live in memory the next scope reuses, so
   // the reverse walk computes the value again before it needs it.
   bool transient = false;
-  Storage storage = Storage::native;  // bf16: a constant whose value holds 16-bit floats (Tape::constant)
+  Storage storage = Storage::native;  // bf16, f16: a constant whose value holds 16-bit floats (Tape::constant)
   std::uint32_t a = no_node, b = no_node;
   std::uint32_t axis = 0;
   std::uint32_t extra = no_node;  // offset of per-axis parameters in the tape's index pool
@@ -107,6 +108,11 @@ struct Node {
   T* value = nullptr;
   T* grad = nullptr;  // null when !requires_grad
   std::uint64_t serial = 0;
+
+  // Value element k as T (a 16-bit constant's widened, exactly).
+  T value_at(std::size_t k) const {
+    return narrow(storage) ? widen<T>(storage, reinterpret_cast<const std::uint16_t*>(value)[k]) : value[k];
+  }
 };
 
 template <class T>
@@ -130,11 +136,12 @@ class Tape {
 
   Var<T> param(const Tensor<T>& t) { return leaf<Param>(t); }
   Var<T> constant(const Tensor<T>& t) { return leaf<Const>(t); }
-  // A constant held as bfloat16 (Storage::bf16): half a float's memory, each
-  // value rounded to the nearest bfloat16 (ties to even, as PyTorch's
-  // .to(torch.bfloat16); a double is rounded to float first). A frozen base
-  // model's weights: the ops that read it widen it exactly (matmul's and
-  // matmul_nt's b, embedding's table, linear_cross_entropy's weights), so
+  // A constant held in 16 bits (Storage::bf16 or Storage::f16): half a
+  // float's memory, each value rounded to the nearest bfloat16 or half (ties
+  // to even, as PyTorch's .to(torch.bfloat16) / .to(torch.float16)). A
+  // frozen base model's weights: the ops that read it widen it exactly
+  // (matmul's and matmul_nt's b, embedding's table, linear_cross_entropy's
+  // weights), so
   // they give the bits of the same ops over a T constant holding the widened
   // values; any other op refuses it (poisons the tape), as do the device
   // engine and grad::emit. value() and leaf_value() read it as empty:
@@ -166,7 +173,7 @@ class Tape {
   bool backward(Var<T> loss, Accumulate);
 
   // Queries never poison: an invalid, foreign or dropped Var reads as empty
-  // (scalar reads NaN). value() reads a bfloat16 constant as empty too: its
+  // (scalar reads NaN). value() reads a 16-bit constant as empty too: its
   // elements are not T (widened_value copies them out).
   // A node recorded inside a recompute scope and not returned from it reads
   // as empty too: its value is not kept.
@@ -184,7 +191,7 @@ class Tape {
   T scalar(Var<T> v) const {
     const Node<T>* n = find(v);
     if (!n || n->transient) return std::numeric_limits<T>::quiet_NaN();
-    return n->storage == Storage::bf16 ? widen_bf16<T>(*reinterpret_cast<const std::uint16_t*>(n->value)) : n->value[0];
+    return narrow(n->storage) ? widen<T>(n->storage, *reinterpret_cast<const std::uint16_t*>(n->value)) : n->value[0];
   }
   // How v's value is held (native for an invalid, foreign or dropped Var).
   Storage storage(Var<T> v) const {
@@ -197,17 +204,17 @@ class Tape {
     const Node<T>* n = find(v);
     if (!n || n->transient) return {};
     Tensor<T> t(Shape(n->dims.span().begin(), n->dims.span().end()));
-    if (n->storage == Storage::bf16)
-      widen_bf16_run(reinterpret_cast<const std::uint16_t*>(n->value), t.data().data(), t.size());
+    if (narrow(n->storage))
+      widen_run(n->storage, reinterpret_cast<const std::uint16_t*>(n->value), t.data().data(), t.size());
     else
       std::copy_n(n->value, t.size(), t.data().begin());
     return t;
   }
-  // Writable bits of a bfloat16 constant (loading a checkpoint's BF16
+  // Writable bits of a 16-bit constant (loading a checkpoint's BF16 or F16
   // tensors as they are); empty for any other node.
   std::span<std::uint16_t> leaf_bits(Var<T> v) {
     const Node<T>* n = find(v);
-    if (!n || n->storage != Storage::bf16) return {};
+    if (!n || !narrow(n->storage)) return {};
     return {reinterpret_cast<std::uint16_t*>(n->value), n->dims.size()};
   }
   // Was v recorded by op Op? (False for an invalid, foreign or dropped Var.)
@@ -523,10 +530,21 @@ class Tape {
     n.dims = t.rank() == 0 ? Dims::of(std::array<std::size_t, 1>{1}) : Dims::of(t.shape());
     n.requires_grad = std::is_same_v<Op, Param>;
     n.storage = storage;
+    const auto values_at = values_.position();
     if (!allocate(n, Op::name, false)) return rejected();  // a leaf's value is kept, inside a recompute scope too
-    if (storage == Storage::bf16) {
+    if (narrow(storage)) {
       auto* bits = reinterpret_cast<std::uint16_t*>(n.value);
-      for (std::size_t i = 0; i < t.size(); ++i) bits[i] = round_to_bf16(t.data()[i]);
+      for (std::size_t i = 0; i < t.size(); ++i) {
+        bits[i] = round_to(storage, t.data()[i]);
+        if (std::isfinite(t.data()[i]) && !std::isfinite(widen<T>(storage, bits[i]))) [[unlikely]] {
+          values_.rewind(values_at);  // a constant (no gradient): its value is all it took
+          char number[32];
+          std::snprintf(number, sizeof number, "%.17g", static_cast<double>(t.data()[i]));
+          return invalid(op + ": element " + std::to_string(i) + " of " + shape_string(t.shape()) + " (" + number +
+                         ") is beyond " + std::string(storage_name(storage)) +
+                         "'s range (it would become infinite); hold this tensor native (or as bf16)");
+        }
+      }
     } else {
       std::copy(t.data().begin(), t.data().end(), n.value);
     }
@@ -536,20 +554,21 @@ class Tape {
   }
 
   // Why Op may not read a 16-bit operand ("" when it may): only the tags
-  // whose host loops widen one (takes_bf16) read one.
+  // whose host loops widen one (takes_narrow) read one.
   template <class Op>
   std::string storage_refusal(Var<T> a, Var<T> b) const {
     const Var<T> operands[2] = {a, b};
     for (int i = 0; i < 2; ++i) {
       if (!operands[i].valid()) continue;
       const Node<T>& n = nodes_[operands[i].index_];
-      if (n.storage == Storage::native || takes_bf16<Op>(i)) continue;
+      if (n.storage == Storage::native || takes_narrow<Op>(i)) continue;
       std::string readers;
       boost::mp11::mp_for_each<OpList>([&](auto op) {
         using Reader = decltype(op);
         for (int k = 0; k < 2; ++k)
-          if (takes_bf16<Reader>(k))
-            readers += (readers.empty() ? "" : ", ") + std::string(Reader::name) + "'s operand " + std::to_string(k + 1);
+          if (takes_narrow<Reader>(k))
+            readers +=
+                (readers.empty() ? "" : ", ") + std::string(Reader::name) + "'s operand " + std::to_string(k + 1);
       });
       return std::string(Op::name) + ": operand " + std::to_string(i + 1) + " " + shape_string(n.dims) + " is a " +
              std::string(storage_name(n.storage)) + " constant, which only " + readers +
@@ -568,8 +587,8 @@ class Tape {
   bool allocate(Node<T>& n, std::string_view op, bool scoped) {
     const std::size_t elements = n.dims.size();
     // A 16-bit constant's value takes whole elements of T, rounded up.
-    const std::size_t size =
-        n.storage == Storage::native ? elements : (elements * storage_bytes(n.storage, sizeof(T)) + sizeof(T) - 1) / sizeof(T);
+    const std::size_t bytes = storage_bytes(n.storage, sizeof(T));
+    const std::size_t size = n.storage == Storage::native ? elements : (elements * bytes + sizeof(T) - 1) / sizeof(T);
     Arena<T>& values = scoped ? scope_memory_ : values_;
     const bool with_grad = n.requires_grad && !scoped;
     const auto values_at = values.position(), grads_at = grads_.position();

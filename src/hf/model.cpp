@@ -168,14 +168,21 @@ void load_mapped(const std::string& where, const std::vector<std::unique_ptr<Saf
                   ", but " + described + " makes it " + shape_text(expect));
     found.push_back({o->second, info});
   }
-  // F64 into float is the one conversion that can refuse a value: try it before writing anything.
-  if constexpr (std::is_same_v<T, float>) {
-    std::vector<float> trial;
-    for (const Located& l : found)
-      if (l.info->dtype == Dtype::f64) {
-        trial.resize(l.info->elements);
-        l.file->read(*l.info, std::span<float>(trial));
-      }
+  // The conversions that can refuse a value (one beyond the range it is read
+  // into: F64 into float, a wider dtype into a 16-bit base): tried before
+  // anything is written.
+  std::vector<float> trial;
+  std::vector<std::uint16_t> trial_bits;
+  for (std::size_t i = 0; i < wanted.size(); ++i) {
+    const Located& l = found[i];
+    const Storage storage = tp.storage(wanted[i].var);
+    if (narrow(storage) && storage_for(l.info->dtype) != storage) {
+      trial_bits.resize(l.info->elements);
+      l.file->read_bits(*l.info, storage, std::span<std::uint16_t>(trial_bits));
+    } else if (std::is_same_v<T, float> && l.info->dtype == Dtype::f64) {
+      trial.resize(l.info->elements);
+      l.file->read(*l.info, std::span<float>(trial));
+    }
   }
   for (const auto& f : files)
     for (const TensorInfo& t : f->tensors()) {
@@ -187,13 +194,14 @@ void load_mapped(const std::string& where, const std::vector<std::unique_ptr<Saf
   std::vector<std::uint16_t> staging_bits;
   for (std::size_t i = 0; i < wanted.size(); ++i) {
     const TensorInfo& info = *found[i].info;
-    if (const std::span<std::uint16_t> bits = tp.leaf_bits(wanted[i].var); !bits.empty()) {  // a bf16 base
+    if (const std::span<std::uint16_t> bits = tp.leaf_bits(wanted[i].var); !bits.empty()) {  // a 16-bit base
+      const Storage storage = tp.storage(wanted[i].var);
       if (!wanted[i].transposed) {
-        found[i].file->read_bf16(info, bits);
+        found[i].file->read_bits(info, storage, bits);
         continue;
       }
       staging_bits.resize(info.elements);
-      found[i].file->read_bf16(info, std::span<std::uint16_t>(staging_bits));
+      found[i].file->read_bits(info, storage, std::span<std::uint16_t>(staging_bits));
       const std::size_t rows = info.shape[0], cols = info.shape[1];
       for (std::size_t r = 0; r < rows; ++r)
         for (std::size_t c = 0; c < cols; ++c) bits[c * rows + r] = staging_bits[r * cols + c];
@@ -242,7 +250,7 @@ std::string torch_dtype(Dtype d) {
   return "float32";
 }
 
-// The tensors to write; a bfloat16-held one (a frozen base) widened into
+// The tensors to write; a 16-bit one (a frozen base) widened into
 // `widened`, which must outlive the result.
 template <class T>
 std::vector<TensorOut<T>> outputs(const Tape<T>& tp, const std::vector<Mapped<T>>& list,

@@ -368,9 +368,9 @@ void read_into(const std::string& path, const TensorInfo& t, std::span<T> out) {
   }
 }
 
-// read_into's slices as bfloat16 bits: BF16's copied, the others' converted
-// exactly to double and rounded.
-void read_bf16_into(const std::string& path, const TensorInfo& t, std::span<std::uint16_t> out) {
+// read_into's slices as the bits of a 16-bit storage: a tensor of that dtype
+// copied, the others converted exactly to double and rounded.
+void read_bits_into(const std::string& path, const TensorInfo& t, Storage storage, std::span<std::uint16_t> out) {
   if (out.size() != t.elements)
     throw Error("grad::hf: safetensors file '" + path + "': tensor '" + t.name + "' has " +
                 std::to_string(t.elements) + " elements, read into " + std::to_string(out.size()));
@@ -380,12 +380,21 @@ void read_bf16_into(const std::string& path, const TensorInfo& t, std::span<std:
   for (std::size_t first = 0; first < t.elements; first += slice_elements) {
     const std::size_t n = std::min(slice_elements, t.elements - first);
     const unsigned char* p = t.bytes.data() + first * element_bytes;
-    if (t.dtype == Dtype::bf16) {
+    if (t.dtype == (storage == Storage::f16 ? Dtype::f16 : Dtype::bf16)) {
       for (std::size_t i = 0; i < n; ++i) out[first + i] = static_cast<std::uint16_t>(p[2 * i] | p[2 * i + 1] << 8);
     } else {
       slice.resize(n);
       convert_range(path, t, first, std::span<double>(slice));
-      for (std::size_t i = 0; i < n; ++i) out[first + i] = round_to_bf16(slice[i]);
+      for (std::size_t i = 0; i < n; ++i) {
+        out[first + i] = round_to(storage, slice[i]);
+        if (std::isfinite(slice[i]) && !std::isfinite(widen<double>(storage, out[first + i]))) {
+          char number[32];
+          std::snprintf(number, sizeof number, "%.17g", slice[i]);
+          throw Error("grad::hf: safetensors file '" + path + "': tensor '" + t.name + "' element " +
+                      std::to_string(first + i) + " is " + number + ", beyond " + std::string(storage_name(storage)) +
+                      "'s range (it would become infinite)");
+        }
+      }
     }
     release_pages(t.bytes.subspan(first * element_bytes, n * element_bytes));
   }
@@ -393,8 +402,8 @@ void read_bf16_into(const std::string& path, const TensorInfo& t, std::span<std:
 
 }  // namespace
 
-void SafetensorsFile::read_bf16(const TensorInfo& t, std::span<std::uint16_t> out) const {
-  read_bf16_into(path_, t, out);
+void SafetensorsFile::read_bits(const TensorInfo& t, Storage storage, std::span<std::uint16_t> out) const {
+  read_bits_into(path_, t, storage, out);
 }
 void SafetensorsFile::read(const TensorInfo& t, std::span<double> out) const { read_into(path_, t, out); }
 void SafetensorsFile::read(const TensorInfo& t, std::span<float> out) const { read_into(path_, t, out); }

@@ -80,6 +80,10 @@ class Program {
       throw std::invalid_argument("grad::device::set_input: node " + std::to_string(i) + " is a " +
                                   std::string(op_name(tape_->nodes()[i].op)) +
                                   " node; only constants (tape.constant) are inputs");
+    if (narrow(tape_->nodes()[i].storage))
+      throw std::invalid_argument("grad::device::set_input: node " + std::to_string(i) + " is a constant held as " +
+                                  std::string(storage_name(tape_->nodes()[i].storage)) +
+                                  " (a frozen weight); inputs are native constants");
     if (!(Dims::of(values.shape()) == node(i).dims))
       throw std::invalid_argument("grad::device::set_input: node " + std::to_string(i) + " has shape " +
                                   shape_string(node(i).dims) + " but the tensor has shape " +
@@ -216,7 +220,7 @@ class Program {
   Program() = default;
 
   std::uint32_t node_of(Var<T> v, std::string_view who) const {
-    if (v.tape() != tape_ || tape_->value(v).empty())
+    if (v.tape() != tape_ || (tape_->value(v).empty() && !narrow(tape_->storage(v))))
       throw std::invalid_argument(
           "grad::device::" + std::string(who) +
           ": the Var is not a live node of the captured tape (default, from another tape, or dropped)");
@@ -341,9 +345,10 @@ Layout<S> build_layout(const Tape<T>& tape, std::uint32_t loss, std::vector<std:
     d.grad = grad_offset[i];
     L.nodes.push_back(d);
     // Every value starts as the tape recorded it: leaves are the inputs and
-    // weights; computed values are overwritten by the first forward().
-    std::transform(n.value, n.value + n.dims.size(), L.values.begin() + static_cast<std::ptrdiff_t>(d.value),
-                   [](T x) { return static_cast<S>(x); });
+    // weights; computed values are overwritten by the first forward(). A
+    // 16-bit constant (a frozen base) is held widened: the kernels read T,
+    // and widening is exact, so they give the tape's bits.
+    for (std::size_t k = 0; k < n.dims.size(); ++k) L.values[d.value + k] = static_cast<S>(n.value_at(k));
   }
   return L;
 }
@@ -363,11 +368,6 @@ std::string episode_refusal(const Tape<T>& tape, Var<T> loss, std::string_view d
       return "node " + std::to_string(i) + " (a '" + std::string(op_name(tape.nodes()[i].op)) +
              "' op) was recorded inside a recompute scope (grad::recompute), whose values are not kept; record the "
              "episode without recompute scopes before " +
-             std::string(doing);
-    // Their kernels read every operand as T.
-    if (tape.nodes()[i].storage != Storage::native)
-      return "node " + std::to_string(i) + " (a constant " + shape_string(tape.nodes()[i].dims) + ") is held as " +
-             std::string(storage_name(tape.nodes()[i].storage)) + "; record it as a native constant before " +
              std::string(doing);
   }
   return "";

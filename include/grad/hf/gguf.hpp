@@ -150,7 +150,7 @@ ModelFileResult write_gguf(const std::string& path, const nn::Lm<T>& model, cons
             "): fold them in first (nn::merge_lora into a model without adapters); nothing written"};
   const Tape<T>& tp = model.tape();
   if (!tp.ok()) return {"grad: GGUF '" + path + "': the tape is poisoned (" + tp.error() + "); nothing written"};
-  // float64 models and bfloat16-held matrices only; reserved: the spans must not move
+  // float64 models and 16-bit-held matrices only; reserved: the spans must not move
   std::vector<std::vector<float>> converted;
   converted.reserve(model.base().size());
   std::vector<LmTensor> tensors;
@@ -180,7 +180,7 @@ template <class T>
 void round_like_gguf(nn::Lm<T>& model, GgufType type) {
   Tape<T>& tp = model.tape();
   for (const auto& p : model.base()) {
-    const std::span<T> w = tp.leaf_value(p.var);  // empty for a bfloat16-held matrix: left as it is
+    const std::span<T> w = tp.leaf_value(p.var);  // empty for a 16-bit-held matrix: left as it is
     const bool matrix = tp.dims(p.var).rank == 2;
     for (T& x : w) {
       const float f = static_cast<float>(x);

@@ -23,6 +23,8 @@
 #include <string_view>
 #include <vector>
 
+#include "grad/numerics/storage.hpp"
+
 namespace grad::hf {
 
 // What grad::hf throws: the message names the file and, where there is one, the tensor.
@@ -34,6 +36,11 @@ enum class Dtype : std::uint8_t { f64, f32, f16, bf16 };
 std::string_view dtype_name(Dtype d);   // "F64", "F32", "F16", "BF16"
 std::size_t dtype_size(Dtype d);        // bytes per element
 bool parse_dtype(std::string_view name, Dtype& out);
+// How a frozen base read from a checkpoint of this dtype can be held without
+// rounding: BF16 as Storage::bf16, F16 as Storage::f16, F32 and F64 native.
+inline Storage storage_for(Dtype d) {
+  return d == Dtype::bf16 ? Storage::bf16 : d == Dtype::f16 ? Storage::f16 : Storage::native;
+}
 
 // Exact decoding of one element's bits (little-endian bytes) to double: every
 // F16, BF16 and F32 value is a double (and a float) exactly.
@@ -68,10 +75,10 @@ class SafetensorsFile {
   // The tensor's values converted exactly; `out` must hold exactly its elements.
   void read(const TensorInfo& t, std::span<double> out) const;
   void read(const TensorInfo& t, std::span<float> out) const;  // F64 values that are not floats are refused
-  // The tensor as bfloat16 bits (a frozen base held 16-bit): BF16 copied
-  // exactly, other dtypes rounded to the nearest bfloat16 (ties to even; an
-  // F64 value through float first).
-  void read_bf16(const TensorInfo& t, std::span<std::uint16_t> out) const;
+  // The tensor as the bits of a 16-bit storage (Storage::bf16 or f16: a
+  // frozen base held in 16 bits): a tensor of that dtype copied exactly,
+  // others rounded to the nearest (ties to even; as round_to).
+  void read_bits(const TensorInfo& t, Storage storage, std::span<std::uint16_t> out) const;
 
  private:
   std::string path_;

@@ -186,10 +186,10 @@ Var<T> Tape<T>::check_leaf(Var<T> v) {
   const std::size_t size = n.dims.size();
   std::size_t bad = 0;
   T value = T(0);
-  if (n.storage == Storage::bf16) {  // its widened values
+  if (narrow(n.storage)) {  // its widened values
     const auto* bits = reinterpret_cast<const std::uint16_t*>(n.value);
-    while (bad < size && std::isfinite(widen_bf16<T>(bits[bad]))) ++bad;
-    if (bad < size) value = widen_bf16<T>(bits[bad]);
+    while (bad < size && std::isfinite(widen<T>(n.storage, bits[bad]))) ++bad;
+    if (bad < size) value = widen<T>(n.storage, bits[bad]);
   } else {
     bad = inspect_detail::first_non_finite(n.value, size);
     if (bad < size) value = n.value[bad];

@@ -159,7 +159,7 @@ class KvDecoder {
     return Dims::of(std::span<const std::size_t>(s.begin(), s.size()));
   }
   const T* val(Var<T> v) const { return m_->tape().value(v).data.data(); }
-  // A base matrix as the ops read it: where the tape holds it, as it is held (bfloat16 included).
+  // A base matrix as the ops read it: where the tape holds it, as it is held (16-bit included).
   Operand<T> weight(Var<T> v) const {
     const Node<T>& n = m_->tape().nodes()[v.index()];
     return {n.value, n.dims, n.storage};

@@ -292,13 +292,14 @@ class Lm {
   // adapters' A from a stream derived from it. Throws std::invalid_argument
   // for a bad config.
   //
-  // base_storage: how the frozen base's matrices (the embedding, the projections,
-  // the head) are held under Train::lora or Train::none. Storage::bf16 halves their memory
-  // (Qwen2.5-0.5B: 0.99 GB instead of 1.98), rounding each initial value to
-  // the nearest bfloat16; a BF16 checkpoint (hf::load_weights) loads
-  // exactly. Every op that reads them widens them exactly, so the model
-  // gives the bits of a native one holding the widened values. The norms,
-  // biases and adapters stay T.
+  // base_storage: how the frozen base's matrices (the embedding, the
+  // projections, the head) are held under Train::lora or Train::none.
+  // Storage::bf16 or Storage::f16 halves their memory (Qwen2.5-0.5B: 0.99 GB
+  // instead of 1.98), rounding each initial value to the nearest bfloat16 or
+  // half; a BF16 or F16 checkpoint (hf::load_weights) loads exactly. Every
+  // op that reads them widens them exactly, so the model gives the bits of a
+  // native one holding the widened values. The norms, biases and adapters
+  // stay T.
   Lm(Tape<T>& tp, const LmConfig& config, std::uint64_t seed, Train train = Train::full,
      Storage base_storage = Storage::native)
       : tp_(&tp), c_(config), train_(train), base_storage_(base_storage) {
@@ -601,7 +602,7 @@ void merge_lora(const Lm<T>& src, Lm<T>& dst) {
   Tape<T>& from = src.tape();
   Tape<T>& to = dst.tape();
   for (const auto& p : dst.base()) {
-    const Tensor<T> v = from.widened_value(src.tensor(p.name));  // a bf16 base widened: exact
+    const Tensor<T> v = from.widened_value(src.tensor(p.name));  // a 16-bit base widened: exact
     const std::span<T> w = to.leaf_value(p.var);
     std::copy(v.data().begin(), v.data().end(), w.begin());
   }

@@ -20,9 +20,9 @@
 //     element computed whole by one thread;
 //   - a single output row (a decoding step's x . W or x . W^T) skips the
 //     packing and reads b where it lies (multiply_row, multiply_row_transposed);
-//   - a b held as bfloat16 (a frozen base, Storage::bf16) is widened while it
-//     is packed, or (one row) as it is loaded: exact, so the product's bits
-//     are those over the widened b.
+//   - a b held in 16 bits (a frozen base, Storage::bf16 or f16) is widened
+//     while it is packed, or (one row) as it is loaded: exact, so the
+//     product's bits are those over the widened b.
 // So the blocked kernels equal grad::reference::gemm_* bit for bit, on any
 // instruction set and thread count (test_gemm checks it over many shapes).
 //
@@ -110,8 +110,8 @@ using grad::Isa;
 using grad::supported;
 
 // Element (r, c) of a matrix operand lives at p[r * rs + c * cs]; the three
-// layouts differ only in these strides. b may be held as bfloat16 (storage):
-// p then points at its 16-bit elements, and only pack_b reads them.
+// layouts differ only in these strides. b may be held in 16 bits (storage):
+// p then points at its 16-bit elements, which only Terms reads (widened).
 template <class T>
 struct Strided {
   const T* p;
@@ -357,35 +357,91 @@ template <class T, std::size_t Lanes>
 #endif
 }
 
-// Where pack_b reads b's elements: as T, or as bfloat16 widened to T
-// (exact). Each gives runs of contiguous elements, a Lanes x Lanes square
-// transposed (Lanes runs of Lanes terms, rs apart), and single elements.
-template <class T, std::size_t Lanes>
-struct NativeElements {
-  const T* p;
-  void run(std::size_t at, T* dst, std::size_t n) const { __builtin_memcpy(dst, p + at, n * sizeof(T)); }
-  void square(std::size_t at, std::size_t stride, T* dst, std::size_t dst_stride) const {
-    transpose_square<T, Lanes>(p + at, stride, dst, dst_stride);
+// Where the kernels read b's elements: T itself (Format = T), or 16-bit
+// values of a Format (Bf16, F16: a frozen base as its checkpoint holds it)
+// widened to T exactly as they are loaded, so a 16-bit b streams half the
+// bytes and gives the bits of the product over its widened values. Lanes
+// terms as a vector, one term, a run of n, or a Lanes x Lanes square
+// transposed (Lanes runs of Lanes terms, `stride` apart, become dst's rows).
+template <class T, std::size_t Lanes, class Format = T>
+struct Terms {
+  static constexpr bool native = std::is_same_v<Format, T>;
+  using Element = std::conditional_t<native, T, std::uint16_t>;
+  using V = typename Vec<T, Lanes>::type;
+
+  [[gnu::always_inline]] static V load(const Element* p) {
+    V v;
+    if constexpr (native) {
+      __builtin_memcpy(&v, p, sizeof(V));
+    } else {
+#if GRAD_SIMD_X86_SQRT && GRAD_SIMD
+      // AVX-512 (the only copy with 16 float lanes): one vcvtph2ps per
+      // vector of halves (the same bits as F16::widen_lanes' six operations).
+      if constexpr (std::is_same_v<Format, F16> && std::is_same_v<T, float> && sizeof(V) == 64) {
+        typedef short Halves __attribute__((vector_size(32)));
+        Halves h;
+        __builtin_memcpy(&h, p, sizeof(h));
+        return __builtin_ia32_vcvtph2ps512_mask(h, V{}, static_cast<unsigned short>(-1), 4);
+      }
+#endif
+#if GRAD_SIMD
+      typename Vec<std::uint16_t, Lanes>::type bits;
+      __builtin_memcpy(&bits, p, sizeof(bits));
+      using Floats = typename Vec<float, Lanes>::type;
+      const Floats f = Format::template widen_lanes<Floats>(
+          __builtin_convertvector(bits, typename Vec<std::uint32_t, Lanes>::type));
+      if constexpr (std::is_same_v<T, float>)
+        v = f;
+      else
+        v = __builtin_convertvector(f, V);
+#else  // nvcc's front end and other compilers: lane by lane
+      T lanes[Lanes];
+      for (std::size_t l = 0; l < Lanes; ++l) lanes[l] = one(p + l);
+      __builtin_memcpy(&v, lanes, sizeof(V));
+#endif
+    }
+    return v;
   }
-  T operator[](std::size_t at) const { return p[at]; }
-};
-template <class T, std::size_t Lanes>
-struct Bf16Elements {
-  const std::uint16_t* p;
-  void run(std::size_t at, T* dst, std::size_t n) const { widen_bf16_run(p + at, dst, n); }
-  void square(std::size_t at, std::size_t stride, T* dst, std::size_t dst_stride) const {
-    alignas(64) T widened[Lanes * Lanes];
-    for (std::size_t i = 0; i < Lanes; ++i) widen_bf16_run(p + at + i * stride, widened + i * Lanes, Lanes);
-    transpose_square<T, Lanes>(widened, Lanes, dst, dst_stride);
+  [[gnu::always_inline]] static T one(const Element* p) {
+    if constexpr (native)
+      return *p;
+    else
+      return static_cast<T>(Format::widen(*p));
   }
-  T operator[](std::size_t at) const { return widen_bf16<T>(p[at]); }
+  [[gnu::always_inline]] static void run(const Element* p, T* dst, std::size_t n) {
+    if constexpr (native) {
+      __builtin_memcpy(dst, p, n * sizeof(T));
+    } else {
+      std::size_t j = 0;
+      for (; j + Lanes <= n; j += Lanes) {
+        const V v = load(p + j);
+        __builtin_memcpy(dst + j, &v, sizeof(V));
+      }
+      for (; j < n; ++j) dst[j] = one(p + j);
+    }
+  }
+  [[gnu::always_inline]] static void square(const Element* p, std::size_t stride, T* dst, std::size_t dst_stride) {
+    if constexpr (native) {
+      transpose_square<T, Lanes>(p, stride, dst, dst_stride);
+    } else {
+      alignas(64) T rows[Lanes * Lanes];
+      GRAD_GEMM_UNROLL
+      for (std::size_t l = 0; l < Lanes; ++l) {
+        const V row = load(p + l * stride);
+        __builtin_memcpy(rows + l * Lanes, &row, sizeof(V));
+      }
+      transpose_square<T, Lanes>(rows, Lanes, dst, dst_stride);
+    }
+  }
 };
 
 // Strips of b's block, each kc x width (strip_width: NR, or the tail's),
 // zero-padded past the last column.
-template <class T, std::size_t Lanes, std::size_t NV, class Elements>
-[[gnu::always_inline]] inline void pack_b_from(const Elements& e, const Strided<T>& b, std::size_t p0, std::size_t kc,
-                                               std::size_t j0, std::size_t nc, T* out) {
+template <class T, std::size_t Lanes, std::size_t NV, class Format>
+[[gnu::always_inline]] inline void pack_b_from(const Strided<T>& b, std::size_t p0, std::size_t kc, std::size_t j0,
+                                               std::size_t nc, T* out) {
+  using E = Terms<T, Lanes, Format>;
+  const auto* const e = reinterpret_cast<const typename E::Element*>(b.p);
   constexpr std::size_t nr = NV * Lanes;
   for (std::size_t jr = 0; jr < nc;) {
     const std::size_t width = strip_width<T, Lanes, NV>(nc - jr);
@@ -398,11 +454,12 @@ template <class T, std::size_t Lanes, std::size_t NV, class Elements>
         // Whole strips as fixed-size copies (vector moves at any -O level,
         // not left to the auto-vectoriser); a ragged last strip by element.
         if (cols == nr) {
-          e.run(row, dst, nr);
+          E::run(e + row, dst, nr);
         } else if (cols == width) {
-          for (std::size_t j = 0; j < width; j += tail_unit<T, Lanes>) e.run(row + j, dst + j, tail_unit<T, Lanes>);
+          for (std::size_t j = 0; j < width; j += tail_unit<T, Lanes>)
+            E::run(e + row + j, dst + j, tail_unit<T, Lanes>);
         } else {
-          for (std::size_t j = 0; j < cols; ++j) dst[j] = e[row + j];
+          for (std::size_t j = 0; j < cols; ++j) dst[j] = E::one(e + row + j);
           for (std::size_t j = cols; j < width; ++j) dst[j] = T(0);
         }
       }
@@ -413,11 +470,12 @@ template <class T, std::size_t Lanes, std::size_t NV, class Elements>
       // so b streams in order instead of missing its cache lines column by column.
       const std::size_t square_cols = b.rs == 1 ? cols / Lanes * Lanes : 0, square_terms = kc / Lanes * Lanes;
       for (std::size_t js = 0; js < square_cols; js += Lanes)
-        for (std::size_t p = 0; p < square_terms; p += Lanes) e.square(src + js * b.cs + p, b.cs, out + p * width + js, width);
+        for (std::size_t p = 0; p < square_terms; p += Lanes)
+          E::square(e + src + js * b.cs + p, b.cs, out + p * width + js, width);
       for (std::size_t js = 0; js < cols; js += Lanes) {  // the rest, element by element
         const std::size_t je = std::min(cols, js + Lanes);
         for (std::size_t p = js < square_cols ? square_terms : 0; p < kc; ++p)
-          for (std::size_t j = js; j < je; ++j) out[p * width + j] = e[src + j * b.cs + p * b.rs];
+          for (std::size_t j = js; j < je; ++j) out[p * width + j] = E::one(e + src + j * b.cs + p * b.rs);
       }
       for (std::size_t p = 0; p < kc; ++p)
         for (std::size_t j = cols; j < width; ++j) out[p * width + j] = T(0);
@@ -429,10 +487,12 @@ template <class T, std::size_t Lanes, std::size_t NV, class Elements>
 template <class T, std::size_t Lanes, std::size_t NV>
 [[gnu::always_inline]] inline void pack_b(const Strided<T>& b, std::size_t p0, std::size_t kc, std::size_t j0,
                                           std::size_t nc, T* out) {
-  if (b.storage == Storage::bf16)
-    return pack_b_from<T, Lanes, NV>(Bf16Elements<T, Lanes>{reinterpret_cast<const std::uint16_t*>(b.p)}, b, p0, kc,
-                                     j0, nc, out);
-  pack_b_from<T, Lanes, NV>(NativeElements<T, Lanes>{b.p}, b, p0, kc, j0, nc, out);
+  switch (b.storage) {
+    case Storage::bf16: return pack_b_from<T, Lanes, NV, Bf16>(b, p0, kc, j0, nc, out);
+    case Storage::f16: return pack_b_from<T, Lanes, NV, F16>(b, p0, kc, j0, nc, out);
+    case Storage::native: break;
+  }
+  pack_b_from<T, Lanes, NV, T>(b, p0, kc, j0, nc, out);
 }
 
 // Row panels of a's block, each kc x MR (MR values per term), zero-padded.
@@ -494,53 +554,16 @@ template <class T, std::size_t Lanes, std::size_t NV>
   }
 }
 
-// Where the one-row kernels read b's elements (of type E: T, or a
-// bfloat16's bits): Lanes of them as a vector of T, or one, widened exactly.
-template <class T, std::size_t Lanes, class E>
-[[gnu::always_inline]] inline typename Vec<T, Lanes>::type load_terms(const E* p) {
-  using V = typename Vec<T, Lanes>::type;
-  V v;
-  if constexpr (std::is_same_v<E, T>) {
-    __builtin_memcpy(&v, p, sizeof(V));
-  } else {
-#if GRAD_SIMD
-    using Bits = typename Vec<std::uint16_t, Lanes>::type;
-    using Wide = typename Vec<std::uint32_t, Lanes>::type;
-    using F = typename Vec<float, Lanes>::type;
-    Bits bits;
-    __builtin_memcpy(&bits, p, sizeof(Bits));
-    const Wide wide = __builtin_convertvector(bits, Wide) << 16;  // a bfloat16 is a float's upper half
-    F f;
-    __builtin_memcpy(&f, &wide, sizeof(F));
-    if constexpr (std::is_same_v<T, float>)
-      v = f;
-    else
-      v = __builtin_convertvector(f, V);
-#else  // nvcc's front end and other compilers: lane by lane
-    T lanes[Lanes];
-    for (std::size_t l = 0; l < Lanes; ++l) lanes[l] = widen_bf16<T>(p[l]);
-    __builtin_memcpy(&v, lanes, sizeof(V));
-#endif
-  }
-  return v;
-}
-template <class T, class E>
-[[gnu::always_inline]] inline T load_term(const E* p) {
-  if constexpr (std::is_same_v<E, T>)
-    return *p;
-  else
-    return widen_bf16<T>(*p);
-}
-
 // One pass of multiply_row: R rows of b from term p, added into c[j0, j1).
 // A function, not a lambda: at -O1 a lambda is not inlined into the
 // instruction set's copy, and its vector code would lack the target.
-template <class T, std::size_t Lanes, std::size_t R, class E>
+template <class T, std::size_t Lanes, std::size_t R, class Format>
 [[gnu::always_inline]] inline void row_pass(const Problem<T>& pr, const T* a, T* c, std::size_t p, std::size_t j0,
                                             std::size_t vectors_end, std::size_t j1) {
   using V = typename Vec<T, Lanes>::type;
   const std::size_t rs = pr.b.rs;
-  const E* b = reinterpret_cast<const E*>(pr.b.p) + p * rs;
+  using E = Terms<T, Lanes, Format>;
+  const auto* b = reinterpret_cast<const typename E::Element*>(pr.b.p) + p * rs;
   V splats[R];
   GRAD_GEMM_UNROLL
   for (std::size_t r = 0; r < R; ++r) splats[r] = simd::splat<V>(a[(p + r) * pr.a.cs]);
@@ -549,11 +572,11 @@ template <class T, std::size_t Lanes, std::size_t R, class E>
     __builtin_memcpy(&acc, c + j, sizeof(V));
     GRAD_GEMM_UNROLL
     for (std::size_t r = 0; r < R; ++r)
-      acc = simd::fma_lanes<T>(splats[r], load_terms<T, Lanes>(b + r * rs + j), acc);
+      acc = simd::fma_lanes<T>(splats[r], E::load(b + r * rs + j), acc);
     __builtin_memcpy(c + j, &acc, sizeof(V));
   }
   for (std::size_t j = vectors_end; j < j1; ++j)
-    for (std::size_t r = 0; r < R; ++r) c[j] = fma_hd(a[(p + r) * pr.a.cs], load_term<T>(b + r * rs + j), c[j]);
+    for (std::size_t r = 0; r < R; ++r) c[j] = fma_hd(a[(p + r) * pr.a.cs], E::one(b + r * rs + j), c[j]);
 }
 // One output row (a decoding step's matrix-vector product) against b with
 // contiguous rows: b is read where it lies and in the order it lies, Rows
@@ -565,9 +588,9 @@ template <class T, std::size_t Lanes, std::size_t R, class E>
 // Each element's sum is the blocked kernel's: ascending p, one fma per term,
 // from zero (or from what C holds when continued), stored and reloaded
 // unchanged between passes; columns past the last whole vector by scalar fma.
-// A bfloat16 b (E = std::uint16_t) is widened as it is loaded: half the bytes
-// to stream, the same terms.
-template <class T, std::size_t Lanes, class E = T>
+// A 16-bit b (Format Bf16 or F16) is widened as it is loaded: half the
+// bytes to stream, the same terms.
+template <class T, std::size_t Lanes, class Format = T>
 [[gnu::always_inline]] inline void multiply_row(const Problem<T>& pr, std::size_t i, std::size_t j0, std::size_t j1) {
   constexpr std::size_t Rows = 8;
   const T* a = pr.a.p + i * pr.a.rs;
@@ -575,8 +598,8 @@ template <class T, std::size_t Lanes, class E = T>
   const std::size_t vectors_end = j0 + (j1 - j0) / Lanes * Lanes;
   if (!pr.continued) std::fill(c + j0, c + j1, T(0));
   std::size_t p = 0;
-  for (; p + Rows <= pr.k; p += Rows) row_pass<T, Lanes, Rows, E>(pr, a, c, p, j0, vectors_end, j1);
-  for (; p < pr.k; ++p) row_pass<T, Lanes, 1, E>(pr, a, c, p, j0, vectors_end, j1);
+  for (; p + Rows <= pr.k; p += Rows) row_pass<T, Lanes, Rows, Format>(pr, a, c, p, j0, vectors_end, j1);
+  for (; p < pr.k; ++p) row_pass<T, Lanes, 1, Format>(pr, a, c, p, j0, vectors_end, j1);
 }
 
 // One output row against b with contiguous columns (x . W^T with W [n, k],
@@ -585,34 +608,25 @@ template <class T, std::size_t Lanes, class E = T>
 // written and read back), each lane's sum ascending p from zero (or from C
 // when continued); the terms
 // past the last square and the columns past the last vector by scalar fma.
-// A bfloat16 b (E = std::uint16_t) is widened as it is loaded (the square's
-// rows first, then the same transpose).
-template <class T, std::size_t Lanes, class E = T>
+// A 16-bit b is widened as it is loaded (Terms::square: the square's rows
+// first, then the same transpose).
+template <class T, std::size_t Lanes, class Format = T>
 [[gnu::always_inline]] inline void multiply_row_transposed(const Problem<T>& pr, std::size_t i, std::size_t j0,
                                                            std::size_t j1) {
   using V = typename Vec<T, Lanes>::type;
   const T* a = pr.a.p + i * pr.a.rs;
   T* c = pr.c + i * pr.n;
-  const E* const bp = reinterpret_cast<const E*>(pr.b.p);
+  using E = Terms<T, Lanes, Format>;
+  const auto* const bp = reinterpret_cast<const typename E::Element*>(pr.b.p);
   const std::size_t terms = pr.k / Lanes * Lanes;
   std::size_t j = j0;
   for (; j + Lanes <= j1; j += Lanes) {
-    const E* b = bp + j * pr.b.cs;
+    const auto* b = bp + j * pr.b.cs;
     V acc = V{};
     if (pr.continued) __builtin_memcpy(&acc, c + j, sizeof(V));
     for (std::size_t p = 0; p < terms; p += Lanes) {
       alignas(64) T square[Lanes * Lanes];
-      if constexpr (std::is_same_v<E, T>) {
-        transpose_square<T, Lanes>(b + p, pr.b.cs, square, Lanes);
-      } else {
-        alignas(64) T rows[Lanes * Lanes];
-        GRAD_GEMM_UNROLL
-        for (std::size_t l = 0; l < Lanes; ++l) {
-          const V row = load_terms<T, Lanes>(b + l * pr.b.cs + p);
-          __builtin_memcpy(rows + l * Lanes, &row, sizeof(V));
-        }
-        transpose_square<T, Lanes>(rows, Lanes, square, Lanes);
-      }
+      E::square(b + p, pr.b.cs, square, Lanes);
       GRAD_GEMM_UNROLL
       for (std::size_t q = 0; q < Lanes; ++q) {
         V terms_q;
@@ -624,12 +638,12 @@ template <class T, std::size_t Lanes, class E = T>
     __builtin_memcpy(out, &acc, sizeof(V));
     for (std::size_t l = 0; l < Lanes; ++l)
       for (std::size_t p = terms; p < pr.k; ++p)
-        out[l] = fma_hd(a[p * pr.a.cs], load_term<T>(b + l * pr.b.cs + p), out[l]);
+        out[l] = fma_hd(a[p * pr.a.cs], E::one(b + l * pr.b.cs + p), out[l]);
     __builtin_memcpy(c + j, out, sizeof(V));
   }
   for (; j < j1; ++j) {
     T acc = pr.continued ? c[j] : T(0);
-    for (std::size_t p = 0; p < pr.k; ++p) acc = fma_hd(a[p * pr.a.cs], load_term<T>(bp + j * pr.b.cs + p), acc);
+    for (std::size_t p = 0; p < pr.k; ++p) acc = fma_hd(a[p * pr.a.cs], E::one(bp + j * pr.b.cs + p), acc);
     c[j] = acc;
   }
 }
@@ -638,11 +652,15 @@ template <class T, std::size_t Lanes, class E = T>
 template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
 [[gnu::always_inline]] inline void multiply_block(const Problem<T>& pr, std::size_t i0, std::size_t i1, std::size_t j0,
                                                   std::size_t j1) {
-  // One row (a decoding step) reads b where it lies; a bfloat16 b is widened
+  // One row (a decoding step) reads b where it lies; a 16-bit b is widened
   // as it is loaded (its narrow rows too: the register-strip kernel reads T).
   if (i1 - i0 == 1 && pr.b.storage == Storage::bf16) {
-    if (pr.b.cs == 1) return multiply_row<T, Lanes, std::uint16_t>(pr, i0, j0, j1);
-    if (pr.b.rs == 1) return multiply_row_transposed<T, Lanes, std::uint16_t>(pr, i0, j0, j1);
+    if (pr.b.cs == 1) return multiply_row<T, Lanes, Bf16>(pr, i0, j0, j1);
+    if (pr.b.rs == 1) return multiply_row_transposed<T, Lanes, Bf16>(pr, i0, j0, j1);
+  }
+  if (i1 - i0 == 1 && pr.b.storage == Storage::f16) {
+    if (pr.b.cs == 1) return multiply_row<T, Lanes, F16>(pr, i0, j0, j1);
+    if (pr.b.rs == 1) return multiply_row_transposed<T, Lanes, F16>(pr, i0, j0, j1);
   }
   if (i1 - i0 == 1 && pr.b.cs == 1) {
     if (j1 - j0 <= narrow_row_strips * 2 * NV * Lanes) return multiply_narrow_row<T, Lanes, 2 * NV>(pr, i0, j0, j1);
@@ -817,8 +835,8 @@ void multiply(Isa isa, const Problem<T>& pr) {
 // The kernels the matmul/bmm tags call: same arguments and results as the
 // reference loops above.
 
-// C[m,n] = A[m,k] B[k,n]; B may be held as bfloat16 (b_storage; B then
-// points at its 16-bit elements), widened exactly as it is packed.
+// C[m,n] = A[m,k] B[k,n]; B may be held in 16 bits (b_storage: bf16 or f16;
+// B then points at its 16-bit elements), widened exactly as it is read.
 template <class T>
 inline void gemm_nn(const T* A, const T* B, T* C, std::size_t m, std::size_t k, std::size_t n,
                     Storage b_storage = Storage::native) {

@@ -20,8 +20,8 @@ template <class T>
 struct Operand {
   const T* data = nullptr;
   Dims dims;
-  // bf16: data points at 16-bit floats (a frozen constant), which only the
-  // tags that say so read (reads_bf16 below), widening them exactly.
+  // bf16, f16: data points at 16-bit floats (a frozen constant), which only
+  // the tags that say so read (reads_narrow below), widening them exactly.
   Storage storage = Storage::native;
 };
 
@@ -39,14 +39,14 @@ struct NodeArgs {
   std::size_t scratch_size = 0;
 };
 
-// Which operands an op's host loops read as bfloat16 constants
-// (Storage::bf16, widened exactly where they are read): a tag's
-// `reads_bf16` array, none by default. The tape refuses any other op such
-// an operand, and the device engine and grad::emit refuse such tapes.
+// Which operands an op's host loops read as 16-bit constants (Storage::bf16
+// or f16, widened exactly where they are read): a tag's `reads_narrow`
+// array, none by default. The tape refuses any other op such an operand,
+// and the device engine and grad::emit refuse such tapes.
 template <class Op>
-constexpr bool takes_bf16(int operand) {
-  if constexpr (requires { Op::reads_bf16; })
-    return Op::reads_bf16[operand];
+constexpr bool takes_narrow(int operand) {
+  if constexpr (requires { Op::reads_narrow; })
+    return Op::reads_narrow[operand];
   else
     return false;
 }

@@ -32,9 +32,9 @@ struct Embedding {
   static constexpr std::string_view name = "embedding";
   static constexpr std::string_view torch = "torch.nn.functional.embedding(b.long(), a)";
   static constexpr int arity = 2;
-  // The table may be a bfloat16 constant (a frozen base's embedding): its
+  // The table may be a 16-bit constant (a frozen base's embedding): its
   // rows are widened, exactly, as they are gathered.
-  static constexpr std::array<bool, 2> reads_bf16{true, false};
+  static constexpr std::array<bool, 2> reads_narrow{true, false};
 
   // The shape rule (family.hpp): ids' shape with d appended.
   static std::string output_dims(const Dims& table, const Dims& ids, OpAttrs&, Dims& out) {
@@ -121,8 +121,8 @@ struct Embedding {
     const std::size_t vocab = x.a.dims[0], d = x.a.dims[1], n = x.b.dims.size();
     for (std::size_t p = 0; p < n; ++p) {
       const std::size_t v = row_of(x.b.data[p], vocab);
-      if (v < vocab && x.a.storage == Storage::bf16)
-        widen_bf16_run(reinterpret_cast<const std::uint16_t*>(x.a.data) + v * d, y + p * d, d);
+      if (v < vocab && narrow(x.a.storage))
+        widen_run(x.a.storage, reinterpret_cast<const std::uint16_t*>(x.a.data) + v * d, y + p * d, d);
       else if (v < vocab)
         std::memcpy(y + p * d, x.a.data + v * d, d * sizeof(T));
       else

@@ -85,9 +85,9 @@ struct MatrixProduct {
 struct Matmul : MatrixProduct<Matmul> {
   static constexpr std::string_view name = "matmul";
   static constexpr std::string_view torch = "a @ b";
-  // b may be a bfloat16 constant (a frozen base's weight [in, out]): the
+  // b may be a 16-bit constant (a frozen base's weight [in, out]): the
   // gemm widens it exactly while packing. (One matrix: no batch offsets.)
-  static constexpr std::array<bool, 2> reads_bf16{false, true};
+  static constexpr std::array<bool, 2> reads_narrow{false, true};
   static std::string output_dims(const Dims& a, const Dims& b, OpAttrs&, Dims& out) {
     if (a.rank != 2 || b.rank != 2 || a[1] != b[0])
       return "expected [m, k] x [k, n], got " + shape_string(a) + " x " + shape_string(b);
@@ -118,7 +118,7 @@ struct MatmulNt {
   static constexpr std::string_view torch = "a @ b.transpose(-1, -2)";
   static constexpr int arity = 2;
   static constexpr std::array<std::uint8_t, 2> backward_reads{reads_b, reads_a};  // dA = g b, db = g^T a
-  static constexpr std::array<bool, 2> reads_bf16{false, true};  // b a bfloat16 constant [out, in], as Matmul's
+  static constexpr std::array<bool, 2> reads_narrow{false, true};  // b a 16-bit constant [out, in], as Matmul's
   static std::string output_dims(const Dims& a, const Dims& b, OpAttrs&, Dims& out) {
     if (a.rank < 2 || b.rank != 2 || a.back() != b[1])
       return "expected [..., m, k] x [n, k] (b stored [out, in]), got " + shape_string(a) + " x " + shape_string(b);

@@ -69,9 +69,9 @@ struct LinearCrossEntropy {
       "lambda l: torch.nn.functional.cross_entropy(l, torch.tensor(extra), ignore_index=l.shape[1]), "
       "a @ b.transpose(-1, -2) if axis % 2 == 0 else a @ b)";
   static constexpr int arity = 2;
-  // W may be a bfloat16 constant (a frozen base's tied embedding): every
+  // W may be a 16-bit constant (a frozen base's tied embedding): every
   // product reads it as the gemm's b, widened exactly while packed.
-  static constexpr std::array<bool, 2> reads_bf16{false, true};
+  static constexpr std::array<bool, 2> reads_narrow{false, true};
   static constexpr bool keeps_sizes = true;    // the rows' classes (OpAttrs::sizes), on the tape's index pool
   static constexpr bool keeps_row_ids = true;  // one extra per row of a, not one per axis
 
