@@ -37,15 +37,18 @@ inline constexpr std::size_t storage_bytes(Storage s, std::size_t native_bytes) 
 // time or as a vector of 32-bit lanes (Wide: the bits zero-extended; Floats:
 // float lanes of the same count; a GCC vector extension type each), and a
 // value rounded to the format (nearest, ties to even, as PyTorch's
-// tensor.to(...)).
+// tensor.to(...)). widen_lanes is always inlined: called out of line from a
+// kernel's AVX-512 or AVX2 copy, its vector arguments would pass between
+// functions of different targets, whose ABIs for them differ (-Wpsabi); for
+// the same reason it calls no function (__builtin_bit_cast, not std::bit_cast).
 struct Bf16 {
   static constexpr Storage storage = Storage::bf16;
   GRAD_HD static float widen(std::uint16_t bits) {  // a bfloat16 is a float's upper half
     return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
   }
   template <class Floats, class Wide>
-  static Floats widen_lanes(Wide bits) {
-    return std::bit_cast<Floats>(bits << 16);
+  [[gnu::always_inline]] static Floats widen_lanes(Wide bits) {
+    return __builtin_bit_cast(Floats, bits << 16);
   }
   // A NaN stays a (quiet) NaN, infinities stay. A double is rounded to float
   // first, as PyTorch's conversion does (beyond float's range: an infinity);
@@ -88,12 +91,12 @@ struct F16 {
     return std::bit_cast<float>(sign | (magnitude >= 0x7c00u ? special : finite));
   }
   template <class Floats, class Wide>
-  static Floats widen_lanes(Wide bits) {
+  [[gnu::always_inline]] static Floats widen_lanes(Wide bits) {
     const Wide sign = (bits & 0x8000u) << 16, magnitude = bits & 0x7fffu;
     const Wide special = 0x7f800000u | (magnitude & 0x3ffu) << 13 | ((Wide)(magnitude > 0x7c00u) & 0x400000u);
-    const Wide finite = std::bit_cast<Wide>(std::bit_cast<Floats>(magnitude << 13) * scale);
+    const Wide finite = __builtin_bit_cast(Wide, __builtin_bit_cast(Floats, magnitude << 13) * scale);
     const Wide is_special = (Wide)(magnitude >= 0x7c00u);  // all ones where true
-    return std::bit_cast<Floats>(sign | (special & is_special) | (finite & ~is_special));
+    return __builtin_bit_cast(Floats, sign | (special & is_special) | (finite & ~is_special));
   }
   // Directly from T (a double once, not through float as PyTorch's
   // conversion does: the two differ only where that float lands on a tie).
