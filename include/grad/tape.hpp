@@ -542,7 +542,8 @@ class Tape {
           std::snprintf(number, sizeof number, "%.17g", static_cast<double>(t.data()[i]));
           return invalid(op + ": element " + std::to_string(i) + " of " + shape_string(t.shape()) + " (" + number +
                          ") is beyond " + std::string(storage_name(storage)) +
-                         "'s range (it would become infinite); hold this tensor native (or as bf16)");
+                         "'s range (it would become infinite); hold this tensor native" +
+                         (storage == Storage::f16 ? " (or as bf16)" : ""));
         }
       }
     } else {

@@ -42,7 +42,6 @@ inline constexpr std::size_t storage_bytes(Storage s, std::size_t native_bytes) 
 // functions of different targets, whose ABIs for them differ (-Wpsabi); for
 // the same reason it calls no function (__builtin_bit_cast, not std::bit_cast).
 struct Bf16 {
-  static constexpr Storage storage = Storage::bf16;
   GRAD_HD static float widen(std::uint16_t bits) {  // a bfloat16 is a float's upper half
     return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
   }
@@ -75,7 +74,6 @@ struct Bf16 {
 };
 
 struct F16 {
-  static constexpr Storage storage = Storage::f16;
   // A finite half's exponent and fraction bits, moved into a float's places,
   // are its value times 2^-112 (the exponent biases are 15 and 127): normal
   // halves become normal floats, subnormal halves subnormal floats, and one
@@ -153,10 +151,6 @@ inline void widen_run(Storage s, const std::uint16_t* src, T* dst, std::size_t n
     for (std::size_t i = 0; i < n; ++i) dst[i] = widen_f16<T>(src[i]);
   else
     for (std::size_t i = 0; i < n; ++i) dst[i] = widen_bf16<T>(src[i]);
-}
-template <class T>
-inline void widen_bf16_run(const std::uint16_t* src, T* dst, std::size_t n) {
-  widen_run(Storage::bf16, src, dst, n);
 }
 
 }  // namespace grad
