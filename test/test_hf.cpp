@@ -174,6 +174,18 @@ TEST_CASE("a tensor larger than one read slice (16 MiB) converts whole, and a re
   std::vector<float> into(n);
   const std::string element = "'w' element " + std::to_string(bad) + " is";
   expect_refused(refusal([&] { f.read(*f.find("w"), std::span<float>(into)); }), {element.c_str(), "not a float value"});
+  // check_read (a load's proof before it writes) refuses it alike, a slice at a time; into a 16-bit storage the
+  // value 0.1 rounds, so only one beyond the storage's range is refused, named by its index.
+  expect_refused(refusal([&] { f.check_read(*f.find("w"), Storage::native); }),
+                 {element.c_str(), "not a float value"});
+  CHECK_NOTHROW(f.check_read(*f.find("w"), Storage::f16));
+  values[bad + 1] = -70000.0;
+  const std::string path2 = dir.file("beyond.safetensors");
+  hf::write_safetensors<double>(path2, std::vector<hf::TensorOut<double>>{{"w", {n}, values}}, hf::Dtype::f64);
+  const hf::SafetensorsFile g(path2);
+  const std::string beyond = "'w' element " + std::to_string(bad + 1) + " is -70000, beyond f16's range";
+  expect_refused(refusal([&] { g.check_read(*g.find("w"), Storage::f16); }), {beyond.c_str()});
+  CHECK_NOTHROW(g.check_read(*g.find("w"), Storage::bf16));
 }
 
 TEST_CASE("the writer refuses values beyond the dtype, mismatched counts and repeated names, writing nothing") {

@@ -171,18 +171,12 @@ void load_mapped(const std::string& where, const std::vector<std::unique_ptr<Saf
   // The conversions that can refuse a value (one beyond the range it is read
   // into: F64 into float, a wider dtype into a 16-bit base): tried before
   // anything is written.
-  std::vector<float> trial;
-  std::vector<std::uint16_t> trial_bits;
   for (std::size_t i = 0; i < wanted.size(); ++i) {
     const Located& l = found[i];
     const Storage storage = tp.storage(wanted[i].var);
-    if (narrow(storage) && storage_for(l.info->dtype) != storage) {
-      trial_bits.resize(l.info->elements);
-      l.file->read_bits(*l.info, storage, std::span<std::uint16_t>(trial_bits));
-    } else if (std::is_same_v<T, float> && l.info->dtype == Dtype::f64) {
-      trial.resize(l.info->elements);
-      l.file->read(*l.info, std::span<float>(trial));
-    }
+    const bool can_refuse = narrow(storage) ? storage_for(l.info->dtype) != storage
+                                            : std::is_same_v<T, float> && l.info->dtype == Dtype::f64;
+    if (can_refuse) l.file->check_read(*l.info, storage);
   }
   for (const auto& f : files)
     for (const TensorInfo& t : f->tensors()) {

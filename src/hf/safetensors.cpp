@@ -368,34 +368,41 @@ void read_into(const std::string& path, const TensorInfo& t, std::span<T> out) {
   }
 }
 
-// read_into's slices as the bits of a 16-bit storage: a tensor of that dtype
-// copied, the others converted exactly to double and rounded.
+// Elements [first, first + out.size()) of tensor t as the bits of a 16-bit
+// storage: a tensor of that dtype copied, the others converted exactly to
+// double and rounded; a finite value that would become infinite is refused.
+void bits_range(const std::string& path, const TensorInfo& t, Storage storage, std::size_t first,
+                std::span<std::uint16_t> out, std::vector<double>& scratch) {
+  const unsigned char* p = t.bytes.data() + first * dtype_size(t.dtype);
+  if (t.dtype == (storage == Storage::f16 ? Dtype::f16 : Dtype::bf16)) {
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<std::uint16_t>(p[2 * i] | p[2 * i + 1] << 8);
+    return;
+  }
+  scratch.resize(out.size());
+  convert_range(path, t, first, std::span<double>(scratch));
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    out[i] = round_to(storage, scratch[i]);
+    if (std::isfinite(scratch[i]) && !std::isfinite(widen<double>(storage, out[i]))) {
+      char number[32];
+      std::snprintf(number, sizeof number, "%.17g", scratch[i]);
+      throw Error("grad::hf: safetensors file '" + path + "': tensor '" + t.name + "' element " +
+                  std::to_string(first + i) + " is " + number + ", beyond " + std::string(storage_name(storage)) +
+                  "'s range (it would become infinite)");
+    }
+  }
+}
+
+// read_into's slices as the bits of a 16-bit storage (bits_range).
 void read_bits_into(const std::string& path, const TensorInfo& t, Storage storage, std::span<std::uint16_t> out) {
   if (out.size() != t.elements)
     throw Error("grad::hf: safetensors file '" + path + "': tensor '" + t.name + "' has " +
                 std::to_string(t.elements) + " elements, read into " + std::to_string(out.size()));
   constexpr std::size_t slice_elements = std::size_t{4} << 20;
   const std::size_t element_bytes = dtype_size(t.dtype);
-  std::vector<double> slice;
+  std::vector<double> scratch;
   for (std::size_t first = 0; first < t.elements; first += slice_elements) {
     const std::size_t n = std::min(slice_elements, t.elements - first);
-    const unsigned char* p = t.bytes.data() + first * element_bytes;
-    if (t.dtype == (storage == Storage::f16 ? Dtype::f16 : Dtype::bf16)) {
-      for (std::size_t i = 0; i < n; ++i) out[first + i] = static_cast<std::uint16_t>(p[2 * i] | p[2 * i + 1] << 8);
-    } else {
-      slice.resize(n);
-      convert_range(path, t, first, std::span<double>(slice));
-      for (std::size_t i = 0; i < n; ++i) {
-        out[first + i] = round_to(storage, slice[i]);
-        if (std::isfinite(slice[i]) && !std::isfinite(widen<double>(storage, out[first + i]))) {
-          char number[32];
-          std::snprintf(number, sizeof number, "%.17g", slice[i]);
-          throw Error("grad::hf: safetensors file '" + path + "': tensor '" + t.name + "' element " +
-                      std::to_string(first + i) + " is " + number + ", beyond " + std::string(storage_name(storage)) +
-                      "'s range (it would become infinite)");
-        }
-      }
-    }
+    bits_range(path, t, storage, first, out.subspan(first, n), scratch);
     release_pages(t.bytes.subspan(first * element_bytes, n * element_bytes));
   }
 }
@@ -404,6 +411,27 @@ void read_bits_into(const std::string& path, const TensorInfo& t, Storage storag
 
 void SafetensorsFile::read_bits(const TensorInfo& t, Storage storage, std::span<std::uint16_t> out) const {
   read_bits_into(path_, t, storage, out);
+}
+void SafetensorsFile::check_read(const TensorInfo& t, Storage storage) const {
+  // One slice at a time into a slice's scratch (converting the tensor whole,
+  // as a load would, would hold a second copy of it: 545 MB for an F32
+  // Qwen2.5-0.5B's embedding).
+  constexpr std::size_t slice_elements = std::size_t{1} << 20;
+  const std::size_t element_bytes = dtype_size(t.dtype);
+  std::vector<std::uint16_t> bits;
+  std::vector<float> floats;
+  std::vector<double> scratch;
+  for (std::size_t first = 0; first < t.elements; first += slice_elements) {
+    const std::size_t n = std::min(slice_elements, t.elements - first);
+    if (narrow(storage)) {
+      bits.resize(n);
+      bits_range(path_, t, storage, first, std::span<std::uint16_t>(bits), scratch);
+    } else {
+      floats.resize(n);
+      convert_range(path_, t, first, std::span<float>(floats));
+    }
+    release_pages(t.bytes.subspan(first * element_bytes, n * element_bytes));
+  }
 }
 void SafetensorsFile::read(const TensorInfo& t, std::span<double> out) const { read_into(path_, t, out); }
 void SafetensorsFile::read(const TensorInfo& t, std::span<float> out) const { read_into(path_, t, out); }

@@ -79,6 +79,11 @@ class SafetensorsFile {
   // frozen base held in 16 bits): a tensor of that dtype copied exactly,
   // others rounded to the nearest (ties to even; as round_to).
   void read_bits(const TensorInfo& t, Storage storage, std::span<std::uint16_t> out) const;
+  // Throws the hf::Error that read_bits (a 16-bit storage) or read into
+  // float (Storage::native) would throw for this tensor, writing nothing and
+  // holding no copy of it: a load proves its conversions before it changes
+  // a model.
+  void check_read(const TensorInfo& t, Storage storage) const;
 
  private:
   std::string path_;

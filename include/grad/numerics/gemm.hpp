@@ -301,7 +301,8 @@ template <class T, std::size_t Lanes, std::size_t MR, std::size_t W, class Panel
 [[gnu::always_inline]] inline void tile(std::size_t kc, Panel ap, const T* bp, T* c, std::size_t ldc, bool accumulate,
                                         std::size_t rows, std::size_t cols, std::size_t width) {
   if constexpr (W > tail_unit<T, Lanes>) {
-    if (width != W) return tile<T, Lanes, MR, W - tail_unit<T, Lanes>>(kc, ap, bp, c, ldc, accumulate, rows, cols, width);
+    constexpr std::size_t narrower = W - tail_unit<T, Lanes>;
+    if (width != W) return tile<T, Lanes, MR, narrower>(kc, ap, bp, c, ldc, accumulate, rows, cols, width);
   }
   strip_tile<T, Lanes, MR, W>(kc, ap, bp, c, ldc, accumulate, rows, cols);
 }
@@ -648,25 +649,42 @@ template <class T, std::size_t Lanes, class Format = T>
   }
 }
 
+// One output row (a decoding step) where b lies in rows or in columns: read
+// b where it lies, a 16-bit b widened as it is loaded (its narrow rows too:
+// the register-strip kernel reads T). False when b is strided both ways.
+template <class T, std::size_t Lanes, std::size_t NV, class Format>
+[[gnu::always_inline]] inline bool multiply_one_row(const Problem<T>& pr, std::size_t i, std::size_t j0,
+                                                    std::size_t j1) {
+  if (pr.b.cs == 1) {
+    if constexpr (std::is_same_v<Format, T>) {
+      if (j1 - j0 <= narrow_row_strips * 2 * NV * Lanes) {
+        multiply_narrow_row<T, Lanes, 2 * NV>(pr, i, j0, j1);
+        return true;
+      }
+    }
+    multiply_row<T, Lanes, Format>(pr, i, j0, j1);
+    return true;
+  }
+  if (pr.b.rs == 1) {
+    multiply_row_transposed<T, Lanes, Format>(pr, i, j0, j1);
+    return true;
+  }
+  return false;
+}
+
 // Output rows [i0, i1) x columns [j0, j1) of the problem (k > 0).
 template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
 [[gnu::always_inline]] inline void multiply_block(const Problem<T>& pr, std::size_t i0, std::size_t i1, std::size_t j0,
                                                   std::size_t j1) {
-  // One row (a decoding step) reads b where it lies; a 16-bit b is widened
-  // as it is loaded (its narrow rows too: the register-strip kernel reads T).
-  if (i1 - i0 == 1 && pr.b.storage == Storage::bf16) {
-    if (pr.b.cs == 1) return multiply_row<T, Lanes, Bf16>(pr, i0, j0, j1);
-    if (pr.b.rs == 1) return multiply_row_transposed<T, Lanes, Bf16>(pr, i0, j0, j1);
+  if (i1 - i0 == 1) {
+    bool done = false;
+    switch (pr.b.storage) {
+      case Storage::bf16: done = multiply_one_row<T, Lanes, NV, Bf16>(pr, i0, j0, j1); break;
+      case Storage::f16: done = multiply_one_row<T, Lanes, NV, F16>(pr, i0, j0, j1); break;
+      case Storage::native: done = multiply_one_row<T, Lanes, NV, T>(pr, i0, j0, j1); break;
+    }
+    if (done) return;
   }
-  if (i1 - i0 == 1 && pr.b.storage == Storage::f16) {
-    if (pr.b.cs == 1) return multiply_row<T, Lanes, F16>(pr, i0, j0, j1);
-    if (pr.b.rs == 1) return multiply_row_transposed<T, Lanes, F16>(pr, i0, j0, j1);
-  }
-  if (i1 - i0 == 1 && pr.b.cs == 1) {
-    if (j1 - j0 <= narrow_row_strips * 2 * NV * Lanes) return multiply_narrow_row<T, Lanes, 2 * NV>(pr, i0, j0, j1);
-    return multiply_row<T, Lanes>(pr, i0, j0, j1);
-  }
-  if (i1 - i0 == 1 && pr.b.rs == 1) return multiply_row_transposed<T, Lanes>(pr, i0, j0, j1);
   constexpr std::size_t nr = NV * Lanes;
   constexpr std::size_t MC = Blocking<T>::mc;
   const std::size_t KC = Blocking<T>::kc(), NC = std::max(Blocking<T>::nc() / nr * nr, nr);
