@@ -350,22 +350,33 @@ void release_pages(std::span<const unsigned char> bytes) {
   ::madvise(reinterpret_cast<void*>(first), end - first, MADV_DONTNEED);  // advice: a failure changes nothing
 }
 
-// A tensor a slice at a time, each slice's pages of the mapping handed back
-// as soon as it is converted: a Qwen2.5-0.5B's tied embedding is 545 MB in
-// F32, and released whole after reading it peaked the load at the model plus
-// that (the whole run's peak RSS in bench_real_scale's L1).
-template <class T>
-void read_into(const std::string& path, const TensorInfo& t, std::span<T> out) {
-  if (out.size() != t.elements)
-    throw Error("grad::hf: safetensors file '" + path + "': tensor '" + t.name + "' has " +
-                std::to_string(t.elements) + " elements, read into " + std::to_string(out.size()));
-  constexpr std::size_t slice_bytes = std::size_t{16} << 20;
-  const std::size_t element_bytes = dtype_size(t.dtype), per_slice = slice_bytes / element_bytes;
-  for (std::size_t first = 0; first < t.elements; first += per_slice) {
-    const std::size_t n = std::min(per_slice, t.elements - first);
-    convert_range(path, t, first, out.subspan(first, n));
+// Calls f(first, n) for tensor t's elements a slice of at most
+// slice_elements at a time, each slice's pages of the mapping handed back as
+// soon as it is converted: a Qwen2.5-0.5B's tied embedding is 545 MB in F32,
+// and released whole after reading it peaked the load at the model plus that
+// (the whole run's peak RSS in bench_real_scale's L1).
+template <class F>
+void each_slice(const TensorInfo& t, std::size_t slice_elements, F&& f) {
+  const std::size_t element_bytes = dtype_size(t.dtype);
+  for (std::size_t first = 0; first < t.elements; first += slice_elements) {
+    const std::size_t n = std::min(slice_elements, t.elements - first);
+    f(first, n);
     release_pages(t.bytes.subspan(first * element_bytes, n * element_bytes));
   }
+}
+
+void check_count(const std::string& path, const TensorInfo& t, std::size_t count) {
+  if (count != t.elements)
+    throw Error("grad::hf: safetensors file '" + path + "': tensor '" + t.name + "' has " +
+                std::to_string(t.elements) + " elements, read into " + std::to_string(count));
+}
+
+// A tensor 16 MiB of its bytes at a time (each_slice).
+template <class T>
+void read_into(const std::string& path, const TensorInfo& t, std::span<T> out) {
+  check_count(path, t, out.size());
+  each_slice(t, (std::size_t{16} << 20) / dtype_size(t.dtype),
+             [&](std::size_t first, std::size_t n) { convert_range(path, t, first, out.subspan(first, n)); });
 }
 
 // Elements [first, first + out.size()) of tensor t as the bits of a 16-bit
@@ -392,19 +403,13 @@ void bits_range(const std::string& path, const TensorInfo& t, Storage storage, s
   }
 }
 
-// read_into's slices as the bits of a 16-bit storage (bits_range).
+// A tensor as the bits of a 16-bit storage, 4 Mi elements at a time (bits_range, each_slice).
 void read_bits_into(const std::string& path, const TensorInfo& t, Storage storage, std::span<std::uint16_t> out) {
-  if (out.size() != t.elements)
-    throw Error("grad::hf: safetensors file '" + path + "': tensor '" + t.name + "' has " +
-                std::to_string(t.elements) + " elements, read into " + std::to_string(out.size()));
-  constexpr std::size_t slice_elements = std::size_t{4} << 20;
-  const std::size_t element_bytes = dtype_size(t.dtype);
+  check_count(path, t, out.size());
   std::vector<double> scratch;
-  for (std::size_t first = 0; first < t.elements; first += slice_elements) {
-    const std::size_t n = std::min(slice_elements, t.elements - first);
+  each_slice(t, std::size_t{4} << 20, [&](std::size_t first, std::size_t n) {
     bits_range(path, t, storage, first, out.subspan(first, n), scratch);
-    release_pages(t.bytes.subspan(first * element_bytes, n * element_bytes));
-  }
+  });
 }
 
 }  // namespace
@@ -416,13 +421,10 @@ void SafetensorsFile::check_read(const TensorInfo& t, Storage storage) const {
   // One slice at a time into a slice's scratch (converting the tensor whole,
   // as a load would, would hold a second copy of it: 545 MB for an F32
   // Qwen2.5-0.5B's embedding).
-  constexpr std::size_t slice_elements = std::size_t{1} << 20;
-  const std::size_t element_bytes = dtype_size(t.dtype);
   std::vector<std::uint16_t> bits;
   std::vector<float> floats;
   std::vector<double> scratch;
-  for (std::size_t first = 0; first < t.elements; first += slice_elements) {
-    const std::size_t n = std::min(slice_elements, t.elements - first);
+  each_slice(t, std::size_t{1} << 20, [&](std::size_t first, std::size_t n) {
     if (narrow(storage)) {
       bits.resize(n);
       bits_range(path_, t, storage, first, std::span<std::uint16_t>(bits), scratch);
@@ -430,8 +432,7 @@ void SafetensorsFile::check_read(const TensorInfo& t, Storage storage) const {
       floats.resize(n);
       convert_range(path_, t, first, std::span<float>(floats));
     }
-    release_pages(t.bytes.subspan(first * element_bytes, n * element_bytes));
-  }
+  });
 }
 void SafetensorsFile::read(const TensorInfo& t, std::span<double> out) const { read_into(path_, t, out); }
 void SafetensorsFile::read(const TensorInfo& t, std::span<float> out) const { read_into(path_, t, out); }
