@@ -43,10 +43,10 @@ src=$(cd "$(dirname "$0")" && pwd)
 if [ $small = 1 ]; then seq=64 prompt=64 new=16 size=small; else seq=512 prompt=512 new=128 size=full; fi
 model=$scratch/model-$size logs=$scratch/logs-$size
 mkdir -p "$model" "$logs"
-rm -f "$logs"/*.out "$logs"/*.time "$logs"/*.json  # a previous run's rounds
+rm -f "$logs"/*.out "$logs"/*.time "$logs"/*.json  # a previous run's rounds (corespeed appends)
 
-echo "== building bench_real_scale and membw in $build (one job)"
-ninja -C "$build" -j1 bench/bench_real_scale bench/membw >/dev/null
+echo "== building bench_real_scale, membw and corespeed in $build (one job)"
+ninja -C "$build" -j1 bench/bench_real_scale bench/membw bench/corespeed >/dev/null
 bench=$build/bench/bench_real_scale
 
 node_dir=$build/bench/llama_node version=3.21.1
@@ -80,14 +80,20 @@ run() {
     exit 1
   fi
 }
+# Every core's arithmetic speed just before and just after a grad L1 run
+# (bench/corespeed.cpp): the table's scaling lines say which rounds had a
+# core slowed by the host meanwhile.
+corespeed() { "$build/bench/corespeed" 300 >> "$logs/corespeed-$1.r$r.out"; }
 torch=(env OMP_WAIT_POLICY=passive /usr/bin/python3 -B "$src/peer_torch_real_scale.py")
 for r in $(seq 1 "$rounds"); do
   echo "== round $r of $rounds ($(uptime | sed 's/.*load/load/'))"
   for t in $l1_threads; do
     profile=()
     [ "$r" = "$rounds" ] && [ "$t" = 1 ] && profile=(--profile "$logs/L1-grad-profile.json")
+    corespeed L1-grad-t$t
     run L1-grad-t$t $bench finetune --model "$model" --threads $t --reps $reps --seq $seq --recompute "${profile[@]}" \
       --benchmark_out="$logs/L1-grad-t$t.r$r.json" --benchmark_out_format=json
+    corespeed L1-grad-t$t
     run L1-torch-t$t "${torch[@]}" finetune --model "$model" --threads $t --reps $reps --seq $seq
   done
   for t in $l2_threads; do

@@ -74,6 +74,49 @@ def tokens(logs, name, r):
     return [int(x) for x in lines[-1].split()[1:]] if lines else []
 
 
+def round_median(logs, name, r):
+    """grad's or PyTorch's L1 tokens/s in round r: the median of its repetitions."""
+    got = samples(logs, name, [r]).get("tokens_per_s")
+    return statistics.median(got) if got else None
+
+
+def core_balance(logs, name, r):
+    """The lowest slowest/fastest core ratio of corespeed's snapshots around NAME's round r, or None."""
+    p = os.path.join(logs, f"corespeed-{name}.r{r}.out")
+    ratios = [float(x) for x in re.findall(r"slowest/fastest ([\d.]+)", read(p))] if os.path.exists(p) else []
+    return min(ratios) if ratios else None
+
+
+def scaling(logs, cfg):
+    """L1 tokens/s at 2 threads over 1, round by round, with the cores' balance around grad's runs."""
+    one, two = "L1-grad-t1", "L1-grad-t2"
+    if one not in cfg or two not in cfg:
+        return
+    print("L1 scaling from 1 to 2 threads, per round (each the ratio of that round's medians; cores: the slowest "
+          "core's arithmetic speed over the fastest's, lowest of bench/corespeed's snapshots before and after "
+          "grad's two runs):")
+    grad_all, grad_even = [], []
+    for r in sorted(set(cfg[one]) & set(cfg[two])):
+        g1, g2 = round_median(logs, one, r), round_median(logs, two, r)
+        line = f"  round {r}: grad {g2 / g1:.2f}x"
+        grad_all.append(g2 / g1)
+        t1, t2 = "L1-torch-t1", "L1-torch-t2"
+        if r in cfg.get(t1, []) and r in cfg.get(t2, []):
+            line += f", PyTorch {round_median(logs, t2, r) / round_median(logs, t1, r):.2f}x"
+        balance = [b for b in (core_balance(logs, one, r), core_balance(logs, two, r)) if b is not None]
+        if balance:
+            line += f", cores {min(balance):.2f}"
+            if min(balance) >= 0.9:
+                grad_even.append(g2 / g1)
+        print(line)
+    summary = f"  median over rounds: grad {statistics.median(grad_all):.2f}x ({len(grad_all)} rounds)"
+    if grad_even:
+        summary += (f"; {statistics.median(grad_even):.2f}x over the {len(grad_even)} whose cores all ran at "
+                    f">= 0.9 of the fastest")
+    print(summary)
+    print()
+
+
 def bandwidth(logs, threads):
     p = os.path.join(logs, f"membw-{threads}.out")
     if not os.path.exists(p):
@@ -118,6 +161,7 @@ def main():
             print(f"  {impl} at {t} thread(s): {m * weight_bytes / 1e9:.2f} GB/s of {bw:.2f} GB/s measured read "
                   f"bandwidth ({t} thread(s)): {100 * m * weight_bytes / 1e9 / bw:.0f}%")
     print()
+    scaling(logs, cfg)
     print("checks:")
     one, two = "L1-grad-t1", "L1-grad-t2"
     if one in cfg and two in cfg:
