@@ -1,7 +1,7 @@
 // Each core's compute speed right now, for bench/real_scale.sh: on a virtual
 // machine a vCPU shares its physical core with whatever the host runs on the
 // sibling hardware thread, and on this kind of machine one vCPU was measured
-// to run vector arithmetic at 55-65 % of the other's speed for minutes at a
+// to run vector arithmetic at 56-77 % of the other's speed for minutes at a
 // time, then at full speed again. A thread-scaling figure taken meanwhile
 // measures the host, not the program; this snapshot says when that happened.
 //
