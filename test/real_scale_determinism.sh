@@ -1,0 +1,39 @@
+#!/bin/bash
+# Issue 27's determinism, end to end: a small model of Qwen2.5-0.5B's kind
+# (bench_real_scale write --small: grouped heads, tied embeddings, q/k/v
+# biases, random weights), three LoRA + Adam steps with activation recompute
+# and the fused loss, gives the same loss bits on every instruction set
+# (GRAD_ISA baseline, avx2, avx512, each capped at what this CPU has) and on
+# 1, 2 and 3 threads; for a frozen base held as f32, bf16 and f16 (each
+# against itself: rounding the base to 16 bits changes the model). The later
+# steps' losses follow the earlier steps' gradients through Adam, so equal
+# losses mean equal updates too.
+#
+#   test/real_scale_determinism.sh BENCH_REAL_SCALE
+set -eu
+bench=$1
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+"$bench" write --out "$dir" --small > /dev/null
+fail=0
+for base in native bf16 f16; do
+  want= differ=0
+  for isa in baseline avx2 avx512; do
+    for threads in 1 2 3; do
+      got=$(GRAD_ISA=$isa "$bench" finetune --model "$dir" --threads $threads --reps 2 --seq 64 --recompute \
+              --base $base 2>&1 | grep '^loss ' | tr '\n' ' ' || true)
+      if [ "$(echo "$got" | wc -w)" != 9 ]; then
+        echo "FAILED: base $base, GRAD_ISA=$isa, $threads threads: expected 3 losses, got '$got'"
+        differ=1
+      elif [ -z "$want" ]; then
+        want=$got
+        echo "base $base: $got(GRAD_ISA=$isa, $threads thread(s))"
+      elif [ "$got" != "$want" ]; then
+        echo "DIFFER: base $base, GRAD_ISA=$isa, $threads threads: $got"
+        differ=1
+      fi
+    done
+  done
+  if [ $differ = 1 ]; then fail=1; else echo "base $base: the same bits on every instruction set and 1, 2 and 3 threads"; fi
+done
+exit $fail
