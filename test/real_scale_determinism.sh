@@ -17,7 +17,7 @@ trap 'rm -rf "$dir"' EXIT
 "$bench" write --out "$dir" --small > /dev/null
 fail=0
 for base in native bf16 f16; do
-  want= differ=0
+  want='' differ=0
   for isa in baseline avx2 avx512; do
     for threads in 1 2 3; do
       got=$(GRAD_ISA=$isa "$bench" finetune --model "$dir" --threads $threads --reps 2 --seq 64 --recompute \
