@@ -25,6 +25,8 @@
 #include <benchmark/benchmark.h>
 
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <grad/grad.hpp>
 #include <grad/hf/gguf.hpp>
@@ -33,6 +35,7 @@
 #include <grad/lm.hpp>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -110,6 +113,7 @@ struct Options {
   bool recompute = false;  // finetune: each layer in a recompute scope (nn::Lm::set_recompute)
   grad::Storage base = grad::Storage::native;  // how the frozen base's matrices are held
   std::string profile;  // finetune: print grad's profile of one step (by op and by scope) and write a Chrome trace here
+  bool digest = false;  // generate: after the timed runs, one more that hashes every logits vector's bits
 };
 
 // L1: LoRA finetuning, batch 1 x seq; step() is one Adam step. The model
@@ -197,17 +201,28 @@ class Generate {
   struct Seconds {
     double prefill, decode;
   };
-  // The first `prompt` tokens of the prompt, then new_tokens greedy ones.
-  Seconds run(std::size_t prompt, std::size_t new_tokens) {
+  // The first `prompt` tokens of the prompt, then new_tokens greedy ones;
+  // with `digest`, every logits vector's bytes go into it (FNV-1a), so that
+  // two runs can be compared bit for bit (the timed runs pass none).
+  Seconds run(std::size_t prompt, std::size_t new_tokens, std::uint64_t* digest = nullptr) {
     dec_->reset();
     tokens_.clear();
+    auto next = [&](std::span<const T> logits) {
+      if (digest)
+        for (const std::byte byte : std::as_bytes(logits))
+          *digest = (*digest ^ std::to_integer<std::uint64_t>(byte)) * 0x100000001b3u;
+      return nn::argmax_token(logits);
+    };
     const auto t0 = Clock::now();
-    std::span<const T> logits;
-    logits = dec_->prefill(std::span<const int>(prompt_).first(prompt));
-    tokens_.push_back(nn::argmax_token(logits));
+    tokens_.push_back(next(dec_->prefill(std::span<const int>(prompt_).first(prompt))));
     const auto t1 = Clock::now();
-    for (std::size_t n = 1; n < new_tokens; ++n) tokens_.push_back(nn::argmax_token(dec_->step(tokens_.back())));
+    for (std::size_t n = 1; n < new_tokens; ++n) tokens_.push_back(next(dec_->step(tokens_.back())));
     return {std::chrono::duration<double>(t1 - t0).count(), seconds_since(t1)};
+  }
+  std::uint64_t digest(std::size_t prompt, std::size_t new_tokens) {
+    std::uint64_t d = 0xcbf29ce484222325u;
+    run(prompt, new_tokens, &d);
+    return d;
   }
   const std::vector<int>& tokens() const { return tokens_; }
 
@@ -254,6 +269,8 @@ int main(int argc, char** argv) {
                            "after the timed steps, profile one more and write its Chrome trace to this file");
   generate_cmd->add_option("--prompt", o.prompt, "prompt tokens")->check(cli::range<std::size_t>(1, 32768));
   generate_cmd->add_option("--new", o.new_tokens, "greedy tokens")->check(cli::range<std::size_t>(2, 32768));
+  generate_cmd->add_flag("--digest", o.digest,
+                         "after the timed runs, run once more and print a hash of every logits vector's bits");
   for (CLI::App* cmd : {finetune_cmd, generate_cmd}) cmd->allow_extras();
   CLI11_PARSE(app, argc, argv);
   // Google Benchmark's flags are what the subcommand left.
@@ -299,6 +316,8 @@ int main(int argc, char** argv) {
       std::printf("tokens");
       for (const int t : gen->tokens()) std::printf(" %d", t);
       std::printf("\n");
+      if (o.digest)
+        std::printf("logits digest %016llx\n", static_cast<unsigned long long>(gen->digest(o.prompt, o.new_tokens)));
     }
     if (tune && !o.profile.empty() && !tune->step(true)) throw std::runtime_error(tune->error());
   } catch (const std::exception& e) {

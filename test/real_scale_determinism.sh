@@ -7,7 +7,11 @@
 # 1, 2 and 3 threads; for a frozen base held as f32, bf16 and f16 (each
 # against itself: rounding the base to 16 bits changes the model). The later
 # steps' losses follow the earlier steps' gradients through Adam, so equal
-# losses mean equal updates too.
+# losses mean equal updates too. Then the same for generation: a 64-token
+# prompt through the KV-cache decoder's prefill, 8 greedy tokens, and a hash
+# of every logits vector's bits (bench_real_scale generate --digest). At this
+# size the prefill's products are split over the threads; the decoding
+# steps' are below the size that wakes the pool.
 #
 #   test/real_scale_determinism.sh BENCH_REAL_SCALE
 set -eu
@@ -15,25 +19,38 @@ bench=$1
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 "$bench" write --out "$dir" --small > /dev/null
+# check KIND WORDS: $got (this run's output) has WORDS words and equals the
+# first run's of its kind for this base.
+check() {
+  local first
+  if [ "$(echo "$got" | wc -w)" != "$2" ]; then
+    echo "FAILED: $1, base $base, GRAD_ISA=$isa, $threads threads: expected $2 words, got '$got'"
+    differ=1
+    return
+  fi
+  first=${want[$1]:-}
+  if [ -z "$first" ]; then
+    want[$1]=$got
+    echo "$1, base $base: $got(GRAD_ISA=$isa, $threads thread(s))"
+  elif [ "$got" != "$first" ]; then
+    echo "DIFFER: $1, base $base, GRAD_ISA=$isa, $threads threads: $got"
+    differ=1
+  fi
+}
 fail=0
 for base in native bf16 f16; do
-  want='' differ=0
+  declare -A want=()
+  differ=0
   for isa in baseline avx2 avx512; do
     for threads in 1 2 3; do
       got=$(GRAD_ISA=$isa "$bench" finetune --model "$dir" --threads $threads --reps 2 --seq 64 --recompute \
               --base $base 2>&1 | grep '^loss ' | tr '\n' ' ' || true)
-      if [ "$(echo "$got" | wc -w)" != 9 ]; then
-        echo "FAILED: base $base, GRAD_ISA=$isa, $threads threads: expected 3 losses, got '$got'"
-        differ=1
-      elif [ -z "$want" ]; then
-        want=$got
-        echo "base $base: $got(GRAD_ISA=$isa, $threads thread(s))"
-      elif [ "$got" != "$want" ]; then
-        echo "DIFFER: base $base, GRAD_ISA=$isa, $threads threads: $got"
-        differ=1
-      fi
+      check "finetune" 9
+      got=$(GRAD_ISA=$isa "$bench" generate --model "$dir" --threads $threads --reps 1 --prompt 64 --new 8 \
+              --base $base --digest 2>&1 | grep -E '^(tokens|logits digest) ' | tr '\n' ' ' || true)
+      check "generate" 12
     done
   done
-  if [ $differ = 1 ]; then fail=1; else echo "base $base: the same bits on every instruction set and 1, 2 and 3 threads"; fi
+  if [ $differ = 1 ]; then fail=1; else echo "base $base: the same bits on every instruction set and 1, 2 and 3 threads (finetune and generate)"; fi
 done
 exit $fail
