@@ -25,7 +25,6 @@
 #include <benchmark/benchmark.h>
 
 #include <chrono>
-#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <grad/grad.hpp>
@@ -181,6 +180,11 @@ class Finetune {
   int steps_ = 0;
 };
 
+template <class E>
+std::span<const unsigned char> bytes_of(std::span<const E> values) {
+  return {reinterpret_cast<const unsigned char*>(values.data()), values.size_bytes()};
+}
+
 // L2: the prompt through grad's KV-cache decoder, then greedy tokens.
 // Prefill: the whole prompt through KvDecoder::prefill (its projections and
 // MLP as [prompt, width] matrix products) up to the logits of the first new
@@ -202,15 +206,13 @@ class Generate {
     double prefill, decode;
   };
   // The first `prompt` tokens of the prompt, then new_tokens greedy ones;
-  // with `digest`, every logits vector's bytes go into it (FNV-1a), so that
-  // two runs can be compared bit for bit (the timed runs pass none).
-  Seconds run(std::size_t prompt, std::size_t new_tokens, std::uint64_t* digest = nullptr) {
+  // with `hashes`, each logits vector's bits hashed into it (the timed runs
+  // pass none).
+  Seconds run(std::size_t prompt, std::size_t new_tokens, std::vector<std::uint64_t>* hashes = nullptr) {
     dec_->reset();
     tokens_.clear();
     auto next = [&](std::span<const T> logits) {
-      if (digest)
-        for (const std::byte byte : std::as_bytes(logits))
-          *digest = (*digest ^ std::to_integer<std::uint64_t>(byte)) * 0x100000001b3u;
+      if (hashes) hashes->push_back(grad::detail::fnv1a(bytes_of(logits)));
       return nn::argmax_token(logits);
     };
     const auto t0 = Clock::now();
@@ -219,10 +221,12 @@ class Generate {
     for (std::size_t n = 1; n < new_tokens; ++n) tokens_.push_back(next(dec_->step(tokens_.back())));
     return {std::chrono::duration<double>(t1 - t0).count(), seconds_since(t1)};
   }
+  // One more run, untimed: a hash of every logits vector's bits, so that two
+  // runs can be compared bit for bit.
   std::uint64_t digest(std::size_t prompt, std::size_t new_tokens) {
-    std::uint64_t d = 0xcbf29ce484222325u;
-    run(prompt, new_tokens, &d);
-    return d;
+    std::vector<std::uint64_t> hashes;
+    run(prompt, new_tokens, &hashes);
+    return grad::detail::fnv1a(bytes_of(std::span<const std::uint64_t>(hashes)));
   }
   const std::vector<int>& tokens() const { return tokens_; }
 
