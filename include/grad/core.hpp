@@ -4,8 +4,9 @@
 // training program needs; grad/grad.hpp adds checkpoints and nn layers.
 //
 // With GRAD_COMPILED_KERNELS (grad_kernels_dep, grad-kernels.pc) the hot
-// loops (kernels_extern.hpp) and the reverse walk, Tape<T>::backward, which
-// dispatches to every op's gradient, are declared extern: the compiled
+// loops (kernels_extern.hpp), the reverse walk, Tape<T>::backward, which
+// dispatches to every op's gradient, and Tape<T>::forward_by_code, which
+// dispatches to every op's forward, are declared extern: the compiled
 // kernel library holds them for float and double, so a consumer's unit
 // compiles only the recording layer it uses.
 #pragma once
@@ -19,8 +20,11 @@
 #include "grad/tape.hpp"
 #include "grad/tensor.hpp"
 
-// The reverse walk for element type T, prefixed by E (`extern` or nothing).
-#define GRAD_WALK_INSTANCES(E, T) E template bool grad::Tape<T>::walk(grad::Var<T>);
+// The reverse walk and the forward dispatch for element type T, prefixed by E
+// (`extern` or nothing).
+#define GRAD_WALK_INSTANCES(E, T)                    \
+  E template bool grad::Tape<T>::walk(grad::Var<T>); \
+  E template void grad::Tape<T>::forward_by_code(std::uint8_t, const grad::NodeArgs<T>&, T*);
 
 #if defined(GRAD_COMPILED_KERNELS) && GRAD_SIMD
 GRAD_WALK_INSTANCES(extern, float)

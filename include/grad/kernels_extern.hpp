@@ -7,9 +7,11 @@
 // results are the same bits in both modes: same source, and the contract
 // (no contraction, fixed orders) does not depend on the optimisation level.
 //
-// Not listed (compiled in the consumer's units in both modes): softmax and
-// the reductions (sum, mean, row_sum: being reordered by another change),
-// the data-movement ops, and the backward walk's gradient additions.
+// The tape reaches every op's forward and backward through two functions the
+// library also compiles (core.hpp: Tape::forward_by_code and the reverse
+// walk), so a consumer's unit compiles no op's loop; the entries here are
+// the loops other code calls directly too (the optimizers' updates, the
+// gemm, the elementwise families).
 #pragma once
 
 #include "grad/numerics/gemm.hpp"

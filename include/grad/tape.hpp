@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -479,7 +480,7 @@ class Tape {
     }
     if (watch_ != 0) [[unlikely]]
       return record_watched<Op>(n);  // the same, timed and/or checked (inspect/tape_hooks.hpp)
-    Op::forward_tensor(forward_args(n), n.value);
+    forward<Op>(forward_args(n), n.value);
     learn_backward<Op>();
     return push(n);
   }
@@ -563,19 +564,22 @@ class Tape {
       if (!operands[i].valid()) continue;
       const Node<T>& n = nodes_[operands[i].index_];
       if (n.storage == Storage::native || takes_narrow<Op>(i)) continue;
-      std::string readers;
-      boost::mp11::mp_for_each<OpList>([&](auto op) {
-        using Reader = decltype(op);
-        for (int k = 0; k < 2; ++k)
-          if (takes_narrow<Reader>(k))
-            readers +=
-                (readers.empty() ? "" : ", ") + std::string(Reader::name) + "'s operand " + std::to_string(k + 1);
-      });
-      return std::string(Op::name) + ": operand " + std::to_string(i + 1) + " " + shape_string(n.dims) + " is a " +
-             std::string(storage_name(n.storage)) + " constant, which only " + readers +
-             " read; record it as a native constant to use it here";
+      return narrow_operand_refusal(Op::name, i, n);
     }
     return {};
+  }
+  // The message, once for all ops (it lists every tag that reads a 16-bit operand).
+  static std::string narrow_operand_refusal(std::string_view op, int i, const Node<T>& n) {
+    std::string readers;
+    boost::mp11::mp_for_each<OpList>([&](auto reader) {
+      using Reader = decltype(reader);
+      for (int k = 0; k < 2; ++k)
+        if (takes_narrow<Reader>(k))
+          readers += (readers.empty() ? "" : ", ") + std::string(Reader::name) + "'s operand " + std::to_string(k + 1);
+    });
+    return std::string(op) + ": operand " + std::to_string(i + 1) + " " + shape_string(n.dims) + " is a " +
+           std::string(storage_name(n.storage)) + " constant, which only " + readers +
+           " read; record it as a native constant to use it here";
   }
 
   // Value (and gradient) buffers for a new node, from the recompute scopes'
@@ -701,7 +705,7 @@ class Tape {
   // Computes a transient node's value again (the reverse walk, entering a recompute scope).
   template <class Op>
   void replay_node(Node<T>& n) {
-    Op::forward_tensor(args(n), n.value);
+    forward<Op>(args(n), n.value);
   }
   // The transient nodes of the scope [first, end) up to `last`, in recording
   // order, from the restarted scope memory (Arena::restart: every scope's
@@ -848,6 +852,8 @@ class Tape {
   void set_watch(std::uint8_t bit, bool on) { watch_ = on ? (watch_ | bit) : (watch_ & ~bit); }
   template <class Op>
   Var<T> record_watched(Node<T>& n);
+  Var<T> finish_watched(Node<T>& n, std::chrono::steady_clock::time_point start,
+                        std::chrono::steady_clock::time_point stop);
   Var<T> check_leaf(Var<T> v);
   bool backward_watched(std::size_t i);
   void replay_profiled(std::size_t i);
@@ -861,6 +867,21 @@ class Tape {
   // only: record<Op> enters Op's step; leaves have none. With the compiled
   // kernel library every step is already compiled there, and the walk (also
   // compiled there) enters them all at once instead (backward.hpp).
+  // Op's forward host loop. With the compiled kernel library it is the
+  // library's copy, reached through the op's code (forward_by_code, compiled
+  // there beside the walk): a consumer's unit then compiles none of the
+  // ops' loops, only the recording layer (a unit that records attention and
+  // the norms compiled their three instruction-set copies, and the gemm's
+  // inside attention, in every such unit). Same source, same bits.
+  template <class Op>
+  static void forward(const NodeArgs<T>& x, T* y) {
+#if defined(GRAD_COMPILED_KERNELS)
+    forward_by_code(op_code<Op>, x, y);
+#else
+    Op::forward_tensor(x, y);
+#endif
+  }
+  static void forward_by_code(std::uint8_t code, const NodeArgs<T>& x, T* y);
   using BackwardStep = void (Tape::*)(Node<T>&);
   template <class Op>
   void learn_backward() {
@@ -955,6 +976,16 @@ class InferenceGuard {
  private:
   Tape<T>* tp_;
 };
+
+// Out of the class, so not inline: the compiled kernel library instantiates it
+// (core.hpp's GRAD_WALK_INSTANCES) and its users declare it extern.
+template <class T>
+void Tape<T>::forward_by_code(std::uint8_t code, const NodeArgs<T>& x, T* y) {
+  with_op(code, [&](auto op) {
+    using Op = decltype(op);
+    if constexpr (Op::arity > 0) Op::forward_tensor(x, y);
+  });
+}
 
 }  // namespace grad
 

@@ -5,7 +5,8 @@
 #     dependency('grad') (header-only) and dependency('grad-kernels') (the
 #     compiled kernel library), at -O2. The defaults must be lean: no test,
 #     benchmark, example, CUDA or device-library target may even be defined,
-#     and nothing of grad's but the kernel library may be compiled;
+#     and nothing of grad's but the kernel library may be compiled; the
+#     compiled-kernels unit must define none of the library's loops;
 #  2. against an installed copy through pkg-config: grad.pc (header-only)
 #     and grad-kernels.pc, with ${CXX:-c++} -std=c++20 (the consumer's own
 #     standard: the .pc files must not set one) at -O1 and -O2, linked with
@@ -59,6 +60,13 @@ for c in json.load(open(sys.argv[1])):
         if stds != ["-std=c++20"]:
             print(c["output"], stds); sys.exit(1)
 PY
+# With the compiled kernels the consumer's unit compiles no op's loop, the
+# gemm, the reverse walk or the forward dispatch: the library holds them
+# (kernels_extern.hpp, core.hpp). A loop defined here again means a tag's
+# loops are reached by a path that bypasses them (compile time, not bits).
+nm -C "$work/sub/build/consumer-compiled.p/consumer.cpp.o" |
+  grep -E ' [TtWw] .*(::(forward|backward)_tensor<|gemm_detail::multiply|Tape<[a-z]+>::walk\(|forward_by_code)' &&
+  fail "the compiled-kernels consumer's unit defines the loops above itself"
 "$work/sub/build/consumer" >"$work/out-sub-header-only"
 "$work/sub/build/consumer-compiled" >"$work/out-sub-compiled"
 

@@ -156,12 +156,20 @@ Var<T> Tape<T>::record_watched(Node<T>& n) {
   using clock = std::chrono::steady_clock;
   const bool timed = profiling();
   const clock::time_point start = timed ? clock::now() : clock::time_point{};
-  Op::forward_tensor(forward_args(n), n.value);
+  forward<Op>(forward_args(n), n.value);
   const clock::time_point stop = timed ? clock::now() : clock::time_point{};
   learn_backward<Op>();
+  return finish_watched(n, start, stop);
+}
+
+// The rest of record_watched, the same for every op: keeps the node, its
+// profile event, its anomaly check.
+template <class T>
+Var<T> Tape<T>::finish_watched(Node<T>& n, std::chrono::steady_clock::time_point start,
+                               std::chrono::steady_clock::time_point stop) {
   Var<T> v = push(n);
   const std::size_t i = nodes_.size() - 1, size = n.dims.size();
-  if (timed)
+  if (profiling())
     inspection_.events.push_back({static_cast<std::uint32_t>(i), n.op, false, inspection_.scopes.of(i),
                                   inspect_detail::since(inspection_.epoch, start),
                                   inspect_detail::since(inspection_.epoch, stop) -
