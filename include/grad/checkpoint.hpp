@@ -108,10 +108,16 @@ inline constexpr char checkpoint_magic[8] = {'G', 'R', 'A', 'D', 'C', 'K', 'P', 
 inline constexpr std::uint32_t byte_order_marker = 0x01020304;
 inline constexpr std::size_t checkpoint_header_bytes = 8 + 4 * 4 + 8;
 
-inline std::uint64_t fnv1a(std::span<const unsigned char> bytes) {
-  std::uint64_t h = 0xcbf29ce484222325ULL;
+// FNV-1a over `bytes`; a hash over several buffers passes the previous
+// buffer's result as `h`.
+inline constexpr std::uint64_t fnv1a_offset = 0xcbf29ce484222325ULL;
+inline std::uint64_t fnv1a(std::span<const unsigned char> bytes, std::uint64_t h = fnv1a_offset) {
   for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ULL;
   return h;
+}
+template <class T>
+std::span<const unsigned char> bytes_of(std::span<const T> xs) {
+  return {reinterpret_cast<const unsigned char*>(xs.data()), xs.size_bytes()};
 }
 
 template <class T>

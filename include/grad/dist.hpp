@@ -130,12 +130,8 @@ void write_flat_grads(const Optimizer<T>& opt, const T* flat) {
 // replicas compare to catch a drift.
 template <class T>
 std::uint64_t parameter_checksum(const Optimizer<T>& opt) {
-  std::uint64_t h = 0xcbf29ce484222325ULL;
-  for (const auto& e : opt.params()) {
-    const View<T> v = opt.tape()->value(e.var);
-    const auto* p = reinterpret_cast<const unsigned char*>(v.data.data());
-    for (std::size_t i = 0; i < v.size() * sizeof(T); ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
-  }
+  std::uint64_t h = grad::detail::fnv1a_offset;
+  for (const auto& e : opt.params()) h = grad::detail::fnv1a(grad::detail::bytes_of(opt.tape()->value(e.var).data), h);
   return h;
 }
 
@@ -298,9 +294,7 @@ struct ModelSummary {
 
 // FNV-1a over a list of numbers (shapes), for ModelSummary::shapes.
 inline std::uint64_t fingerprint(std::span<const std::uint64_t> xs) {
-  std::uint64_t h = 0xcbf29ce484222325ULL;
-  for (std::uint64_t x : xs) h = (h ^ x) * 0x100000001b3ULL;
-  return h;
+  return grad::detail::fnv1a(grad::detail::bytes_of(xs));
 }
 
 // Throws Error on every rank, naming the first difference, when a rank's

@@ -153,12 +153,11 @@ class ProgramParallel {
   // Compares every rank's parameter checksum (FNV-1a over the values, add
   // order) with rank 0's; throws Error on every rank when one differs.
   void check_replicas() {
-    std::uint64_t h = 0xcbf29ce484222325ULL;
+    std::uint64_t h = grad::detail::fnv1a_offset;
     for (const device::ParamSlot& slot : opt_->slots()) {
       scratch_.resize(slot.size);
       engine_->read_values(slot.value, scratch_);
-      const auto* p = reinterpret_cast<const unsigned char*>(scratch_.data());
-      for (std::size_t i = 0; i < slot.size * sizeof(T); ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
+      h = grad::detail::fnv1a(grad::detail::bytes_of(std::span<const T>(scratch_)), h);
     }
     detail::compare_checksums(*group_, h, opt_->steps(), options_.check_every);
   }
