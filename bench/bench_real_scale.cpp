@@ -2,7 +2,8 @@
 // model (or a tiny one of the same kind) with random weights, read from a
 // Hugging Face directory through grad::hf.
 //
-//   bench_real_scale write    --out DIR [--small]              config.json, model.safetensors, model.gguf (F32)
+//   bench_real_scale write    --out DIR [--small] [--hidden N --layers N --heads N --kv-heads N --head-width N
+//                             --ffn N --vocab N]               config.json, model.safetensors, model.gguf (F32)
 //   bench_real_scale finetune --model DIR --threads N --reps R [--recompute] [--base bf16|f16]
 //                                                               L1: LoRA rank 16 on every projection, Adam
 //                                                               (--recompute: nn::Lm::set_recompute)
@@ -47,20 +48,27 @@ namespace nn = grad::nn;
 namespace hf = grad::hf;
 using Clock = std::chrono::steady_clock;
 
-// Qwen2.5-0.5B's shape (its config.json), or --small: the same head layout
-// (14 query and 2 key-value heads of width 64, q/k/v biases, tied
-// embeddings) at hidden 128, 2 layers, MLP 512 and vocabulary 2000.
-// (--hidden changes the small model's width: llama.cpp's qwen2 loader
-// accepts only 14 x 64 = 896, the full model's.)
-nn::LmConfig qwen_config(bool small, std::size_t small_hidden) {
+// The checkpoint's shape: Qwen2.5-0.5B's (its config.json), or --small: the
+// same head layout (14 query and 2 key-value heads of width 64, q/k/v
+// biases, tied embeddings) at hidden 128, 2 layers, MLP 512 and vocabulary
+// 2000. Each size option replaces one of those (0: the preset's), so other
+// shapes of the kind can be written too (llama.cpp's qwen2 loader takes only
+// heads x head width = hidden; bench/real_scale.sh leaves its row out
+// otherwise).
+struct Shape {
+  bool small = false;
+  std::size_t hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_width = 0, ffn = 0, vocab = 0;
+};
+nn::LmConfig qwen_config(const Shape& s) {
+  const auto pick = [](std::size_t given, std::size_t preset) { return given != 0 ? given : preset; };
   nn::LmConfig c;
-  c.vocab = small ? 2000 : 151936;
-  c.d_model = small ? small_hidden : 896;
-  c.layers = small ? 2 : 24;
-  c.heads = 14;
-  c.kv_heads = 2;
-  c.head_width = 64;
-  c.ffn = small ? 512 : 4864;
+  c.vocab = pick(s.vocab, s.small ? 2000 : 151936);
+  c.d_model = pick(s.hidden, s.small ? 128 : 896);
+  c.layers = pick(s.layers, s.small ? 2 : 24);
+  c.heads = pick(s.heads, 14);
+  c.kv_heads = pick(s.kv_heads, 2);
+  c.head_width = pick(s.head_width, 64);
+  c.ffn = pick(s.ffn, s.small ? 512 : 4864);
   c.max_seq = 1024;
   c.rope_base = 1e6;
   c.eps = 1e-6;
@@ -75,8 +83,8 @@ int token_at(std::size_t i, std::size_t vocab) { return static_cast<int>((i * 79
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-int write_checkpoint(const std::string& dir, bool small, std::size_t small_hidden) {
-  const nn::LmConfig c = qwen_config(small, small_hidden);
+int write_checkpoint(const std::string& dir, const Shape& shape) {
+  const nn::LmConfig c = qwen_config(shape);
   grad::Tape<T> tp;
   nn::Lm<T> model(tp, c, 2027);  // seeded uniform weights (nn::Lm's initialisation); norms 1
   // nn::Lm starts its q/k/v biases at zero; Qwen2's are not, so give them values too.
@@ -180,11 +188,6 @@ class Finetune {
   int steps_ = 0;
 };
 
-template <class E>
-std::span<const unsigned char> bytes_of(std::span<const E> values) {
-  return {reinterpret_cast<const unsigned char*>(values.data()), values.size_bytes()};
-}
-
 // L2: the prompt through grad's KV-cache decoder, then greedy tokens.
 // Prefill: the whole prompt through KvDecoder::prefill (its projections and
 // MLP as [prompt, width] matrix products) up to the logits of the first new
@@ -212,7 +215,7 @@ class Generate {
     dec_->reset();
     tokens_.clear();
     auto next = [&](std::span<const T> logits) {
-      if (hashes) hashes->push_back(grad::detail::fnv1a(bytes_of(logits)));
+      if (hashes) hashes->push_back(grad::detail::fnv1a(grad::detail::bytes_of(logits)));
       return nn::argmax_token(logits);
     };
     const auto t0 = Clock::now();
@@ -226,7 +229,7 @@ class Generate {
   std::uint64_t digest(std::size_t prompt, std::size_t new_tokens) {
     std::vector<std::uint64_t> hashes;
     run(prompt, new_tokens, &hashes);
-    return grad::detail::fnv1a(bytes_of(std::span<const std::uint64_t>(hashes)));
+    return grad::detail::fnv1a(grad::detail::bytes_of(std::span<const std::uint64_t>(hashes)));
   }
   const std::vector<int>& tokens() const { return tokens_; }
 
@@ -245,13 +248,18 @@ int main(int argc, char** argv) {
   cli::allow_benchmark_flags(app);
   app.require_subcommand(1);
   std::string out;
-  bool small = false;
-  std::size_t small_hidden = 128;
+  Shape shape;
   auto* write_cmd = app.add_subcommand("write", "write the random-weight checkpoint (Hugging Face directory + GGUF)");
   write_cmd->add_option("--out", out, "the directory to write")->required();
-  write_cmd->add_flag("--small", small, "the tiny model of the same kind (hidden 128, 2 layers, vocabulary 2000)");
-  write_cmd->add_option("--hidden", small_hidden, "the small model's hidden size")
-      ->check(cli::range<std::size_t>(2, 4096));
+  write_cmd->add_flag("--small", shape.small,
+                      "the tiny model of the same kind (hidden 128, 2 layers, MLP 512, vocabulary 2000)");
+  const std::pair<const char*, std::size_t*> sizes[] = {
+      {"--hidden", &shape.hidden},     {"--layers", &shape.layers},         {"--heads", &shape.heads},
+      {"--kv-heads", &shape.kv_heads}, {"--head-width", &shape.head_width}, {"--ffn", &shape.ffn},
+      {"--vocab", &shape.vocab}};
+  for (const auto& [flag, value] : sizes)
+    write_cmd->add_option(flag, *value, "instead of the preset's (Qwen2.5-0.5B's, or --small's)")
+        ->check(cli::range<std::size_t>(1, 1u << 20));
   Options o;
   auto* finetune_cmd = app.add_subcommand("finetune", "L1: LoRA finetune steps (batch 1) with Adam");
   auto* generate_cmd = app.add_subcommand("generate", "L2: prefill a prompt, then greedy tokens with the KV cache");
@@ -262,7 +270,8 @@ int main(int argc, char** argv) {
     cmd->add_option("--base", o.base, "how the frozen base's matrices are held: native (f32), bf16 or f16")
         ->transform(CLI::CheckedTransformer(std::map<std::string, grad::Storage>{{"native", grad::Storage::native},
                                                                                  {"bf16", grad::Storage::bf16},
-                                                                                 {"f16", grad::Storage::f16}}));
+                                                                                 {"f16", grad::Storage::f16}})
+                        .description("{native, bf16, f16}"));
   }
   finetune_cmd->add_option("--seq", o.seq, "tokens per step")->check(cli::range<std::size_t>(2, 32768));
   finetune_cmd->add_option("--rank", o.rank, "LoRA rank")->check(cli::range<std::size_t>(1, 4096));
@@ -285,7 +294,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&bench_argc, bench_argv.data());
   if (benchmark::ReportUnrecognizedArguments(bench_argc, bench_argv.data())) return 2;
   try {
-    if (write_cmd->parsed()) return write_checkpoint(out, small, small_hidden);
+    if (write_cmd->parsed()) return write_checkpoint(out, shape);
     grad::set_num_threads(o.threads);
     // One process per configuration: the model loaded once, each
     // repetition a single iteration (a full-size step takes seconds).

@@ -8,12 +8,18 @@
 # weights, written once by bench_real_scale into SCRATCH/model as a Hugging
 # Face directory (config.json + model.safetensors) and an F32 GGUF.
 #
-#   bench/real_scale.sh [--small] [--rounds R] [--reps N] [--l1-threads "1 2"] [--l2-threads "1 2"] [--build DIR] SCRATCH
+#   bench/real_scale.sh [--small] [--shape "WRITE-OPTIONS"] [--seq N] [--prompt N] [--new N] [--rounds R] [--reps N]
+#                       [--l1-threads "1 2"] [--l2-threads "1 2"] [--build DIR] SCRATCH
 #
 # --small: a tiny model of the same kind (hidden 128, 2 layers, vocabulary
 # 2000; sequence and prompt 64, 16 new tokens), under a minute: for checking
-# the script. llama.cpp's qwen2 loader needs heads x head width = hidden
-# (896), so at --small its row is left out.
+# the script. --shape: other sizes, as bench_real_scale write's options
+# (e.g. "--hidden 1536 --layers 28 --heads 12 --ffn 8960": Qwen2.5-1.5B's
+# shape; each option replaces the preset's), in a model directory of their
+# own. --seq (L1's tokens per step), --prompt and --new (L2's) replace the
+# preset's 512 / 512 / 128 (64 / 64 / 16 at --small). llama.cpp's qwen2
+# loader needs heads x head width = hidden (896 at the presets), so for a
+# shape without it (--small's) its row is left out.
 #
 # Every configuration is one process per round (peak RSS from /usr/bin/time -v,
 # the largest over its rounds), rounds interleaved (round 1 of every
@@ -25,10 +31,14 @@
 # Run from the repository root; needs the build directory configured
 # (meson setup), python3 with torch, node 20 and npm.
 set -eu
-small=0 rounds=5 reps=1 build=build l1_threads="1 2" l2_threads="1 2"
+small=0 rounds=5 reps=1 build=build l1_threads="1 2" l2_threads="1 2" shape="" seq="" prompt="" new=""
 while [ $# -gt 1 ]; do
   case $1 in
     --small) small=1; shift ;;
+    --shape) shape=$2; shift 2 ;;
+    --seq) seq=$2; shift 2 ;;
+    --prompt) prompt=$2; shift 2 ;;
+    --new) new=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
@@ -37,10 +47,14 @@ while [ $# -gt 1 ]; do
     *) echo "real_scale.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
-[ $# -eq 1 ] || { echo "usage: bench/real_scale.sh [--small] [--rounds R] [--reps N] [--l1-threads LIST] [--l2-threads LIST] [--build DIR] SCRATCH" >&2; exit 2; }
+[ $# -eq 1 ] || { echo "usage: bench/real_scale.sh [--small] [--shape OPTIONS] [--seq N] [--prompt N] [--new N] [--rounds R] [--reps N] [--l1-threads LIST] [--l2-threads LIST] [--build DIR] SCRATCH" >&2; exit 2; }
 scratch=$1
 src=$(cd "$(dirname "$0")" && pwd)
-if [ $small = 1 ]; then seq=64 prompt=64 new=16 size=small; else seq=512 prompt=512 new=128 size=full; fi
+if [ $small = 1 ]; then size=small preset="64 64 16"; else size=full preset="512 512 128"; fi
+set -- $preset
+seq=${seq:-$1} prompt=${prompt:-$2} new=${new:-$3}
+# A shape of its own gets a directory named after its options.
+[ -z "$shape" ] || size=$size$(printf '%s' "$shape" | tr -c 'a-z0-9' '_' | tr -s '_')
 model=$scratch/model-$size logs=$scratch/logs-$size
 mkdir -p "$model" "$logs"
 rm -f "$logs"/*.out "$logs"/*.time "$logs"/*.json  # a previous run's rounds (corespeed appends)
@@ -63,9 +77,16 @@ cp "$src/peer_llama_real_scale.mjs" "$node_dir/"
 
 if [ ! -f "$model/model.gguf" ]; then
   echo "== writing the $size checkpoint into $model"
-  $bench write --out "$model" $([ $small = 1 ] && echo --small)
+  # shellcheck disable=SC2086
+  $bench write --out "$model" $([ $small = 1 ] && echo --small) $shape
 fi
-vocab=$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$model/config.json")
+config() { /usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$model/config.json" "$1"; }
+vocab=$(config vocab_size)
+llama=1
+if [ $(($(config num_attention_heads) * $(config head_dim))) != "$(config hidden_size)" ]; then
+  llama=0
+  echo "== heads x head width != hidden: llama.cpp's qwen2 loader cannot read this shape, its row is left out"
+fi
 
 echo "== memory bandwidth"
 for t in 1 2; do "$build/bench/membw" $t 512 > "$logs/membw-$t.out"; cat "$logs/membw-$t.out"; done
@@ -100,7 +121,7 @@ for r in $(seq 1 "$rounds"); do
     run L2-grad-t$t $bench generate --model "$model" --threads $t --reps $reps --prompt $prompt --new $new \
       --benchmark_out="$logs/L2-grad-t$t.r$r.json" --benchmark_out_format=json
     run L2-torch-t$t "${torch[@]}" generate --model "$model" --threads $t --reps $reps --prompt $prompt --new $new
-    [ $small = 1 ] || run L2-llama.cpp-t$t node "$node_dir/peer_llama_real_scale.mjs" --model "$model/model.gguf" \
+    [ $llama = 0 ] || run L2-llama.cpp-t$t node "$node_dir/peer_llama_real_scale.mjs" --model "$model/model.gguf" \
       --vocab "$vocab" --threads $t --reps $reps --prompt $prompt --new $new
   done
 done

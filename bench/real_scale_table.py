@@ -87,9 +87,14 @@ def core_balance(logs, name, r):
     return min(ratios) if ratios else None
 
 
+# grad's and PyTorch's L1 runs at 1 and 2 threads: the scaling lines and the loss checks compare them.
+GRAD_L1 = ("L1-grad-t1", "L1-grad-t2")
+TORCH_L1 = ("L1-torch-t1", "L1-torch-t2")
+
+
 def scaling(logs, cfg):
     """L1 tokens/s at 2 threads over 1, round by round, with the cores' balance around grad's runs."""
-    one, two = "L1-grad-t1", "L1-grad-t2"
+    one, two = GRAD_L1
     if one not in cfg or two not in cfg:
         return
     print("L1 scaling from 1 to 2 threads, per round (each the ratio of that round's medians; cores: the slowest "
@@ -100,7 +105,7 @@ def scaling(logs, cfg):
         g1, g2 = round_median(logs, one, r), round_median(logs, two, r)
         line = f"  round {r}: grad {g2 / g1:.2f}x"
         grad_all.append(g2 / g1)
-        t1, t2 = "L1-torch-t1", "L1-torch-t2"
+        t1, t2 = TORCH_L1
         if r in cfg.get(t1, []) and r in cfg.get(t2, []):
             line += f", PyTorch {round_median(logs, t2, r) / round_median(logs, t1, r):.2f}x"
         balance = [b for b in (core_balance(logs, one, r), core_balance(logs, two, r)) if b is not None]
@@ -143,8 +148,11 @@ def main():
                 continue
             med[(label, impl, t)] = statistics.median(got[key])
             rows.append((label, impl, t, med[(label, impl, t)], len(got[key]), rss))
-    print(f"model: {model_dir} ({weight_bytes / 1e9:.2f} GB of F32 weights); L1 batch 1 x {seq}; "
-          f"L2 prompt {prompt}, {new} new tokens")
+    c = json.load(open(os.path.join(model_dir, "config.json")))
+    print(f"model: {model_dir}: hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, "
+          f"{c['num_attention_heads']}/{c['num_key_value_heads']} heads of width {c['head_dim']}, "
+          f"MLP {c['intermediate_size']}, vocabulary {c['vocab_size']} ({weight_bytes / 1e9:.2f} GB of F32 weights); "
+          f"L1 batch 1 x {seq}; L2 prompt {prompt}, {new} new tokens")
     print()
     print("| workload | implementation | threads | tokens/s (median) | samples | peak RSS | grad / peer |")
     print("|---|---|---:|---:|---:|---:|---:|")
@@ -163,7 +171,7 @@ def main():
     print()
     scaling(logs, cfg)
     print("checks:")
-    one, two = "L1-grad-t1", "L1-grad-t2"
+    one, two = GRAD_L1
     if one in cfg and two in cfg:
         for r in sorted(set(cfg[one]) & set(cfg[two])):
             a, b = losses(logs, one, r), losses(logs, two, r)
