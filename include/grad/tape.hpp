@@ -862,17 +862,11 @@ class Tape {
   void push_scope(std::string_view name) { inspection_.scopes.enter(name, nodes_.size()); }
   void pop_scope() { inspection_.scopes.leave(nodes_.size()); }
 
-  // The reverse walk calls each node's backward step through this table, so
-  // a program compiles (and optimises) the backward of the ops it records
-  // only: record<Op> enters Op's step; leaves have none. With the compiled
-  // kernel library every step is already compiled there, and the walk (also
-  // compiled there) enters them all at once instead (backward.hpp).
   // Op's forward host loop. With the compiled kernel library it is the
   // library's copy, reached through the op's code (forward_by_code, compiled
-  // there beside the walk): a consumer's unit then compiles none of the
-  // ops' loops, only the recording layer (a unit that records attention and
-  // the norms compiled their three instruction-set copies, and the gemm's
-  // inside attention, in every such unit). Same source, same bits.
+  // there beside the walk), so a consumer's unit compiles none of the ops'
+  // loops (else each unit that records attention compiles its loops and the
+  // gemm's, three instruction-set copies of each). Same source, same bits.
   template <class Op>
   static void forward(const NodeArgs<T>& x, T* y) {
 #if defined(GRAD_COMPILED_KERNELS)
@@ -882,6 +876,12 @@ class Tape {
 #endif
   }
   static void forward_by_code(std::uint8_t code, const NodeArgs<T>& x, T* y);
+
+  // The reverse walk calls each node's backward step through this table, so
+  // a program compiles (and optimises) the backward of the ops it records
+  // only: record<Op> enters Op's step; leaves have none. With the compiled
+  // kernel library every step is already compiled there, and the walk (also
+  // compiled there) enters them all at once instead (backward.hpp).
   using BackwardStep = void (Tape::*)(Node<T>&);
   template <class Op>
   void learn_backward() {
