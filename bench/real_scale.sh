@@ -27,7 +27,7 @@
 # untimed warm-up, then N timed repetitions. The table's figure is the median
 # over all rounds' repetitions. PyTorch runs with OMP_WAIT_POLICY=passive: on
 # this shared 2-core machine its OpenMP workers otherwise spin for the
-# core the other worker needs (grad's pool spins 2000 pauses, then sleeps).
+# core the other worker needs (grad's pool spins about half a millisecond, then sleeps).
 # Run from the repository root; needs the build directory configured
 # (meson setup), python3 with torch, node 20 and npm.
 set -eu

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdlib>
@@ -410,6 +411,28 @@ TEST_CASE("set_num_threads: 0 means one per hardware thread, and 1 restores the 
   CHECK(num_threads() == 2);
   set_num_threads(1);
   CHECK(num_threads() == 1);
+}
+
+// The pool deals each job's parts out in contiguous shares, one per thread,
+// and a thread that is done with its own helps with the others': whatever
+// the count of parts (fewer than the threads, not a multiple of them, one
+// per thread, many), every part runs exactly once, and jobs issued back to
+// back (the workers spinning or asleep between them) never mix.
+TEST_CASE("parallel_for: every part exactly once, for any count of parts and threads") {
+  for (const std::size_t threads : {2, 3, 4}) {
+    set_num_threads(threads);
+    for (const std::size_t parts : {2, 3, 4, 5, 7, 8, 12, 13, 64, 1000}) {
+      std::vector<std::atomic<int>> runs(parts);
+      struct Job {
+        std::vector<std::atomic<int>>* runs;
+      } job{&runs};
+      for (int repeat = 0; repeat < 50; ++repeat)
+        parallel_for(parts, [](void* c, std::size_t p) { (*static_cast<Job*>(c)->runs)[p].fetch_add(1); }, &job);
+      INFO("threads ", threads, " parts ", parts);
+      CHECK(std::all_of(runs.begin(), runs.end(), [](const std::atomic<int>& r) { return r.load() == 50; }));
+    }
+  }
+  set_num_threads(1);
 }
 
 // parallel_each gives every item its own part; a kernel called inside a part

@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <type_traits>
@@ -63,7 +65,8 @@ class Pool {
     // A worker starts from the generation current now, not from whatever it
     // reads once scheduled: a job published before then is still its to see.
     const std::uint32_t start = generation_.load(std::memory_order_relaxed);
-    for (std::size_t i = 1; i < threads; ++i) workers_.emplace_back([this, start] { worker_loop(start); });
+    shares_ = std::make_unique<Share[]>(threads);
+    for (std::size_t i = 1; i < threads; ++i) workers_.emplace_back([this, start, i] { worker_loop(start, i); });
   }
 
   // Calls fn(context, part) once for every part in [0, parts), spread over
@@ -80,62 +83,95 @@ class Pool {
     }
     fn_ = fn;
     context_ = context;
+    parts_ = static_cast<std::uint32_t>(parts);
     done_.store(0, std::memory_order_relaxed);
     job_ = (job_ + 1) & 0xffffffffu;
-    ticket_.store(job_ << 32 | std::uint64_t{parts} << 16, std::memory_order_release);
+    // Thread i's share: the contiguous parts [i * parts / n, (i + 1) * parts / n).
+    const std::size_t n = size();
+    for (std::size_t i = 0; i < n; ++i)
+      shares_[i].value.store(job_ << 32 | std::uint64_t{i * parts / n} << 16 | (i + 1) * parts / n,
+                             std::memory_order_release);
     generation_.fetch_add(1, std::memory_order_release);
     generation_.notify_all();
-    take_parts();
+    take_parts(0);
     // Only parts are waited for, not workers: one that wakes late finds the
-    // ticket used up (or a later job's) and goes back to sleep.
+    // shares used up (or a later job's) and goes back to sleep.
     const auto all = static_cast<std::uint32_t>(parts);
-    for (int spin = 0; spin < spin_limit && done_.load(std::memory_order_acquire) != all; ++spin) spin_pause();
+    spin_until([&] { return done_.load(std::memory_order_acquire) == all; });
     for (std::uint32_t d; (d = done_.load(std::memory_order_acquire)) != all;) done_.wait(d, std::memory_order_acquire);
   }
 
  private:
-  // Spinning a little before sleeping keeps back-to-back kernels from paying
-  // a futex wake-up each; about 100 microseconds on current x86 cores.
-  static constexpr int spin_limit = 2000;
   static constexpr std::size_t max_parts = 0xffff;
 
-  // The ticket packs job id (32 bits), part count and next part (16 each):
-  // claiming a part is one compare-exchange that also proves the job is
-  // still live, so fn_ and context_ (written before the ticket) are its own.
-  void take_parts() {
-    std::uint64_t t = ticket_.load(std::memory_order_acquire);
-    for (;;) {
-      const std::uint64_t next = t & 0xffff, parts = t >> 16 & 0xffff;
-      if (next >= parts) return;
-      if (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
-      in_part() = true;
-      fn_(context_, static_cast<std::size_t>(next));
-      in_part() = false;
-      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == parts) done_.notify_one();
-      t = ticket_.load(std::memory_order_acquire);
+  // Spins until ready() or for about spin_time, whichever comes first:
+  // waiting this long before sleeping keeps the kernels of a training step,
+  // and the short serial stretches between them, from paying a futex wake-up
+  // each. On a 2-core virtual machine (Zen 5) the workers slept 800 times a
+  // step of the 209M-parameter LoRA finetune with 40 us of spinning, 100
+  // times with 400 us, and the step took ~4 % less (median of 5 interleaved
+  // rounds). A time, not a count: a pause lasts 20 ns on Zen 5, 40 on Intel.
+  static constexpr std::chrono::microseconds spin_time{500};
+  template <class Ready>
+  static void spin_until(Ready ready) {
+    const auto deadline = std::chrono::steady_clock::now() + spin_time;
+    for (unsigned i = 1; !ready(); ++i) {
+      spin_pause();
+      if (i % 64 == 0 && std::chrono::steady_clock::now() > deadline) return;
     }
   }
 
-  void worker_loop(std::uint32_t seen) {
+  // A share packs job id (32 bits), next part and end (16 each): claiming a
+  // part is one compare-exchange that also proves the job is still live, so
+  // fn_ and context_ (written before the shares) are its own. A thread runs
+  // its own share first, in order, then helps with the others' from their
+  // next part: the same thread takes the same share of every job of the same
+  // split, so data an elementwise op or a norm wrote stays in the cache of
+  // the core that reads it next (on two cores of a virtual machine, a 2 MB
+  // update split over whichever thread came first ran 8x slower than on one).
+  void take_parts(std::size_t self) {
+    const std::size_t n = size();
+    for (std::size_t k = 0; k < n; ++k) {
+      std::atomic<std::uint64_t>& share = shares_[(self + k) % n].value;
+      std::uint64_t s = share.load(std::memory_order_acquire);
+      for (;;) {
+        const std::uint64_t next = s >> 16 & 0xffff, end = s & 0xffff;
+        if (next >= end) break;
+        if (!share.compare_exchange_weak(s, s + (1u << 16), std::memory_order_acq_rel, std::memory_order_acquire))
+          continue;
+        const std::uint32_t parts = parts_;  // read while the job is surely live
+        in_part() = true;
+        fn_(context_, static_cast<std::size_t>(next));
+        in_part() = false;
+        if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == parts) done_.notify_one();
+        s = share.load(std::memory_order_acquire);
+      }
+    }
+  }
+  void worker_loop(std::uint32_t seen, std::size_t self) {
     for (;;) {
-      for (int spin = 0; spin < spin_limit && generation_.load(std::memory_order_acquire) == seen; ++spin) spin_pause();
+      spin_until([&] { return generation_.load(std::memory_order_acquire) != seen; });
       generation_.wait(seen, std::memory_order_acquire);
       seen = generation_.load(std::memory_order_acquire);
       if (stop_.load(std::memory_order_relaxed)) return;
-      take_parts();
+      take_parts(self);
     }
   }
 
   std::vector<std::thread> workers_;
   std::mutex run_mutex_;
   std::atomic<std::uint32_t> generation_{0};  // bumped to wake the workers
-  std::atomic<std::uint64_t> ticket_{0};
+  struct alignas(64) Share {                  // a cache line each: claims on one do not slow the others'
+    std::atomic<std::uint64_t> value{0};
+  };
+  std::unique_ptr<Share[]> shares_ = std::make_unique<Share[]>(1);
   std::atomic<std::uint32_t> done_{0};  // parts of the current job finished
   std::atomic<bool> stop_{false};
   std::uint64_t job_ = 0;  // only the caller of run() touches it
-  // The published job: written before the ticket (release), read after a
+  // The published job: written before the shares (release), read after a
   // part of it was claimed (acquire).
   PartFn fn_ = nullptr;
+  std::uint32_t parts_ = 0;
   void* context_ = nullptr;
 };
 
