@@ -659,6 +659,19 @@ TEST_CASE("the attention layout tags (heads_major, rope_heads_major, rows_major)
       check_rope_bits<float>(2, 3, t, hd);
       check_rope_bits<float>(1, 1, t, hd);
     }
+  // Still on 3 threads: heads of t * hd past the elementwise grain, which
+  // the layout copies and the rotation split over the pool (8 heads, 4 parts).
+  check_rope_bits<float>(2, 4, 64, 256);
+  check_rope_bits<double>(2, 4, 64, 256);
+  // And reshape's copies, split the same way: the value is the input's bits,
+  // the gradient the upstream gradient's.
+  Rng rng(3);
+  const Tensor<float> m = random_tensor<float>({300, 257}, rng), w = random_tensor<float>({257, 300}, rng);
+  Tape<float> tp;
+  Var<float> vm = tp.param(m), y = reshape(vm, {257, 300});
+  REQUIRE(tp.backward(grad::sum(y * tp.constant(w))));
+  CHECK(bitwise_equal<float>({tp.value(y).begin(), tp.value(y).end()}, m.data()));
+  CHECK(bitwise_equal<float>({tp.grad(vm).begin(), tp.grad(vm).end()}, w.data()));
   set_num_threads(1);
 }
 

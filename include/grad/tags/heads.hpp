@@ -54,14 +54,23 @@ struct Sizes {
   }
 };
 
+// body(lo, hi) for ranges of the heads [lo, hi) (batch x heads) of a
+// tensor of `count` elements, spread over the pool: runs of different heads
+// write disjoint elements, and a thread takes the same heads every time
+// (parallel.hpp), the heads whose columns its share of the projection
+// before wrote and whose attention it computes after.
+template <class Body>
+inline void over_heads(std::size_t count, const Sizes& z, Body&& body) {
+  parallel_ranges(count / (z.hd * z.t), row_grain(z.t * z.hd), body);
+}
+
 // f(heads_offset, rows_offset, p) for every run of hd elements (one head at
-// one position), heads-major order; p is the position.
+// one position) of the heads [lo, hi), heads-major order; p is the position.
 template <class F>
-inline void each_run(std::size_t count, const Sizes& z, F&& f) {
-  const std::size_t runs = count / z.hd;
-  for (std::size_t bh = 0, k = 0; k < runs; ++bh) {
+inline void each_run(std::size_t lo, std::size_t hi, const Sizes& z, F&& f) {
+  for (std::size_t bh = lo; bh < hi; ++bh) {
     const std::size_t row0 = bh / z.heads * z.t * z.width() + bh % z.heads * z.hd;
-    for (std::size_t p = 0; p < z.t; ++p, ++k) f(k * z.hd, row0 + p * z.width(), p);
+    for (std::size_t p = 0, k = bh * z.t; p < z.t; ++p, ++k) f(k * z.hd, row0 + p * z.width(), p);
   }
 }
 
@@ -101,11 +110,13 @@ struct LayoutCopy {
  private:
   template <bool RowsToHeads, class T>
   static void copy_runs(std::size_t count, const Sizes& z, const T* from, T* to) {
-    each_run(count, z, [&](std::size_t h, std::size_t r, std::size_t) {
-      if constexpr (RowsToHeads)
-        std::copy_n(from + r, z.hd, to + h);
-      else
-        std::copy_n(from + h, z.hd, to + r);
+    over_heads(count, z, [&](std::size_t lo, std::size_t hi) {
+      each_run(lo, hi, z, [&](std::size_t h, std::size_t r, std::size_t) {
+        if constexpr (RowsToHeads)
+          std::copy_n(from + r, z.hd, to + h);
+        else
+          std::copy_n(from + h, z.hd, to + r);
+      });
     });
   }
 };
@@ -217,20 +228,22 @@ struct RopeHeadsMajor {
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
     const heads_detail::Sizes z = sizes(x);
     const std::size_t half = z.hd / 2, plane = z.t * z.hd;
-    with_best_isa([&](auto width) {
-      using P = pack_for<T, VectorWidth<std::min<std::size_t>(decltype(width)::bytes, 32)>>;
-      using namespace kernels_detail;
-      heads_detail::each_run(x.out.size(), z, [&](std::size_t h, std::size_t r, std::size_t p) {
-        const T* lo = x.a.data + r;
-        const T* hi = lo + half;
-        const T* cos = x.b.data + p * z.hd;
-        const T* sin = cos + plane;
-        T* out = y + h;
-        for_packs<P, T>(half, [&](std::size_t i, auto v) {
-          using V = decltype(v);
-          const V l = load_as<V>(lo + i), u = load_as<V>(hi + i);
-          store_as(l * load_as<V>(cos + i) + (-u) * load_as<V>(sin + i), out + i);
-          store_as(u * load_as<V>(cos + half + i) + l * load_as<V>(sin + half + i), out + half + i);
+    heads_detail::over_heads(x.out.size(), z, [&](std::size_t h0, std::size_t h1) {
+      with_best_isa([&](auto width) {
+        using P = pack_for<T, VectorWidth<std::min<std::size_t>(decltype(width)::bytes, 32)>>;
+        using namespace kernels_detail;
+        heads_detail::each_run(h0, h1, z, [&](std::size_t h, std::size_t r, std::size_t p) {
+          const T* lo = x.a.data + r;
+          const T* hi = lo + half;
+          const T* cos = x.b.data + p * z.hd;
+          const T* sin = cos + plane;
+          T* out = y + h;
+          for_packs<P, T>(half, [&](std::size_t i, auto v) {
+            using V = decltype(v);
+            const V l = load_as<V>(lo + i), u = load_as<V>(hi + i);
+            store_as(l * load_as<V>(cos + i) + (-u) * load_as<V>(sin + i), out + i);
+            store_as(u * load_as<V>(cos + half + i) + l * load_as<V>(sin + half + i), out + half + i);
+          });
         });
       });
     });
@@ -242,20 +255,22 @@ struct RopeHeadsMajor {
     } else {
       const heads_detail::Sizes z = sizes(x);
       const std::size_t half = z.hd / 2, plane = z.t * z.hd;
-      with_best_isa([&](auto width) {
-        using P = pack_for<T, VectorWidth<std::min<std::size_t>(decltype(width)::bytes, 32)>>;
-        using namespace kernels_detail;
-        heads_detail::each_run(x.out.size(), z, [&](std::size_t h, std::size_t r, std::size_t p) {
-          const T* lo = g + h;
-          const T* hi = lo + half;
-          const T* cos = x.b.data + p * z.hd;
-          const T* sin = cos + plane;
-          T* out = dx + r;
-          for_packs<P, T>(half, [&](std::size_t i, auto v) {
-            using V = decltype(v);
-            const V l = load_as<V>(lo + i), u = load_as<V>(hi + i);
-            store_as((l * load_as<V>(cos + i) + u * load_as<V>(sin + half + i)) + V(T(0)), out + i);
-            store_as((u * load_as<V>(cos + half + i) + -(l * load_as<V>(sin + i))) + V(T(0)), out + half + i);
+      heads_detail::over_heads(x.out.size(), z, [&](std::size_t h0, std::size_t h1) {
+        with_best_isa([&](auto width) {
+          using P = pack_for<T, VectorWidth<std::min<std::size_t>(decltype(width)::bytes, 32)>>;
+          using namespace kernels_detail;
+          heads_detail::each_run(h0, h1, z, [&](std::size_t h, std::size_t r, std::size_t p) {
+            const T* lo = g + h;
+            const T* hi = lo + half;
+            const T* cos = x.b.data + p * z.hd;
+            const T* sin = cos + plane;
+            T* out = dx + r;
+            for_packs<P, T>(half, [&](std::size_t i, auto v) {
+              using V = decltype(v);
+              const V l = load_as<V>(lo + i), u = load_as<V>(hi + i);
+              store_as((l * load_as<V>(cos + i) + u * load_as<V>(sin + half + i)) + V(T(0)), out + i);
+              store_as((u * load_as<V>(cos + half + i) + -(l * load_as<V>(sin + i))) + V(T(0)), out + half + i);
+            });
           });
         });
       });
