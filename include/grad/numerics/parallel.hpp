@@ -161,7 +161,9 @@ class Pool {
   std::vector<std::thread> workers_;
   std::mutex run_mutex_;
   std::atomic<std::uint32_t> generation_{0};  // bumped to wake the workers
-  struct alignas(64) Share {                  // a cache line each: claims on one do not slow the others'
+  // One thread's share of the current job; a cache line each, so that claims
+  // on one do not slow the others'.
+  struct alignas(64) Share {
     std::atomic<std::uint64_t> value{0};
   };
   std::unique_ptr<Share[]> shares_ = std::make_unique<Share[]>(1);
