@@ -10,7 +10,7 @@
 # (-std=c++20 -ffp-contract=off -Wno-psabi [-DGRAD_COMPILED_KERNELS]),
 # at -O2 and -O3, with and without -march=native, header-only and compiled
 # kernels. With TORCH_ROOT set (a libtorch-dev tree: include/ and the
-# libtorch .so files, see bench/RESULTS.md) bench/peer_libtorch.cpp is also
+# libtorch .so files, see bench/HISTORY.md) bench/peer_libtorch.cpp is also
 # built at a consumer's -O2 (header-only): grad's A step beside libtorch's
 # in one binary. Runs are pinned (PIN, default cpu 1), interleaved in
 # rounds, and every figure is CPU time; the summary prints medians over

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Workloads B and A and tinylm data-parallel, 1 rank against 2 ranks in the same run
-# (bench/RESULTS.md, "grad::dist"): rounds alternate the configurations so
+# (bench/HISTORY.md, "grad::dist"): rounds alternate the configurations so
 # that a change in the machine's load hits all of them alike.
 #   bench/dist_scaling.sh [BUILD_DIR] [ROUNDS] [STEPS]
 # Needs bench_dist (built when Open MPI and Google Benchmark are found).

@@ -73,7 +73,7 @@ done
 
 # Threads: odd ranks with 2 threads, even ranks with 1, still the reference's bits. (The autoencoder's
 # element loops and products stay below the pool's thresholds, so this checks the plumbing; workload B,
-# whose products are split, agrees across threads and ranks in bench_dist's checksums: bench/RESULTS.md.)
+# whose products are split, agrees across threads and ranks in bench_dist's checksums: bench/HISTORY.md, issue 13.)
 if timeout 120 $mpirun_cmd -np 3 "$bin" --model ae --threads 2 --out ae.threads >ae.threads.log 2>&1 &&
   cmp -s ae.ref ae.threads.rank0 && cmp -s ae.ref ae.threads.rank1 && cmp -s ae.ref ae.threads.rank2; then
   ok "ae on 3 ranks, rank 1 with 2 threads: bitwise equal to the reference"
