@@ -15,7 +15,9 @@
 #  3. pkg-config: an installed copy (meson install of build/, else a lean
 #     build of its libraries) and one small program per .pc file: grad,
 #     grad-kernels, grad-device, grad-dist (when Open MPI is there), grad-hf
-#     (when nlohmann-json and PCRE2 are).
+#     (when nlohmann-json and PCRE2 are); and the CMake package: a CMake
+#     project (test/consumer/cmake) that finds the copy with
+#     find_package(grad CONFIG), builds and runs.
 # usage: scripts/config-matrix.sh [sweep|rows|pkgconfig]...  (default: all)
 set -eu
 cd "$(dirname "$0")/.."
@@ -216,13 +218,60 @@ CPP
     start=$(date +%s)
     # shellcheck disable=SC2046
     if ${CXX:-c++} -std=c++20 -O1 $(pkg-config --cflags $pc) "$prog" -o "$work/pc-$pc" $(pkg-config --libs $pc) \
-        >"$work/pc-$pc.log" 2>&1 && "$work/pc-$pc" >/dev/null; then
+        >"$work/pc-$pc.log" 2>&1 && "$work/pc-$pc" >"$work/pc-$pc.out"; then
       echo "config-matrix: pkg-config $pc: built and ran in $(($(date +%s) - start)) s"
     else
       cat "$work/pc-$pc.log"; fail "pkg-config $pc"
     fi
   done
+  cmake_package
   unset PKG_CONFIG_PATH
+}
+
+# The CMake package (gradConfig.cmake, cmake/): test/consumer/cmake, configured
+# by Debian's cmake with CMAKE_PREFIX_PATH at the staged copy (not the prefix
+# grad was configured with: the config file must find its files from its own
+# location), built at -O2 and run: a program that links grad::kernels (and
+# grad::hf), and one that links grad::device, where the .pc files say grad has them.
+cmake_package() {
+  command -v cmake >/dev/null || { fail "cmake: not installed (scripts/setup.sh installs it)"; return; }
+  start=$(date +%s)
+  stage=$(sed -n 's/^prefix=//p' "$work/pc/grad.pc")  # the stage's prefix, stage-pc.sh's
+  dir=$work/cmake-consumer
+  rm -rf "$dir"
+  if ! cmake -S "$src/test/consumer/cmake" -B "$dir" -G Ninja -DCMAKE_PREFIX_PATH="$stage" \
+      -DCMAKE_CXX_FLAGS="-O2 -Wall -Wextra -Werror" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >"$dir.log" 2>&1 ||
+      ! ninja -C "$dir" -j "$jobs" >>"$dir.log" 2>&1; then
+    cat "$dir.log"; fail "cmake: find_package(grad) consumer did not configure or build"; return
+  fi
+  # What each program must print: the gradients, and for hf and device what
+  # their pkg-config programs say (grad::hf and grad::device exist exactly when their .pc files do).
+  { echo "kernels: grad 66 88"
+    if pkg-config --exists grad-hf; then echo "hf: byte 0x20 is U+0120"; fi
+  } >"$dir.want"
+  "$dir/consumer" >"$dir.got" 2>&1 || true
+  if pkg-config --exists grad-device; then
+    cat "$work/pc-grad-device.out" >>"$dir.want"
+    "$dir/consumer-device" >>"$dir.got" 2>&1 || true
+  fi
+  if ! cmp -s "$dir.want" "$dir.got"; then
+    diff "$dir.want" "$dir.got"; fail "cmake: the find_package(grad) programs printed the above (< expected, > got)"; return
+  fi
+  # The targets' flags, on every unit: the stage's include directory (not the
+  # configured prefix's), grad.pc's -ffp-contract=off, and GRAD_COMPILED_KERNELS where grad::kernels is linked.
+  python3 - "$dir/compile_commands.json" "$stage/" <<'PY' || { fail "cmake: a unit lacks grad's flags (above)"; return; }
+import json, sys
+bad = 0
+for c in json.load(open(sys.argv[1])):
+    args = c["command"].split()
+    inc = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-I", "-isystem")]
+    want_kernels = c["file"].endswith("/consumer.cpp")
+    if (not any(i.startswith(sys.argv[2]) for i in inc) or "-ffp-contract=off" not in args
+            or ("-DGRAD_COMPILED_KERNELS" in args) != want_kernels):
+        print(c["file"], inc, args); bad = 1
+sys.exit(bad)
+PY
+  echo "config-matrix: cmake: find_package(grad) consumer ($(grep -c . "$dir.want") checks) built and ran in $(($(date +%s) - start)) s"
 }
 
 mkdir -p "$work"
