@@ -5,6 +5,7 @@
 // every refusal leaving nothing behind. test/llama_cpp/ runs the files
 // through llama.cpp itself.
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 
 #include <grad/hf/gguf.hpp>
 #include <grad/lm.hpp>
@@ -425,4 +426,29 @@ TEST_CASE(
   CHECK_FALSE(r.ok());
   CHECK(r.error.find("cannot create a temporary file") != std::string::npos);
   CHECK(nothing_left(dir));
+}
+
+TEST_CASE("write_gguf refuses an output path that is a FIFO or a device instead of replacing it") {
+  // The rename that puts a written file in place replaces whatever the path
+  // names: as root, export to /dev/null would have destroyed /dev/null.
+  ScratchDir dir("gguf");
+  Tape<float> tp;
+  nn::Lm<float> m(tp, small(257), 5);
+  const hf::BpeVocab vocab = hf::byte_level_vocab({"<|endoftext|>"});
+  const std::string fifo = dir.file("fifo.gguf"), null_link = dir.file("null.gguf");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  std::filesystem::create_symlink("/dev/null", null_link);
+  for (const auto& [path, what] : {std::pair{fifo, "it is a FIFO"}, std::pair{null_link, "it is a character device"}}) {
+    const ModelFileResult r = hf::write_gguf(path, m, vocab);
+    CAPTURE(r.error);
+    CHECK_FALSE(r.ok());
+    CHECK(r.error.find("grad: GGUF '" + path + "': " + what + ", and only a regular file is replaced") == 0);
+  }
+  CHECK(std::filesystem::is_fifo(fifo));
+  CHECK(std::filesystem::is_symlink(null_link));
+  CHECK(std::filesystem::is_character_file(null_link));
+  CHECK(std::distance(std::filesystem::directory_iterator(dir.dir), {}) == 2);  // no temporary left behind
+  // A regular file is replaced as before.
+  write_bytes(dir.file("m.gguf"), {1, 2, 3});
+  CHECK(hf::write_gguf(dir.file("m.gguf"), m, vocab).ok());
 }

@@ -3,10 +3,14 @@
 // float64 PyTorch reference of test/oracle/hf_oracle.py (logits, loss, LoRA
 // gradients), PEFT adapters in and out, merge and export.
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <future>
 #include <map>
 #include <grad/hf/model.hpp>
 #include <grad/hf/safetensors.hpp>
@@ -32,10 +36,10 @@ std::string refusal(F&& f) {
   }
   return "";
 }
-void expect_refused(const std::string& message, std::initializer_list<const char*> fragments) {
+void expect_refused(const std::string& message, std::initializer_list<std::string> fragments) {
   CAPTURE(message);
   REQUIRE_FALSE(message.empty());
-  for (const char* f : fragments) CHECK(message.find(f) != std::string::npos);
+  for (const std::string& f : fragments) CHECK(message.find(f) != std::string::npos);
 }
 
 std::string slurp_text(const std::string& path) {
@@ -212,7 +216,7 @@ TEST_CASE("a safetensors header is checked before anything is read through it") 
   write_raw(p, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8, 1000);
   expect_refused(open(), {"bad.safetensors", "header of 1000 bytes runs past the file's end"});
   write_raw(p, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 4);
-  expect_refused(open(), {"tensor 'a'", "[0, 8]", "outside the 4 data bytes"});
+  expect_refused(open(), {"truncated: the header says 8 data bytes", "tensor 'a'", "[0, 8]", "the file has 4"});
   write_raw(p, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
             12);
   expect_refused(open(), {"tensors 'a' and 'b' overlap"});
@@ -225,7 +229,7 @@ TEST_CASE("a safetensors header is checked before anything is read through it") 
   write_raw(p, R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}})", 4);
   expect_refused(open(), {"tensor 'a'", "overflows"});
   write_raw(p, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", 4);
-  expect_refused(open(), {"tensor 'a'", "[4, 0]"});
+  expect_refused(open(), {"tensor 'a'", "[4, 0] end before they begin"});
   write_raw(p, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8);
   expect_refused(open(), {"tensor 'a'", "twice"});
   write_raw(p, "{not json", 0);
@@ -234,7 +238,7 @@ TEST_CASE("a safetensors header is checked before anything is read through it") 
   expect_refused(open(), {"not a JSON object"});
   expect_refused(refusal([&] { hf::SafetensorsFile f(dir.file("absent.safetensors")); }), {"absent.safetensors", "cannot open"});
   REQUIRE(::mkfifo(dir.file("fifo").c_str(), 0600) == 0);  // refused, not waited on
-  expect_refused(refusal([&] { hf::SafetensorsFile f(dir.file("fifo")); }), {"fifo", "not a regular file"});
+  expect_refused(refusal([&] { hf::SafetensorsFile f(dir.file("fifo")); }), {"fifo", "is a FIFO, not a regular file"});
   // A double that is not a float value is never rounded into a float.
   const std::vector<double> x = {0.1};
   const std::vector<hf::TensorOut<double>> out = {{"x", {1}, x}};
@@ -542,7 +546,7 @@ TEST_CASE("a checkpoint that disagrees with config.json is refused by file and t
   write_text(d + "/config.json", "{\"architectures\": [");
   expect_refused(refusal([&] { hf::read_config(d); }), {"config.json", "not JSON"});
   std::filesystem::remove(d + "/config.json");
-  expect_refused(refusal([&] { hf::read_config(d); }), {"config.json", "cannot be read"});
+  expect_refused(refusal([&] { hf::read_config(d); }), {"config.json", "cannot open", "No such file"});
   // An index that points outside the directory.
   write_text(d + "/model.safetensors.index.json", R"({"weight_map": {"model.norm.weight": "../elsewhere.safetensors"}})");
   expect_refused(load(), {"index.json", "model.norm.weight", "a file name in the directory"});
@@ -773,4 +777,196 @@ TEST_CASE("a BF16 or F16 checkpoint loads into a 16-bit base bit for bit, and wr
                          hf::Error);
     CHECK(std::equal(kept.begin(), kept.end(), up.begin()));
   }
+}
+
+// ------------------------------------------------------ hostile input files --
+
+namespace {
+
+// `depth` arrays, one inside the next, around a 0.
+std::string nested(std::size_t depth) { return std::string(depth, '[') + "0" + std::string(depth, ']'); }
+
+// j's JSON with its "DEEP" string replaced by a value 200,000 arrays deep (400 KB).
+std::string deepened(const json& j) {
+  std::string text = j.dump();
+  text.replace(text.find("\"DEEP\""), 6, nested(200000));
+  return text;
+}
+
+// [1,1,...]: a shallow value of 200 KB.
+std::string many_ones() {
+  std::string s = "[1";
+  for (int i = 0; i < 100000; ++i) s += ",1";
+  return s + "]";
+}
+
+// f() run while this process holds the FIFO open for writing as well: a
+// reader that waited on it (opened it blocking, read to its end) returns
+// once the writer is closed, after 10 s, instead of hanging the suite.
+// Whether f returned before then.
+template <class F>
+bool returns_at_once_beside_fifo(const std::string& fifo, F&& f) {
+  const int writer = ::open(fifo.c_str(), O_RDWR | O_NONBLOCK);
+  REQUIRE(writer >= 0);
+  auto running = std::async(std::launch::async, std::forward<F>(f));
+  const bool returned = running.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  ::close(writer);
+  running.get();
+  return returned;
+}
+
+}  // namespace
+
+TEST_CASE("a safetensors header nested past 64 levels is refused before it is parsed; values are quoted cut short") {
+  ScratchDir dir("hf");
+  const std::string p = dir.file("deep.safetensors");
+  auto open = [&] { return refusal([&] { hf::SafetensorsFile f(p); }); };
+  // Dumped into the message, a shape or data_offsets 200,000 deep overflowed the stack.
+  write_raw(p, R"({"a":{"dtype":"F32","shape":)" + nested(200000) + R"(,"data_offsets":[0,4]}})", 4);
+  expect_refused(open(), {"deep.safetensors", "the header: arrays and objects nest deeper than 64 levels (at byte"});
+  write_raw(p, R"({"a":{"dtype":"F32","shape":[1],"data_offsets":)" + nested(200000) + "}}", 4);
+  expect_refused(open(), {"deep.safetensors", "nest deeper than 64 levels"});
+  // Within the bound, the shape is read (and refused: not sizes).
+  write_raw(p, R"({"a":{"dtype":"F32","shape":)" + nested(60) + R"(,"data_offsets":[0,4]}})", 4);
+  expect_refused(open(), {"tensor 'a': shape [[[", "holds something other than a size"});
+  // A long value or name is quoted in a few hundred bytes.
+  write_raw(p, R"({"a":{"dtype":"F32","shape":)" + many_ones() + R"(,"data_offsets":[0,4]}})", 4);
+  std::string message = open();
+  expect_refused(message, {"tensor 'a': shape [1,1,1,", "... (cut) is not an array of at most 8 sizes"});
+  CHECK(message.size() < 600);
+  write_raw(p, "{\"" + std::string(1 << 20, 'n') + R"(":{"dtype":"I8","shape":[1],"data_offsets":[0,1]}})", 4);
+  message = open();
+  expect_refused(message, {"tensor 'nnnn", "... (1048576 bytes)'", "dtype 'I8'"});
+  CHECK(message.size() < 600);
+}
+
+TEST_CASE("config.json, adapter_config.json and an index nested past 64 levels are refused; values are quoted cut short") {
+  ScratchDir dir("hf");
+  const std::string d = dir.file("m"), ad = dir.file("adapter");
+  const Checkpoint c{hf::Architecture::qwen2, hf::Dtype::f32, true, false, 0};
+  write_checkpoint(d, c, 3);
+  const hf::ModelInfo info = hf::read_config(d);
+  json cfg = config_json(c);
+  cfg["rope_scaling"] = "DEEP";
+  write_text(d + "/config.json", deepened(cfg));
+  expect_refused(refusal([&] { hf::read_config(d); }), {"config.json", "arrays and objects nest deeper than 64 levels"});
+  cfg = config_json(c);
+  cfg["rope_scaling"] = json::parse(many_ones());
+  write_text(d + "/config.json", cfg.dump());
+  std::string message = refusal([&] { hf::read_config(d); });
+  expect_refused(message, {"config.json", "rope_scaling [1,1,1,", "... (cut): grad's RoPE has no scaling"});
+  CHECK(message.size() < 600);
+  write_text(d + "/config.json", config_json(c).dump());
+
+  json index = json::parse(slurp_text(d + "/model.safetensors.index.json"));
+  const json good_index = index;
+  index["weight_map"]["model.norm.weight"] = "DEEP";
+  write_text(d + "/model.safetensors.index.json", deepened(index));
+  Tape<float> tp;
+  nn::Lm<float> m(tp, info.config, 1);
+  expect_refused(refusal([&] { hf::load_weights(d, m); }), {"index.json", "nest deeper than 64 levels"});
+  index = good_index;
+  index["weight_map"]["model.norm.weight"] = json::parse(many_ones());
+  write_text(d + "/model.safetensors.index.json", index.dump());
+  message = refusal([&] { hf::load_weights(d, m); });
+  expect_refused(message, {"index.json", "'model.norm.weight' maps to [1,1,1,", "... (cut) (expected a file name"});
+  CHECK(message.size() < 600);
+
+  std::filesystem::create_directories(ad);
+  json adapter = {{"peft_type", "LORA"}, {"r", 4}, {"lora_alpha", 8}, {"target_modules", "DEEP"}};
+  write_text(ad + "/adapter_config.json", deepened(adapter));
+  expect_refused(refusal([&] { hf::read_adapter_config(ad); }), {"adapter_config.json", "nest deeper than 64 levels"});
+}
+
+TEST_CASE("a safetensors file truncated after it was opened is an hf::Error saying so, never SIGBUS") {
+  // Read through a mapping, a page past the new end raised SIGBUS and killed the process.
+  ScratchDir dir("hf");
+  const std::string p = dir.file("cut.safetensors");
+  const std::vector<double> values(1 << 16, 0.5);  // 256 KB of F32: many pages past the cut
+  const std::vector<hf::TensorOut<double>> out = {{"big", {values.size()}, values}};
+  hf::write_safetensors<double>(p, out, hf::Dtype::f32);
+  const hf::SafetensorsFile f(p);
+  const hf::TensorInfo& t = *f.find("big");
+  std::filesystem::resize_file(p, std::filesystem::file_size(p) / 2);  // rewritten in place by another program
+  std::vector<float> into(values.size());
+  expect_refused(refusal([&] { f.read(t, std::span<float>(into)); }),
+                 {"cut.safetensors", "tensor 'big'", "truncated", "the file now ends at byte"});
+  std::vector<std::uint16_t> bits(values.size());
+  expect_refused(refusal([&] { f.read_bits(t, Storage::bf16, std::span<std::uint16_t>(bits)); }), {"truncated"});
+  expect_refused(refusal([&] { f.check_read(t, Storage::bf16); }), {"truncated"});
+}
+
+TEST_CASE("a tensor of zero bytes overlaps nothing, whatever its offsets and its name") {
+  ScratchDir dir("hf");
+  const std::string p = dir.file("empty.safetensors");
+  // "z" sorts after "b", which starts where z points: it was refused as overlapping b.
+  for (const char* name : {"z", "0"}) {
+    CAPTURE(name);
+    const std::string zero = std::string("\"") + name + R"(":{"dtype":"F32","shape":[0],"data_offsets":[8,8]})";
+    write_raw(p, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},)" +
+                     zero + "}",
+              16);
+    CHECK(refusal([&] { hf::SafetensorsFile f(p); }).empty());
+  }
+  // Inside another tensor's bytes, and of shape [0, 5].
+  write_raw(p, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"e":{"dtype":"BF16","shape":[0,5],"data_offsets":[4,4]}})", 8);
+  const hf::SafetensorsFile f(p);
+  CHECK(f.find("e")->elements == 0);
+  std::vector<float> none;
+  f.read(*f.find("e"), std::span<float>(none));
+}
+
+TEST_CASE("save_pretrained reads the files it copies before it writes: a FIFO or a device among them is refused") {
+  ScratchDir dir("hf");
+  const std::string d = dir.file("m"), out = dir.file("out");
+  write_checkpoint(d, {hf::Architecture::qwen2, hf::Dtype::f32, false, false, 0}, 4);
+  Tape<float> tp;
+  nn::Lm<float> m(tp, hf::read_config(d).config, 1);
+  write_text(d + "/tokenizer.json", "{}");
+  hf::SaveOptions options;
+  options.copy_from = d;
+  // A merges.txt that is a FIFO hung the copy, leaving model.safetensors without config.json.
+  REQUIRE(::mkfifo((d + "/merges.txt").c_str(), 0600) == 0);
+  std::string message;
+  REQUIRE(returns_at_once_beside_fifo(d + "/merges.txt",
+                                      [&] { message = refusal([&] { hf::save_pretrained(out, m, options); }); }));
+  expect_refused(message, {"cannot copy '" + d + "/merges.txt': is a FIFO, not a regular file", "nothing written"});
+  CHECK_FALSE(std::filesystem::exists(out));
+  std::filesystem::remove(d + "/merges.txt");
+  // /dev/zero grew memory without bound.
+  std::filesystem::create_symlink("/dev/zero", d + "/tokenizer_config.json");
+  expect_refused(refusal([&] { hf::save_pretrained(out, m, options); }),
+                 {"tokenizer_config.json': is a character device, not a regular file", "nothing written"});
+  CHECK_FALSE(std::filesystem::exists(out));
+  std::filesystem::remove(d + "/tokenizer_config.json");
+  hf::save_pretrained(out, m, options);
+  CHECK(slurp_text(out + "/tokenizer.json") == "{}");
+}
+
+TEST_CASE("the safetensors and Hugging Face writers refuse an output path that is a FIFO or a device") {
+  // Renamed over it, a FIFO or a device node (as root, /dev/null) became a regular file.
+  ScratchDir dir("hf");
+  const std::string fifo = dir.file("fifo.safetensors"), null_link = dir.file("null.json");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  std::filesystem::create_symlink("/dev/null", null_link);
+  const std::vector<double> x = {1, 2};
+  const std::vector<hf::TensorOut<double>> tensors = {{"x", {2}, x}};
+  expect_refused(refusal([&] { hf::write_safetensors<double>(fifo, tensors, hf::Dtype::f32); }),
+                 {"cannot write '" + fifo + "': it is a FIFO, and only a regular file is replaced", "nothing written"});
+  expect_refused(refusal([&] { hf::write_file_atomically(null_link, "{}"); }),
+                 {"cannot write '" + null_link + "': it is a character device"});
+  CHECK(std::filesystem::is_fifo(fifo));
+  CHECK(std::filesystem::is_character_file(null_link));
+  // save_pretrained checks every output path before it writes one: no model.safetensors beside a FIFO config.json.
+  const std::string out = dir.file("out");
+  std::filesystem::create_directories(out);
+  REQUIRE(::mkfifo((out + "/config.json").c_str(), 0600) == 0);
+  const Checkpoint c{hf::Architecture::llama, hf::Dtype::f32, false, false, 0};
+  write_checkpoint(dir.file("m"), c, 6);
+  Tape<float> tp;
+  nn::Lm<float> m(tp, hf::read_config(dir.file("m")).config, 1);
+  expect_refused(refusal([&] { hf::save_pretrained(out, m); }), {"config.json': it is a FIFO", "nothing written"});
+  CHECK_FALSE(std::filesystem::exists(out + "/model.safetensors"));
+  CHECK(std::filesystem::is_fifo(out + "/config.json"));
+  CHECK(std::distance(std::filesystem::directory_iterator(dir.dir), {}) == 4);  // no temporary left behind
 }

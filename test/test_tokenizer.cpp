@@ -5,10 +5,17 @@
 // clear error for every kind of bad file. test/hf/tokenizer_oracle.sh
 // compares real vocabularies with reference implementations.
 #include <doctest/doctest.h>
+#include <fcntl.h>
+#include <malloc.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <grad/hf/gguf.hpp>
 #include <grad/hf/tokenizer.hpp>
 
+#include <chrono>
 #include <filesystem>
+#include <future>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -288,7 +295,7 @@ TEST_CASE("a bad tokenizer.json is refused naming the file, the field and what w
   CHECK_THROWS_WITH_AS(Tokenizer::from_json("{\"model\": \"\xFF\"}", "bad.json"),
                        doctest::Contains("bad.json: not JSON"), TokenizerError);
   CHECK_THROWS_WITH_AS(Tokenizer::from_file("/nonexistent/tokenizer.json"),
-                       "/nonexistent/tokenizer.json: cannot be opened for reading", TokenizerError);
+                       "/nonexistent/tokenizer.json: cannot open: No such file or directory", TokenizerError);
   refused(json::array(), {"(top level)", "an object"});
   json j = good;
   j.erase("model");
@@ -434,4 +441,159 @@ TEST_CASE("byte_level_tokenizer_json: grad's byte models' tokenizer.json encodes
     CHECK(t.encode(s) == bytes);
     CHECK(t.decode(bytes) == s);
   }
+}
+
+// ------------------------------------------------------ hostile input files --
+
+namespace {
+
+// The message of the TokenizerError f throws ("" when it throws none).
+template <class F>
+std::string tokenizer_error(F&& f) {
+  try {
+    f();
+  } catch (const TokenizerError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// j's JSON with the string "HERE" replaced by `text`.
+std::string with_text(const json& j, const std::string& text) {
+  std::string out = j.dump();
+  out.replace(out.find("\"HERE\""), 6, text);
+  return out;
+}
+
+// `depth` Sequences (of pre-tokenizers or post-processors: `list` names
+// the field), one inside the next, around `inner`.
+std::string nested_sequences(std::size_t depth, const std::string& list, const std::string& inner) {
+  std::string s;
+  for (std::size_t i = 0; i < depth; ++i) s += "{\"type\": \"Sequence\", \"" + list + "\": [";
+  s += inner;
+  for (std::size_t i = 0; i < depth; ++i) s += "]}";
+  return s;
+}
+
+// Bytes malloc has handed out and not had back (glibc: the main arena and mmapped chunks).
+std::size_t heap_in_use() {
+  const struct mallinfo2 m = ::mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
+
+}  // namespace
+
+TEST_CASE("tokenizer.json nested past 64 levels is refused before it is parsed, naming the bound") {
+  // A value 200,000 arrays deep where nothing reads it, and 20,000 nested
+  // Sequences: the reader recursed per level (a stack overflow) and built a
+  // field name that grew per level (443 MB at 5,000).
+  const json j = make({}, "HERE");
+  json truncation = make({}, byte_level()), post = make({}, byte_level());
+  truncation["truncation"] = "HERE";
+  post["post_processor"] = "HERE";
+  for (const std::string& text :
+       {with_text(truncation, std::string(200000, '[') + std::string(200000, ']')),
+        with_text(j, nested_sequences(20000, "pretokenizers", byte_level().dump())),
+        with_text(post, nested_sequences(20000, "processors", "{\"type\": \"ByteLevel\"}"))}) {
+    const std::string message = tokenizer_error([&] { Tokenizer::from_json(text, "deep.json"); });
+    CAPTURE(message);
+    CHECK(message.rfind("deep.json: arrays and objects nest deeper than 64 levels (at byte ", 0) == 0);
+  }
+  // 30 Sequences (62 levels with the file's own) are read, as one ByteLevel.
+  const Tokenizer t = Tokenizer::from_json(with_text(j, nested_sequences(30, "pretokenizers", byte_level().dump())));
+  CHECK(t.encode("Hello world") == load(make({}, byte_level())).encode("Hello world"));
+}
+
+TEST_CASE("a token id far beyond the tokens the file lists is refused, not allocated") {
+  // Ids index dense tables: one id of 2147483647 in a 4 KB file ended in std::bad_alloc.
+  json j = make({}, byte_level());
+  j["added_tokens"] = json::array({{{"id", 2147483647}, {"content", "<big>"}, {"special", true}}});
+  refused(j, {"added_tokens[0].id", "an id below 1538", "257 tokens the file lists", "found 2147483647"});
+  j = make({}, byte_level());
+  j["model"]["vocab"]["zz"] = 2147483647;
+  refused(j, {"model.vocab[\"zz\"]", "an id below 1538", "found 2147483647"});
+  // Holes below the bound are kept as before.
+  j = make({}, byte_level());
+  j["added_tokens"] = json::array({{{"id", 1000}, {"content", "<end>"}, {"special", true}}});
+  const Tokenizer t = load(j);
+  CHECK(t.vocab_size() == 1001);
+  CHECK(t.encode("a<end>") == std::vector<int>{'a', 1000});
+}
+
+TEST_CASE("from_file reads regular files only, to a stated bound: a FIFO, /dev/zero or a directory is refused at once") {
+  const auto dir = std::filesystem::temp_directory_path() / ("grad_test_tokenizer_files_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  // A FIFO blocked the reader forever. A writer is held open here, so that
+  // a reader that does wait returns (at the end of the file) once it is
+  // closed, 10 s on, instead of hanging the suite.
+  const std::string fifo = (dir / "fifo.json").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const int writer = ::open(fifo.c_str(), O_RDWR | O_NONBLOCK);
+  REQUIRE(writer >= 0);
+  auto reading = std::async(std::launch::async, [&] { return tokenizer_error([&] { Tokenizer::from_file(fifo); }); });
+  const bool returned = reading.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  ::close(writer);
+  const std::string message = reading.get();
+  REQUIRE(returned);
+  CHECK(message == fifo + ": is a FIFO, not a regular file");
+  // A symbolic link to /dev/zero was read until memory ran out.
+  std::filesystem::create_symlink("/dev/zero", dir / "zero.json");
+  CHECK_THROWS_WITH_AS(Tokenizer::from_file(dir / "zero.json"),
+                       ((dir / "zero.json").string() + ": is a character device, not a regular file").c_str(),
+                       TokenizerError);
+  CHECK_THROWS_WITH_AS(Tokenizer::from_file(dir), (dir.string() + ": is a directory, not a regular file").c_str(),
+                       TokenizerError);
+  // Past 1 GiB (a sparse file: no disk, and nothing is read).
+  const auto huge = dir / "huge.json";
+  std::ofstream(huge).put('{');
+  std::filesystem::resize_file(huge, (std::uintmax_t{1} << 30) + 1);
+  CHECK_THROWS_WITH_AS(Tokenizer::from_file(huge),
+                       (huge.string() + ": 1073741825 bytes: more than the 1073741824 this reader takes").c_str(),
+                       TokenizerError);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("encode's cache is bounded in bytes, and long pieces are merged each time rather than kept") {
+  const Tokenizer t = load(make({}, nullptr));  // no pre-tokenizer: each text is one piece
+  // 100 distinct 64 KB words: each cached piece kept its bytes and 4 bytes of id per byte (100 distinct 1 MB words kept 244 MB).
+  std::size_t before = heap_in_use();
+  std::string word(64 << 10, 'a');
+  for (int i = 0; i < 100; ++i) {
+    const std::string n = std::to_string(i);
+    word.replace(0, n.size(), n);
+    REQUIRE(t.encode(word).size() == word.size());
+  }
+  CHECK(heap_in_use() < before + (1 << 20));
+  // 40,000 distinct 250-byte words fit the cache's entries (65,536), not its 16 MiB: about 53 MB kept before.
+  before = heap_in_use();
+  std::string shorter(250, 'b');
+  for (int i = 0; i < 40000; ++i) {
+    const std::string n = std::to_string(i);
+    shorter.replace(0, n.size(), n);
+    REQUIRE(t.encode(shorter).size() == shorter.size());
+  }
+  CHECK(heap_in_use() < before + (24 << 20));
+}
+
+TEST_CASE("a Split pattern that backtracks on every piece is stopped by the encode's budget, naming it and the byte") {
+  // PCRE2's match limit bounds one call; (?:(a|a)*b|a) on runs of a stays
+  // under it call after call, and took 4 s per 1.15 KB.
+  json j = make({}, json{{"type", "Sequence"}, {"pretokenizers", {split("(?:(a|a)*b|a)"), byte_level(false)}}});
+  const Tokenizer t = load(j);
+  std::string text;
+  for (int i = 0; i < 60; ++i) text += std::string(20, 'a') + " ";
+  const auto start = std::chrono::steady_clock::now();
+  const std::string message = tokenizer_error([&] { t.encode(text); });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CAPTURE(message);
+  CHECK(message.rfind("grad::hf::Tokenizer::encode: pre_tokenizer.pretokenizers[0].pattern ((?:(a|a)*b|a)) used up "
+                      "the pattern work one encode may do, 11290240 match-limit units (10000000 + 1024 per byte of "
+                      "the 1260-byte text), at byte ",
+                      0) == 0);
+  CHECK(seconds < 1.0);
+  // Ordinary text stays far inside the budget: 256 KB of it through Qwen2's pattern.
+  const Tokenizer qwen = load(make({}, json{{"type", "Sequence"}, {"pretokenizers", {split(qwen_pattern), byte_level(false)}}}));
+  std::string prose;
+  while (prose.size() < (256 << 10)) prose += "It's 2024, and the quick brown fox jumps over 13 lazy dogs!\n  ";
+  CHECK(qwen.encode(prose).size() > prose.size() / 8);
 }

@@ -85,6 +85,7 @@
 #include <unistd.h>
 
 #include "grad/opt.hpp"
+#include "grad/regular_file.hpp"
 
 namespace grad {
 
@@ -216,9 +217,11 @@ inline std::vector<unsigned char> frame(const char (&magic)[8], std::uint32_t ve
 
 // Writes `bytes` to `path` atomically: a temporary file of its own
 // ("<path>.tmp.XXXXXX", unique, same directory), fsync, rename over path,
-// fsync of the directory. "" or what failed.
+// fsync of the directory. "" or what failed. A path that names anything but
+// a regular file (a FIFO, a device) is refused: the rename would replace it.
 inline std::string write_atomically(const std::string& path, const std::vector<unsigned char>& bytes,
                                     const char* noun) {
+  if (std::string why = output_path_problem(path); !why.empty()) return why;
   std::string tmp = path + ".tmp.XXXXXX";
   const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);  // a name no other writer has
   if (fd < 0) return "cannot create a temporary file '" + tmp + "': " + std::strerror(errno);

@@ -1,5 +1,8 @@
 // Hugging Face model directories and PEFT adapters (include/grad/hf/model.hpp).
 #include "grad/hf/model.hpp"
+#include "grad/regular_file.hpp"
+
+#include "bounded_input.hpp"
 
 #include <sys/stat.h>
 
@@ -8,11 +11,9 @@
 #include <cmath>
 #include <cstring>
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <vector>
 
 namespace grad::hf {
@@ -20,29 +21,19 @@ namespace grad::hf {
 namespace {
 
 using nlohmann::json;
+using detail::json_excerpt;
+using detail::text_excerpt;
 
-constexpr std::size_t max_json_bytes = std::size_t{64} << 20;
-
+// config.json, adapter_config.json or an index: a regular file of at most
+// detail::max_config_bytes, nested at most detail::max_json_depth deep.
 json read_json(const std::string& path) {
   auto fail = [&](const std::string& why) { throw Error("grad::hf: '" + path + "': " + why); };
-  struct stat st{};
-  if (::stat(path.c_str(), &st) != 0) fail("cannot be read (missing?)");
-  if (!S_ISREG(st.st_mode)) fail("not a regular file");
-  if (static_cast<std::size_t>(st.st_size) > max_json_bytes)
-    fail(std::to_string(st.st_size) + " bytes: more than a JSON file here may be (" + std::to_string(max_json_bytes) +
-         ")");
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in) fail("cannot be read");
-  try {
-    json j = json::parse(text.str());
-    if (!j.is_object()) fail("not a JSON object");
-    return j;
-  } catch (const json::exception& e) {
-    fail(std::string("not JSON: ") + e.what());
-  }
-  return {};
+  std::string text;
+  if (std::string why = grad::detail::read_regular_file(path, detail::max_config_bytes, text); !why.empty()) fail(why);
+  json j;
+  if (std::string why = detail::parse_bounded(text, j); !why.empty()) fail(why);
+  if (!j.is_object()) fail("not a JSON object");
+  return j;
 }
 
 bool exists(const std::string& path) {
@@ -62,22 +53,22 @@ struct Fields {
       if (!fallback) fail(name, "is missing");
       return *fallback;
     }
-    if (!j[name].is_number_unsigned()) fail(name, j[name].dump() + ": expected a whole number >= 0");
+    if (!j[name].is_number_unsigned()) fail(name, json_excerpt(j[name]) + ": expected a whole number >= 0");
     return static_cast<std::size_t>(j[name].get<std::uint64_t>());
   }
   double real(const char* name, double fallback) const {
     if (!j.contains(name) || j[name].is_null()) return fallback;
-    if (!j[name].is_number()) fail(name, j[name].dump() + ": expected a number");
+    if (!j[name].is_number()) fail(name, json_excerpt(j[name]) + ": expected a number");
     return j[name].get<double>();
   }
   bool flag(const char* name, bool fallback) const {
     if (!j.contains(name) || j[name].is_null()) return fallback;
-    if (!j[name].is_boolean()) fail(name, j[name].dump() + ": expected true or false");
+    if (!j[name].is_boolean()) fail(name, json_excerpt(j[name]) + ": expected true or false");
     return j[name].get<bool>();
   }
   std::string text(const char* name, const std::string& fallback) const {
     if (!j.contains(name) || j[name].is_null()) return fallback;
-    if (!j[name].is_string()) fail(name, j[name].dump() + ": expected a string");
+    if (!j[name].is_string()) fail(name, json_excerpt(j[name]) + ": expected a string");
     return j[name].get<std::string>();
   }
 };
@@ -282,12 +273,13 @@ ModelInfo read_config(const std::string& dir, ReadOptions options) {
   else if (arch == "LlamaForCausalLM")
     info.architecture = Architecture::llama;
   else
-    f.fail("architectures", "['" + arch + "']: an unknown architecture (grad reads Qwen2ForCausalLM and LlamaForCausalLM)");
+    f.fail("architectures", "['" + text_excerpt(arch) + "']: an unknown architecture (grad reads Qwen2ForCausalLM and LlamaForCausalLM)");
   const bool qwen2 = info.architecture == Architecture::qwen2;
   // What these architectures can be configured to do that grad's model does not.
-  if (f.text("hidden_act", "silu") != "silu") f.fail("hidden_act", "'" + f.text("hidden_act", "") + "': expected silu");
+  if (f.text("hidden_act", "silu") != "silu")
+    f.fail("hidden_act", "'" + text_excerpt(f.text("hidden_act", "")) + "': expected silu");
   if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
-    f.fail("rope_scaling", j["rope_scaling"].dump() + ": grad's RoPE has no scaling (expected null)");
+    f.fail("rope_scaling", json_excerpt(j["rope_scaling"]) + ": grad's RoPE has no scaling (expected null)");
   if (!qwen2 && f.flag("attention_bias", false)) f.fail("attention_bias", "true: grad's Llama has no attention biases");
   if (!qwen2 && f.flag("mlp_bias", false)) f.fail("mlp_bias", "true: grad's Llama has no MLP biases");
   if (qwen2 && f.flag("use_sliding_window", false))
@@ -317,7 +309,7 @@ ModelInfo read_config(const std::string& dir, ReadOptions options) {
       info.dtype = d;
       known = true;
     }
-  if (!known) f.fail("torch_dtype", "'" + dtype + "': expected float32, bfloat16, float16 or float64");
+  if (!known) f.fail("torch_dtype", "'" + text_excerpt(dtype) + "': expected float32, bfloat16, float16 or float64");
   if (std::string why = c.check(); !why.empty()) throw Error("grad::hf: '" + path + "': " + why);
   return info;
 }
@@ -334,8 +326,8 @@ void load_weights(const std::string& dir, nn::Lm<T>& model) {
     std::map<std::string, const SafetensorsFile*> opened;
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
       if (!it.value().is_string() || !plain_file_name(it.value().get<std::string>()))
-        throw Error("grad::hf: '" + index + "': tensor '" + it.key() + "' maps to " + it.value().dump() +
-                    " (expected a file name in the directory)");
+        throw Error("grad::hf: '" + index + "': tensor '" + text_excerpt(it.key()) + "' maps to " +
+                    json_excerpt(it.value()) + " (expected a file name in the directory)");
       const std::string name = it.value().get<std::string>();
       auto o = opened.find(name);
       if (o == opened.end()) {
@@ -370,6 +362,26 @@ void save_pretrained(const std::string& dir, const nn::Lm<T>& model, const SaveO
   if (arch == Architecture::qwen2 && !c.qkv_bias) fail("a Qwen2ForCausalLM has q/k/v biases; this model has none");
   if (arch == Architecture::llama && c.qkv_bias) fail("a LlamaForCausalLM has no q/k/v biases; this model has them");
   if (!model.tape().ok()) fail("the tape is poisoned (" + model.tape().error() + ")");
+  // The files to copy are read before anything is written: one that cannot
+  // be (a FIFO, a device, too large) must not leave a directory with a model
+  // and no config.json.
+  std::vector<std::pair<std::string, std::string>> copies;  // (name, bytes)
+  if (!options.copy_from.empty())
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                             "merges.txt", "tokenizer.model", "generation_config.json"}) {
+      const std::string from = options.copy_from + "/" + name;
+      if (!exists(from)) continue;
+      std::string bytes;
+      const std::uint64_t bound =
+          std::string_view(name) == "tokenizer.json" ? detail::max_tokenizer_bytes : detail::max_config_bytes;
+      if (std::string why = grad::detail::read_regular_file(from, bound, bytes); !why.empty())
+        fail("cannot copy '" + from + "': " + why);
+      copies.emplace_back(name, std::move(bytes));
+    }
+  std::vector<std::string> written = {dir + "/model.safetensors", dir + "/config.json"};
+  for (const auto& copy : copies) written.push_back(dir + "/" + copy.first);
+  for (const std::string& path : written)
+    if (std::string why = grad::detail::output_path_problem(path); !why.empty()) fail("'" + path + "': " + why);
   make_directory(dir);
   json j;
   j["architectures"] = {std::string(architecture_name(arch))};
@@ -397,17 +409,7 @@ void save_pretrained(const std::string& dir, const nn::Lm<T>& model, const SaveO
   std::vector<Tensor<T>> widened;
   const std::vector<TensorOut<T>> tensors = outputs(model.tape(), base_tensors(model), widened);
   write_safetensors<T>(dir + "/model.safetensors", tensors, options.dtype, {{"format", "pt"}});
-  if (!options.copy_from.empty())
-    for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                             "merges.txt", "tokenizer.model", "generation_config.json"}) {
-      const std::string from = options.copy_from + "/" + name;
-      if (!exists(from)) continue;
-      std::ifstream in(from, std::ios::binary);
-      std::stringstream bytes;
-      bytes << in.rdbuf();
-      if (!in) throw Error("grad::hf: cannot read '" + from + "' to copy it");
-      write_file_atomically(dir + "/" + name, bytes.str());
-    }
+  for (const auto& [name, bytes] : copies) write_file_atomically(dir + "/" + name, bytes);
   write_file_atomically(dir + "/config.json", j.dump(2) + "\n");
 }
 
@@ -417,14 +419,16 @@ AdapterConfig read_adapter_config(const std::string& dir) {
   const std::string path = dir + "/adapter_config.json";
   const json j = read_json(path);
   const Fields f{j, path};
-  if (f.text("peft_type", "LORA") != "LORA") f.fail("peft_type", "'" + f.text("peft_type", "") + "': expected LORA");
+  if (f.text("peft_type", "LORA") != "LORA")
+    f.fail("peft_type", "'" + text_excerpt(f.text("peft_type", "")) + "': expected LORA");
   if (f.flag("use_rslora", false)) f.fail("use_rslora", "true: grad scales by lora_alpha / r");
   if (f.flag("use_dora", false)) f.fail("use_dora", "true: grad's adapters are plain LoRA");
   if (f.flag("fan_in_fan_out", false)) f.fail("fan_in_fan_out", "true: expected torch.nn.Linear layouts");
-  if (f.text("bias", "none") != "none") f.fail("bias", "'" + f.text("bias", "") + "': grad's adapters train no biases");
+  if (f.text("bias", "none") != "none")
+    f.fail("bias", "'" + text_excerpt(f.text("bias", "")) + "': grad's adapters train no biases");
   for (const char* empty_or_null : {"modules_to_save", "layers_to_transform", "rank_pattern", "alpha_pattern"})
     if (j.contains(empty_or_null) && !j[empty_or_null].is_null() && !j[empty_or_null].empty())
-      f.fail(empty_or_null, j[empty_or_null].dump() + ": grad's adapters are one rank on whole projections");
+      f.fail(empty_or_null, json_excerpt(j[empty_or_null]) + ": grad's adapters are one rank on whole projections");
   AdapterConfig a;
   a.r = f.size("r");
   if (a.r == 0) f.fail("r", "0: expected a rank >= 1");
@@ -443,11 +447,11 @@ AdapterConfig read_adapter_config(const std::string& dir) {
           known = true;
         }
       if (!known)
-        f.fail("target_modules", "holds " + name.dump() +
+        f.fail("target_modules", "holds " + json_excerpt(name) +
                                      ": expected q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj or down_proj");
     }
   } else {
-    f.fail("target_modules", t.dump() + ": expected a list of projection names or \"all-linear\"");
+    f.fail("target_modules", json_excerpt(t) + ": expected a list of projection names or \"all-linear\"");
   }
   return a;
 }

@@ -1,9 +1,11 @@
 // safetensors in and out (include/grad/hf/safetensors.hpp).
 #include "grad/hf/safetensors.hpp"
 #include "grad/numerics/storage.hpp"
+#include "grad/regular_file.hpp"
+
+#include "bounded_input.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -46,9 +48,10 @@ Format format_of(Dtype d) {
 constexpr std::uint64_t max_header_bytes = 100'000'000;
 
 // Built by append: GCC 12 warns (-Wrestrict, falsely) about "'" + std::string(name) + "'".
+// A name from a file is cut to a few hundred bytes (detail::text_excerpt).
 std::string in_quotes(std::string_view name) {
   std::string s(1, '\'');
-  s.append(name);
+  s.append(detail::text_excerpt(name));
   s.push_back('\'');
   return s;
 }
@@ -171,33 +174,25 @@ bool encode_element(Dtype d, double value, unsigned char* bytes) {
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   auto fail = [&](const std::string& why) { throw Error("grad::hf: safetensors file '" + path + "': " + why); };
-  // O_NONBLOCK: a FIFO named as the file must be refused below, not waited on.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) fail(std::string("cannot open: ") + std::strerror(errno));
-  struct stat st{};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail("not a regular file");
-  }
-  size_ = static_cast<std::size_t>(st.st_size);
-  if (size_ < 8) {
-    ::close(fd);
-    fail(std::to_string(size_) + " bytes: shorter than the 8-byte header length");
-  }
-  void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (m == MAP_FAILED) fail(std::string("cannot map: ") + std::strerror(errno));
-  map_ = static_cast<const unsigned char*>(m);
+  std::uint64_t size = 0;
+  if (std::string why = grad::detail::open_regular_file(path, fd_, size); !why.empty()) fail(why);
   try {
+    auto read_at = [&](std::uint64_t offset, void* out, std::size_t n) {
+      if (std::string why = grad::detail::read_at(fd_, offset, out, n); !why.empty()) fail(why);
+    };
+    if (size < 8) fail(std::to_string(size) + " bytes: shorter than the 8-byte header length");
+    unsigned char length[8];
+    read_at(0, length, 8);
     std::uint64_t header = 0;
-    for (int i = 7; i >= 0; --i) header = header << 8 | map_[i];  // little-endian on any host
-    if (header > size_ - 8)
-      fail("a header of " + std::to_string(header) + " bytes runs past the file's end (" + std::to_string(size_) +
+    for (int i = 7; i >= 0; --i) header = header << 8 | length[i];  // little-endian on any host
+    if (header > size - 8)
+      fail("a header of " + std::to_string(header) + " bytes runs past the file's end (" + std::to_string(size) +
            " bytes)");
     if (header > max_header_bytes)
       fail("a header of " + std::to_string(header) + " bytes (at most " + std::to_string(max_header_bytes) + ")");
-    const unsigned char* data = map_ + 8 + header;
-    const std::size_t data_size = size_ - 8 - static_cast<std::size_t>(header);
+    std::string text(static_cast<std::size_t>(header), '\0');
+    read_at(8, text.data(), text.size());
+    const std::uint64_t data_start = 8 + header, data_size = size - data_start;
     nlohmann::json j;
     // A JSON object keeps the last of two equal keys; a tensor named twice is refused instead.
     std::set<std::string> names;
@@ -208,13 +203,13 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
         twice = parsed.get<std::string>();
       return true;
     };
-    try {
-      j = nlohmann::json::parse(map_ + 8, map_ + 8 + header, note_keys);
-    } catch (const nlohmann::json::exception& e) {
-      fail(std::string("the header is not JSON: ") + e.what());
-    }
+    if (std::string why = detail::parse_bounded(text, j, note_keys); !why.empty()) fail("the header: " + why);
+    std::string().swap(text);
     if (!twice.empty()) fail("tensor " + in_quotes(twice) + " twice in the header");
     if (!j.is_object()) fail("the header is not a JSON object");
+    // The tensor whose data ends last: past the file's end, the file was cut short.
+    std::string last_name;
+    std::uint64_t last_begin = 0, last_end = 0;
     for (auto it = j.begin(); it != j.end(); ++it) {
       const std::string& name = it.key();
       const nlohmann::json& e = it.value();
@@ -235,53 +230,64 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       const std::string dtype = e["dtype"].get<std::string>();
       if (!parse_dtype(dtype, t.dtype)) fail(who + ": dtype " + in_quotes(dtype) + " (grad reads F64, F32, F16 and BF16)");
       const nlohmann::json& shape = e["shape"];
-      if (!shape.is_array() || shape.size() > 8) fail(who + ": shape is not an array of at most 8 sizes");
+      const std::string shape_text = detail::json_excerpt(shape);
+      if (!shape.is_array() || shape.size() > 8) fail(who + ": shape " + shape_text + " is not an array of at most 8 sizes");
       std::size_t n = 1;
       for (const auto& d : shape) {
-        if (!d.is_number_unsigned()) fail(who + ": shape " + shape.dump() + " holds something other than a size");
+        if (!d.is_number_unsigned()) fail(who + ": shape " + shape_text + " holds something other than a size");
         const auto v = d.get<std::uint64_t>();
-        if (__builtin_mul_overflow(n, v, &n)) fail(who + ": shape " + shape.dump() + " overflows");
+        if (__builtin_mul_overflow(n, v, &n)) fail(who + ": shape " + shape_text + " overflows");
         t.shape.push_back(static_cast<std::size_t>(v));
       }
       t.elements = n;
       const nlohmann::json& off = e["data_offsets"];
       if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-        fail(who + ": data_offsets " + off.dump() + " is not [begin, end]");
+        fail(who + ": data_offsets " + detail::json_excerpt(off) + " is not [begin, end]");
       const auto begin = off[0].get<std::uint64_t>(), end = off[1].get<std::uint64_t>();
-      if (begin > end || end > data_size)
-        fail(who + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "] outside the " +
-             std::to_string(data_size) + " data bytes");
+      const std::string range = "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + "]";
+      if (begin > end) fail(who + ": " + range + " end before they begin");
       std::size_t bytes = 0;
       if (__builtin_mul_overflow(n, dtype_size(t.dtype), &bytes) || bytes != end - begin)
-        fail(who + ": " + dtype + " " + shape.dump() + " needs " +
-             (bytes == 0 && n != 0 ? std::string("more than 2^64") : std::to_string(bytes)) + " bytes, data_offsets [" +
-             std::to_string(begin) + ", " + std::to_string(end) + "] hold " + std::to_string(end - begin));
-      t.bytes = {data + begin, static_cast<std::size_t>(end - begin)};
+        fail(who + ": " + dtype + " " + shape_text + " needs " +
+             (bytes == 0 && n != 0 ? std::string("more than 2^64") : std::to_string(bytes)) + " bytes, " + range +
+             " hold " + std::to_string(end - begin));
+      if (end > last_end || last_name.empty()) {
+        last_name = name;
+        last_begin = begin;
+        last_end = end;
+      }
+      t.offset = data_start + begin;  // used only once every end is checked to be within the file, below
+      t.byte_count = bytes;
       tensors_.push_back(std::move(t));
     }
+    if (last_end > data_size)
+      fail("truncated: the header says " + std::to_string(last_end) + " data bytes (tensor " + in_quotes(last_name) +
+           " ends there, data_offsets [" + std::to_string(last_begin) + ", " + std::to_string(last_end) +
+           "]), the file has " + std::to_string(data_size));
+    // A tensor of no bytes overlaps nothing, wherever its offsets point.
     std::vector<const TensorInfo*> by_start;
-    for (const TensorInfo& t : tensors_) by_start.push_back(&t);
+    for (const TensorInfo& t : tensors_)
+      if (t.byte_count != 0) by_start.push_back(&t);
     std::sort(by_start.begin(), by_start.end(),
-              [](const TensorInfo* a, const TensorInfo* b) { return a->bytes.data() < b->bytes.data(); });
+              [](const TensorInfo* a, const TensorInfo* b) { return a->offset < b->offset; });
     for (std::size_t i = 1; i < by_start.size(); ++i) {
       const TensorInfo &a = *by_start[i - 1], &b = *by_start[i];
-      if (b.bytes.data() < a.bytes.data() + a.bytes.size())
+      if (b.offset < a.offset + a.byte_count)
         fail("tensors " + in_quotes(a.name) + " and " + in_quotes(b.name) + " overlap in the data");
     }
   } catch (...) {
-    ::munmap(const_cast<unsigned char*>(map_), size_);
+    ::close(fd_);
     throw;
   }
 }
 
 SafetensorsFile::~SafetensorsFile() {
-  if (map_) ::munmap(const_cast<unsigned char*>(map_), size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
     : path_(std::move(o.path_)),
-      map_(std::exchange(o.map_, nullptr)),
-      size_(std::exchange(o.size_, 0)),
+      fd_(std::exchange(o.fd_, -1)),
       tensors_(std::move(o.tensors_)),
       metadata_(std::move(o.metadata_)) {}
 
@@ -293,10 +299,10 @@ const TensorInfo* SafetensorsFile::find(std::string_view name) const {
 
 namespace {
 
-// Elements [first, first + out.size()) of tensor t, converted into out.
+// Elements [first, first + out.size()) of tensor t, whose bytes `p` holds, converted into out.
 template <class T>
-void convert_range(const std::string& path, const TensorInfo& t, std::size_t first, std::span<T> out) {
-  const unsigned char* p = t.bytes.data() + first * dtype_size(t.dtype);
+void convert_range(const std::string& path, const TensorInfo& t, std::size_t first, const unsigned char* p,
+                   std::span<T> out) {
   switch (t.dtype) {
     case Dtype::bf16:  // the upper half of a float
       for (std::size_t i = 0; i < out.size(); ++i) {
@@ -337,31 +343,23 @@ void convert_range(const std::string& path, const TensorInfo& t, std::size_t fir
   }
 }
 
-// Hands a read tensor's pages of the (private, read-only) mapping back to the
-// kernel: a model is copied out tensor by tensor, and without this every
-// page read stays resident until the file closes, so loading a model peaked
-// at twice its size (the copy plus the mapping). A page shared with the next
-// tensor is simply read from the file again.
-void release_pages(std::span<const unsigned char> bytes) {
-  if (bytes.empty()) return;
-  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto first = reinterpret_cast<std::uintptr_t>(bytes.data()) / page * page;
-  const auto end = reinterpret_cast<std::uintptr_t>(bytes.data() + bytes.size());
-  ::madvise(reinterpret_cast<void*>(first), end - first, MADV_DONTNEED);  // advice: a failure changes nothing
-}
-
-// Calls f(first, n) for tensor t's elements a slice of at most
-// slice_elements at a time, each slice's pages of the mapping handed back as
-// soon as it is converted: a Qwen2.5-0.5B's tied embedding is 545 MB in F32,
-// and released whole after reading it peaked the load at the model plus that
-// (the whole run's peak RSS in bench_real_scale's L1).
+// Calls f(first, n, bytes) for tensor t's elements a slice of at most
+// slice_elements at a time, each slice's bytes read from the file into one
+// buffer: a model is copied out tensor by tensor, and a Qwen2.5-0.5B's tied
+// embedding is 545 MB in F32, so a slice, not the tensor, is what a load
+// holds beside the model. A file cut short since it was opened is an
+// hf::Error here (through a mapping it would be SIGBUS).
 template <class F>
-void each_slice(const TensorInfo& t, std::size_t slice_elements, F&& f) {
+void each_slice(const std::string& path, int fd, const TensorInfo& t, std::size_t slice_elements, F&& f) {
   const std::size_t element_bytes = dtype_size(t.dtype);
+  std::vector<unsigned char> bytes;
   for (std::size_t first = 0; first < t.elements; first += slice_elements) {
     const std::size_t n = std::min(slice_elements, t.elements - first);
-    f(first, n);
-    release_pages(t.bytes.subspan(first * element_bytes, n * element_bytes));
+    bytes.resize(n * element_bytes);
+    if (std::string why = grad::detail::read_at(fd, t.offset + first * element_bytes, bytes.data(), bytes.size());
+        !why.empty())
+      throw Error("grad::hf: safetensors file '" + path + "': tensor " + in_quotes(t.name) + ": " + why);
+    f(first, n, bytes.data());
   }
 }
 
@@ -373,24 +371,26 @@ void check_count(const std::string& path, const TensorInfo& t, std::size_t count
 
 // A tensor 16 MiB of its bytes at a time (each_slice).
 template <class T>
-void read_into(const std::string& path, const TensorInfo& t, std::span<T> out) {
+void read_into(const std::string& path, int fd, const TensorInfo& t, std::span<T> out) {
   check_count(path, t, out.size());
-  each_slice(t, (std::size_t{16} << 20) / dtype_size(t.dtype),
-             [&](std::size_t first, std::size_t n) { convert_range(path, t, first, out.subspan(first, n)); });
+  each_slice(path, fd, t, (std::size_t{16} << 20) / dtype_size(t.dtype),
+             [&](std::size_t first, std::size_t n, const unsigned char* bytes) {
+               convert_range(path, t, first, bytes, out.subspan(first, n));
+             });
 }
 
-// Elements [first, first + out.size()) of tensor t as the bits of a 16-bit
-// storage: a tensor of that dtype copied, the others converted exactly to
-// double and rounded; a finite value that would become infinite is refused.
+// Elements [first, first + out.size()) of tensor t, whose bytes `p` holds,
+// as the bits of a 16-bit storage: a tensor of that dtype copied, the others
+// converted exactly to double and rounded; a finite value that would become
+// infinite is refused.
 void bits_range(const std::string& path, const TensorInfo& t, Storage storage, std::size_t first,
-                std::span<std::uint16_t> out, std::vector<double>& scratch) {
-  const unsigned char* p = t.bytes.data() + first * dtype_size(t.dtype);
+                const unsigned char* p, std::span<std::uint16_t> out, std::vector<double>& scratch) {
   if (t.dtype == (storage == Storage::f16 ? Dtype::f16 : Dtype::bf16)) {
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<std::uint16_t>(p[2 * i] | p[2 * i + 1] << 8);
     return;
   }
   scratch.resize(out.size());
-  convert_range(path, t, first, std::span<double>(scratch));
+  convert_range(path, t, first, p, std::span<double>(scratch));
   for (std::size_t i = 0; i < out.size(); ++i) {
     out[i] = round_to(storage, scratch[i]);
     if (std::isfinite(scratch[i]) && !std::isfinite(widen<double>(storage, out[i]))) {
@@ -404,18 +404,19 @@ void bits_range(const std::string& path, const TensorInfo& t, Storage storage, s
 }
 
 // A tensor as the bits of a 16-bit storage, 4 Mi elements at a time (bits_range, each_slice).
-void read_bits_into(const std::string& path, const TensorInfo& t, Storage storage, std::span<std::uint16_t> out) {
+void read_bits_into(const std::string& path, int fd, const TensorInfo& t, Storage storage,
+                    std::span<std::uint16_t> out) {
   check_count(path, t, out.size());
   std::vector<double> scratch;
-  each_slice(t, std::size_t{4} << 20, [&](std::size_t first, std::size_t n) {
-    bits_range(path, t, storage, first, out.subspan(first, n), scratch);
+  each_slice(path, fd, t, std::size_t{4} << 20, [&](std::size_t first, std::size_t n, const unsigned char* bytes) {
+    bits_range(path, t, storage, first, bytes, out.subspan(first, n), scratch);
   });
 }
 
 }  // namespace
 
 void SafetensorsFile::read_bits(const TensorInfo& t, Storage storage, std::span<std::uint16_t> out) const {
-  read_bits_into(path_, t, storage, out);
+  read_bits_into(path_, fd_, t, storage, out);
 }
 void SafetensorsFile::check_read(const TensorInfo& t, Storage storage) const {
   // One slice at a time into a slice's scratch (converting the tensor whole,
@@ -424,18 +425,18 @@ void SafetensorsFile::check_read(const TensorInfo& t, Storage storage) const {
   std::vector<std::uint16_t> bits;
   std::vector<float> floats;
   std::vector<double> scratch;
-  each_slice(t, std::size_t{1} << 20, [&](std::size_t first, std::size_t n) {
+  each_slice(path_, fd_, t, std::size_t{1} << 20, [&](std::size_t first, std::size_t n, const unsigned char* bytes) {
     if (narrow(storage)) {
       bits.resize(n);
-      bits_range(path_, t, storage, first, std::span<std::uint16_t>(bits), scratch);
+      bits_range(path_, t, storage, first, bytes, std::span<std::uint16_t>(bits), scratch);
     } else {
       floats.resize(n);
-      convert_range(path_, t, first, std::span<float>(floats));
+      convert_range(path_, t, first, bytes, std::span<float>(floats));
     }
   });
 }
-void SafetensorsFile::read(const TensorInfo& t, std::span<double> out) const { read_into(path_, t, out); }
-void SafetensorsFile::read(const TensorInfo& t, std::span<float> out) const { read_into(path_, t, out); }
+void SafetensorsFile::read(const TensorInfo& t, std::span<double> out) const { read_into(path_, fd_, t, out); }
+void SafetensorsFile::read(const TensorInfo& t, std::span<float> out) const { read_into(path_, fd_, t, out); }
 
 // ---- writing ----
 
@@ -446,6 +447,7 @@ namespace {
 class AtomicFile {
  public:
   explicit AtomicFile(const std::string& path) : path_(path), temp_(path + ".tmp.XXXXXX") {
+    if (std::string why = grad::detail::output_path_problem(path); !why.empty()) fail(why);
     const int fd = ::mkstemp(temp_.data());
     if (fd < 0) fail(std::string("cannot create a temporary file beside it: ") + std::strerror(errno));
     ::fchmod(fd, 0644);  // mkstemp creates 0600; a model is as readable as any output file (as checkpoint.hpp)

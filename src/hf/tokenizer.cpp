@@ -2,15 +2,17 @@
 // says what is supported and in which order encode works).
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "grad/hf/tokenizer.hpp"
+#include "grad/regular_file.hpp"
 
 #include <pcre2.h>
+
+#include "bounded_input.hpp"
 
 #include <algorithm>
 #include <array>
 #include <cctype>
 #include <cstdint>
 #include <deque>
-#include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <queue>
@@ -23,6 +25,8 @@ namespace grad::hf {
 namespace {
 
 using json = nlohmann::json;
+using detail::json_excerpt;
+using detail::text_excerpt;
 
 // ---- GPT-2's byte <-> character map -------------------------------------
 
@@ -123,7 +127,7 @@ bool flag(const Where& w, const json& obj, const std::string& field, const std::
 // A token id: a non-negative integer that fits an int.
 int id_of(const Where& w, const json& j, const std::string& field) {
   if (!j.is_number_unsigned() || j.get<std::uint64_t>() > std::uint64_t(INT32_MAX))
-    w.fail(field, "a token id (an integer 0 .. 2147483647), found " + (j.is_number() ? j.dump() : kind_of(j)));
+    w.fail(field, "a token id (an integer 0 .. 2147483647), found " + (j.is_number() ? json_excerpt(j) : kind_of(j)));
   return static_cast<int>(j.get<std::uint64_t>());
 }
 
@@ -136,7 +140,7 @@ std::string type_of(const Where& w, const json& obj, const std::string& field) {
 void require_neutral(const Where& w, const json& obj, const std::string& field, const std::string& key,
                      const json& neutral, const std::string& why) {
   const auto it = obj.find(key);
-  if (it != obj.end() && !it->is_null() && *it != neutral) w.fail(field + "." + key, why + ", found " + it->dump());
+  if (it != obj.end() && !it->is_null() && *it != neutral) w.fail(field + "." + key, why + ", found " + json_excerpt(*it));
 }
 
 // ---- patterns on PCRE2 --------------------------------------------------
@@ -182,9 +186,34 @@ struct MatchScratch {
   MatchScratch& operator=(const MatchScratch&) = delete;
 };
 
+// The pattern work one encode may do, in PCRE2 match-limit units: PCRE2's
+// match limit bounds one call, and a pattern that backtracks on every piece
+// (`(?:(a|a)*b|a)` on runs of a) stays under it call after call, seconds per
+// kilobyte. So the whole encode has a budget: PCRE2's default per-call limit
+// once, and 1024 units per byte of input (ordinary patterns spend a few).
+constexpr std::uint64_t match_units_base = 10'000'000, match_units_per_byte = 1024;
+// A call's first limit; doubled and tried again while it is what stops the
+// match. A call is charged every limit it was given (PCRE2 does not say how
+// much of one it used), at most about twice what it needed.
+constexpr std::uint64_t first_match_limit = 64;
+
+struct MatchBudget {
+  std::string_view text;  // the encode's input, for offsets in messages
+  std::uint64_t total = 0, left = 0;
+  explicit MatchBudget(std::string_view input)
+      : text(input), total(match_units_base + match_units_per_byte * input.size()), left(total) {}
+  // Where s[at] is in the input: a piece is a view into it, except one a
+  // prefix space was added to (then the offset is near it).
+  std::size_t offset_of(std::string_view s, std::size_t at) const {
+    const auto base = reinterpret_cast<std::uintptr_t>(text.data()), p = reinterpret_cast<std::uintptr_t>(s.data());
+    return p >= base && p <= base + text.size() ? static_cast<std::size_t>(p - base) + at : at;
+  }
+};
+
 class Pattern {
  public:
-  Pattern(const Where& w, const std::string& field, const std::string& source) {
+  Pattern(const Where& w, const std::string& field, const std::string& source)
+      : field_(field), source_(text_excerpt(source)) {
     int code = 0;
     PCRE2_SIZE offset = 0;
     // MATCH_INVALID_UTF: bytes that are not UTF-8 match nothing instead of failing the match.
@@ -202,19 +231,34 @@ class Pattern {
   Pattern& operator=(const Pattern&) = delete;
   ~Pattern() { pcre2_code_free(code_); }
 
-  // The non-empty matches in s, in order: [begin, end) byte offsets.
-  std::vector<std::pair<std::size_t, std::size_t>> matches(std::string_view s) const {
+  // The non-empty matches in s, in order: [begin, end) byte offsets; the
+  // work charged to `budget`.
+  std::vector<std::pair<std::size_t, std::size_t>> matches(std::string_view s, MatchBudget& budget) const {
     thread_local MatchScratch scratch;
     std::vector<std::pair<std::size_t, std::size_t>> out;
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
     std::size_t start = 0;
     while (start <= s.size()) {
-      const int rc = pcre2_match(code_, subject, s.size(), start, 0, scratch.data, scratch.context);
+      int rc = PCRE2_ERROR_MATCHLIMIT;
+      for (std::uint64_t limit = first_match_limit; rc == PCRE2_ERROR_MATCHLIMIT; limit *= 2) {
+        if (budget.left == 0)
+          throw TokenizerError("grad::hf::Tokenizer::encode: " + field_ + " (" + source_ + ") used up the pattern work " +
+                               "one encode may do, " + std::to_string(budget.total) + " match-limit units (" +
+                               std::to_string(match_units_base) + " + " + std::to_string(match_units_per_byte) +
+                               " per byte of the " + std::to_string(budget.text.size()) +
+                               "-byte text), at byte " + std::to_string(budget.offset_of(s, start)) +
+                               ": it backtracks too much on this text");
+        limit = std::min({limit, budget.left, std::uint64_t{UINT32_MAX}});
+        pcre2_set_match_limit(scratch.context, static_cast<std::uint32_t>(limit));
+        rc = pcre2_match(code_, subject, s.size(), start, 0, scratch.data, scratch.context);
+        budget.left -= limit;
+      }
       if (rc == PCRE2_ERROR_NOMATCH) break;
       if (rc < 0) {
         std::array<PCRE2_UCHAR, 256> msg{};
         pcre2_get_error_message(rc, msg.data(), msg.size());
-        throw TokenizerError(std::string("grad::hf::Tokenizer::encode: the pre-tokenizer's pattern failed: ") +
+        throw TokenizerError("grad::hf::Tokenizer::encode: " + field_ + " (" + source_ + ") failed at byte " +
+                             std::to_string(budget.offset_of(s, start)) + ": " +
                              reinterpret_cast<const char*>(msg.data()));
       }
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(scratch.data);
@@ -230,6 +274,7 @@ class Pattern {
   }
 
  private:
+  std::string field_, source_;  // for messages: where the pattern is in the file, and (the start of) it
   pcre2_code* code_ = nullptr;
 };
 
@@ -260,11 +305,11 @@ struct Step {
 
 // Cuts s by the pattern's matches as Hugging Face's Split does: matches and
 // the stretches between them, combined by the behavior; empty pieces dropped.
-void split_piece(const SplitStep& step, std::string_view s, std::vector<std::string_view>& out) {
+void split_piece(const SplitStep& step, std::string_view s, std::vector<std::string_view>& out, MatchBudget& budget) {
   struct Part { std::size_t begin, end; bool match; };
   std::vector<Part> parts;
   std::size_t prev = 0;
-  for (auto [b, e] : step.pattern->matches(s)) {
+  for (auto [b, e] : step.pattern->matches(s, budget)) {
     if (b > prev) parts.push_back({prev, b, step.invert});
     parts.push_back({b, e, !step.invert});
     prev = e;
@@ -279,7 +324,7 @@ void split_piece(const SplitStep& step, std::string_view s, std::vector<std::str
         if (!p.match) kept.push_back(p);
       break;
     case Behavior::isolated:
-      kept = parts;
+      kept = std::move(parts);  // parts is not read after the switch
       break;
     case Behavior::merged_with_previous:  // a match joins the piece before it
       for (const Part& p : parts) {
@@ -315,7 +360,7 @@ Behavior behavior_of(const Where& w, const json& j, const std::string& field) {
   if (b == "MergedWithPrevious") return Behavior::merged_with_previous;
   if (b == "MergedWithNext") return Behavior::merged_with_next;
   if (b == "Contiguous") return Behavior::contiguous;
-  w.fail(field, "Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous, found \"" + b + "\"");
+  w.fail(field, "Removed, Isolated, MergedWithPrevious, MergedWithNext or Contiguous, found \"" + text_excerpt(b) + "\"");
 }
 
 void read_pre_tokenizer(const Where& w, const json& j, const std::string& field, std::vector<Step>& steps) {
@@ -337,14 +382,14 @@ void read_pre_tokenizer(const Where& w, const json& j, const std::string& field,
     std::string source;
     if (pattern.contains("Regex")) source = onig_to_pcre2(string_of(w, pattern["Regex"], field + ".pattern.Regex"));
     else if (pattern.contains("String")) source = escape_literal(string_of(w, pattern["String"], field + ".pattern.String"));
-    else w.fail(field + ".pattern", "{\"Regex\": ...} or {\"String\": ...}, found " + pattern.dump());
+    else w.fail(field + ".pattern", "{\"Regex\": ...} or {\"String\": ...}, found " + json_excerpt(pattern));
     Step s;
     s.split.pattern = std::make_unique<Pattern>(w, field + ".pattern", source);
     s.split.behavior = behavior_of(w, member(w, j, field, "behavior"), field + ".behavior");
     s.split.invert = flag(w, j, field, "invert", false);
     steps.push_back(std::move(s));
   } else {
-    w.fail(field + ".type", "ByteLevel, Split or Sequence, found \"" + type + "\"");
+    w.fail(field + ".type", "ByteLevel, Split or Sequence, found \"" + text_excerpt(type) + "\"");
   }
 }
 
@@ -389,9 +434,29 @@ struct Tokenizer::Impl {
     using is_transparent = void;
     std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
+  // The cache is bounded in entries and in bytes (each entry counted as its
+  // piece, its ids and a node's overhead), and a piece longer than
+  // max_cached_piece is merged every time: text is mostly short words, and
+  // a hundred distinct 1 MB "words" once kept 244 MB.
   static constexpr std::size_t cache_capacity = 1 << 16;
+  static constexpr std::size_t cache_byte_capacity = std::size_t{16} << 20;
+  static constexpr std::size_t max_cached_piece = 256;
+  static constexpr std::size_t cache_entry_overhead = 96;
   mutable std::mutex cache_mutex;
   mutable std::unordered_map<std::string, std::vector<int>, PieceHash, std::equal_to<>> cache;
+  mutable std::size_t cache_bytes = 0;
+
+  // Ids index dense tables (tokens, bytes_of, special), so an id may be at
+  // most twice the number of tokens the file lists plus 1024 (room for
+  // holes): one id of 2147483647 in a 4 KB file would otherwise allocate
+  // tens of gigabytes.
+  std::size_t listed_tokens = 0, id_limit = 0;
+  void check_id_bound(const Where& w, int id, const std::string& field) const {
+    if (std::size_t(id) >= id_limit)
+      w.fail(field, "an id below " + std::to_string(id_limit) + " (ids index a dense table: at most twice the " +
+                        std::to_string(listed_tokens) + " tokens the file lists, plus 1024), found " +
+                        std::to_string(id));
+  }
 
   void read(const json& root);
   void read_model(const Where& w, const json& model);
@@ -399,7 +464,8 @@ struct Tokenizer::Impl {
   void read_post_processor(const Where& w, const json& j, const std::string& field);
 
   std::vector<Segment> split_added(std::string_view text) const;
-  void pre_tokenize(std::string_view text, std::deque<std::string>& owned, std::vector<std::string_view>& out) const;
+  void pre_tokenize(std::string_view text, std::deque<std::string>& owned, std::vector<std::string_view>& out,
+                    MatchBudget& budget) const;
   void bpe(std::string_view piece, std::vector<int>& out) const;
   void merge(std::string_view piece, std::vector<int>& out) const;
 };
@@ -407,7 +473,13 @@ struct Tokenizer::Impl {
 void Tokenizer::Impl::read(const json& root) {
   const Where w{file};
   if (!root.is_object()) w.fail("(top level)", "an object, found " + kind_of(root));
-  read_model(w, object_at(w, root, "", "model"));
+  const json& model = object_at(w, root, "", "model");
+  const auto vocab_json = model.find("vocab");
+  const auto added_json = root.find("added_tokens");
+  listed_tokens = (vocab_json != model.end() && vocab_json->is_object() ? vocab_json->size() : 0) +
+                  (added_json != root.end() && added_json->is_array() ? added_json->size() : 0);
+  id_limit = 2 * listed_tokens + 1024;
+  read_model(w, model);
 
   const auto normalizer = root.find("normalizer");
   if (normalizer != root.end() && !normalizer->is_null()) {
@@ -418,7 +490,7 @@ void Tokenizer::Impl::read(const json& root) {
       w.fail("normalizer.type", "null (grad carries no Unicode normalization tables), found \"NFC\"; if the "
                                 "text is NFC already (most is), load with LoadOptions{.assume_nfc = true}");
     if (!empty_sequence && type != "NFC")
-      w.fail("normalizer.type", "null (grad implements no normalizer), found \"" + type + "\"");
+      w.fail("normalizer.type", "null (grad implements no normalizer), found \"" + text_excerpt(type) + "\"");
   }
 
   const auto pre = root.find("pre_tokenizer");
@@ -426,7 +498,7 @@ void Tokenizer::Impl::read(const json& root) {
 
   const json& decoder = member(w, root, "", "decoder");
   if (decoder.is_null() || type_of(w, decoder, "decoder") != "ByteLevel")
-    w.fail("decoder", "{\"type\": \"ByteLevel\"} (byte-level BPE), found " + decoder.dump());
+    w.fail("decoder", "{\"type\": \"ByteLevel\"} (byte-level BPE), found " + json_excerpt(decoder));
 
   const auto added_list = root.find("added_tokens");
   if (added_list != root.end() && !added_list->is_null()) read_added(w, *added_list);
@@ -458,7 +530,7 @@ void Tokenizer::Impl::read(const json& root) {
 void Tokenizer::Impl::read_model(const Where& w, const json& model) {
   // Older files leave the model's type out; it is BPE when there are merges.
   if (model.contains("type") && type_of(w, model, "model") != "BPE")
-    w.fail("model.type", "\"BPE\" (byte-level BPE), found \"" + model["type"].get<std::string>() + "\"");
+    w.fail("model.type", "\"BPE\" (byte-level BPE), found \"" + text_excerpt(model["type"].get<std::string>()) + "\"");
   require_neutral(w, model, "model", "dropout", json(0.0), "null (BPE dropout is a training device grad does not apply)");
   require_neutral(w, model, "model", "continuing_subword_prefix", json(""), "null (byte-level BPE has none)");
   require_neutral(w, model, "model", "end_of_word_suffix", json(""), "null (byte-level BPE has none)");
@@ -468,11 +540,13 @@ void Tokenizer::Impl::read_model(const Where& w, const json& model) {
   const json& vocab_json = object_at(w, model, "model", "vocab");
   vocab.reserve(vocab_json.size());
   for (const auto& [token, value] : vocab_json.items()) {
-    const int id = id_of(w, value, "model.vocab[\"" + token + "\"]");
+    const std::string field = "model.vocab[\"" + text_excerpt(token) + "\"]";
+    const int id = id_of(w, value, field);
+    check_id_bound(w, id, field);
     if (std::size_t(id) >= tokens.size()) tokens.resize(std::size_t(id) + 1);
     if (tokens[id])
-      w.fail("model.vocab[\"" + token + "\"]", "an id of its own, found " + std::to_string(id) + ", the id of \"" +
-                                                   *tokens[id] + "\" too");
+      w.fail(field, "an id of its own, found " + std::to_string(id) + ", the id of \"" + text_excerpt(*tokens[id]) +
+                        "\" too");
     tokens[id] = token;
     vocab.emplace(token, id);
   }
@@ -499,20 +573,20 @@ void Tokenizer::Impl::read_model(const Where& w, const json& model) {
       const std::string s = m.get<std::string>();
       const auto space = s.find(' ');
       if (space == std::string::npos || space == 0 || space + 1 == s.size() || s.find(' ', space + 1) != std::string::npos)
-        w.fail(field, "\"left right\" (two tokens and one space), found \"" + s + "\"");
+        w.fail(field, "\"left right\" (two tokens and one space), found \"" + text_excerpt(s) + "\"");
       left = s.substr(0, space);
       right = s.substr(space + 1);
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
       left = m[0].get<std::string>();
       right = m[1].get<std::string>();
     } else {
-      w.fail(field, "\"left right\" or [\"left\", \"right\"], found " + m.dump());
+      w.fail(field, "\"left right\" or [\"left\", \"right\"], found " + json_excerpt(m));
     }
     const auto l = vocab.find(left), r = vocab.find(right), merged = vocab.find(left + right);
-    if (l == vocab.end()) w.fail(field, "tokens of model.vocab, found \"" + left + "\", which is not");
-    if (r == vocab.end()) w.fail(field, "tokens of model.vocab, found \"" + right + "\", which is not");
+    if (l == vocab.end()) w.fail(field, "tokens of model.vocab, found \"" + text_excerpt(left) + "\", which is not");
+    if (r == vocab.end()) w.fail(field, "tokens of model.vocab, found \"" + text_excerpt(right) + "\", which is not");
     if (merged == vocab.end())
-      w.fail(field, "a merge whose result is in model.vocab, found none for \"" + left + right + "\"");
+      w.fail(field, "a merge whose result is in model.vocab, found none for \"" + text_excerpt(left + right) + "\"");
     const std::uint64_t key = (std::uint64_t(std::uint32_t(l->second)) << 32) | std::uint32_t(r->second);
     merges.insert_or_assign(key, std::pair{int(rank), merged->second});  // a repeated pair: the last rank, as Hugging Face's map
   }
@@ -526,6 +600,7 @@ void Tokenizer::Impl::read_added(const Where& w, const json& list) {
     if (!t.is_object()) w.fail(field, "an object, found " + kind_of(t));
     AddedToken a;
     a.id = id_of(w, member(w, t, field, "id"), field + ".id");
+    check_id_bound(w, a.id, field + ".id");
     a.content = string_of(w, member(w, t, field, "content"), field + ".content");
     if (a.content.empty()) w.fail(field + ".content", "a non-empty string, found \"\"");
     a.special = flag(w, t, field, "special", false);
@@ -537,7 +612,7 @@ void Tokenizer::Impl::read_added(const Where& w, const json& list) {
     if (std::size_t(a.id) >= tokens.size()) tokens.resize(std::size_t(a.id) + 1);
     if (tokens[a.id] && *tokens[a.id] != a.content)
       w.fail(field + ".id", "an id that is free or names the same token, found " + std::to_string(a.id) +
-                                ", the id of \"" + *tokens[a.id] + "\"");
+                                ", the id of \"" + text_excerpt(*tokens[a.id]) + "\"");
     tokens[a.id] = a.content;
     added.push_back(std::move(a));
   }
@@ -562,7 +637,7 @@ void Tokenizer::Impl::read_post_processor(const Where& w, const json& j, const s
     return;
   }
   if (type != "TemplateProcessing")
-    w.fail(field + ".type", "ByteLevel, TemplateProcessing or Sequence, found \"" + type + "\"");
+    w.fail(field + ".type", "ByteLevel, TemplateProcessing or Sequence, found \"" + text_excerpt(type) + "\"");
   if (!prefix.empty() || !suffix.empty()) w.fail(field, "one TemplateProcessing, found a second");
   const json& special_tokens = object_at(w, j, field, "special_tokens");
   const json& single = member(w, j, field, "single");
@@ -579,11 +654,13 @@ void Tokenizer::Impl::read_post_processor(const Where& w, const json& j, const s
       if (!st.is_object()) w.fail(item + ".SpecialToken", "an object, found " + kind_of(st));
       const std::string name = string_of(w, member(w, st, item + ".SpecialToken", "id"), item + ".SpecialToken.id");
       const auto entry = special_tokens.find(name);
+      const std::string entry_field = field + ".special_tokens[\"" + text_excerpt(name) + "\"]";
       if (entry == special_tokens.end())
-        w.fail(field + ".special_tokens", "an entry for \"" + name + "\" (" + item + " names it), found none");
-      const std::string ids_field = field + ".special_tokens[\"" + name + "\"].ids";
-      if (!entry->is_object()) w.fail(field + ".special_tokens[\"" + name + "\"]", "an object, found " + kind_of(*entry));
-      const json& ids = member(w, *entry, field + ".special_tokens[\"" + name + "\"]", "ids");
+        w.fail(field + ".special_tokens",
+               "an entry for \"" + text_excerpt(name) + "\" (" + item + " names it), found none");
+      const std::string ids_field = entry_field + ".ids";
+      if (!entry->is_object()) w.fail(entry_field, "an object, found " + kind_of(*entry));
+      const json& ids = member(w, *entry, entry_field, "ids");
       if (!ids.is_array()) w.fail(ids_field, "an array, found " + kind_of(ids));
       for (std::size_t k = 0; k < ids.size(); ++k) {
         const int id = id_of(w, ids[k], ids_field + "[" + std::to_string(k) + "]");
@@ -593,7 +670,7 @@ void Tokenizer::Impl::read_post_processor(const Where& w, const json& j, const s
         (seen_sequence ? suffix : prefix).push_back(id);
       }
     } else {
-      w.fail(item, "{\"SpecialToken\": ...} or {\"Sequence\": ...}, found " + piece.dump());
+      w.fail(item, "{\"SpecialToken\": ...} or {\"Sequence\": ...}, found " + json_excerpt(piece));
     }
   }
   if (!seen_sequence) w.fail(field + ".single", "a {\"Sequence\": {\"id\": \"A\"}} item, found none");
@@ -647,13 +724,13 @@ std::vector<Segment> Tokenizer::Impl::split_added(std::string_view text) const {
 }
 
 void Tokenizer::Impl::pre_tokenize(std::string_view text, std::deque<std::string>& owned,
-                                   std::vector<std::string_view>& out) const {
+                                   std::vector<std::string_view>& out, MatchBudget& budget) const {
   std::vector<std::string_view> pieces{text}, next;
   for (const Step& step : steps) {
     next.clear();
     for (std::string_view p : pieces) {
       if (!step.is_byte_level) {
-        split_piece(step.split, p, next);
+        split_piece(step.split, p, next, budget);
         continue;
       }
       if (step.byte_level.add_prefix_space && p.front() != ' ') {
@@ -661,7 +738,7 @@ void Tokenizer::Impl::pre_tokenize(std::string_view text, std::deque<std::string
         spaced += p;
         p = spaced;
       }
-      if (step.byte_level.gpt2.pattern) split_piece(step.byte_level.gpt2, p, next);
+      if (step.byte_level.gpt2.pattern) split_piece(step.byte_level.gpt2, p, next, budget);
       else next.push_back(p);
     }
     std::swap(pieces, next);
@@ -671,6 +748,10 @@ void Tokenizer::Impl::pre_tokenize(std::string_view text, std::deque<std::string
 
 // One piece's ids: from the cache, or merged and remembered.
 void Tokenizer::Impl::bpe(std::string_view piece, std::vector<int>& out) const {
+  if (piece.size() > max_cached_piece) {
+    merge(piece, out);
+    return;
+  }
   {
     const std::lock_guard lock(cache_mutex);
     const auto it = cache.find(piece);
@@ -682,8 +763,11 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<int>& out) const {
   std::vector<int> ids;
   merge(piece, ids);
   out.insert(out.end(), ids.begin(), ids.end());
+  const std::size_t cost = piece.size() + ids.size() * sizeof(int) + cache_entry_overhead;
   const std::lock_guard lock(cache_mutex);
-  if (cache.size() < cache_capacity) cache.emplace(std::string(piece), std::move(ids));
+  if (cache.size() < cache_capacity && cache_bytes + cost <= cache_byte_capacity &&
+      cache.emplace(std::string(piece), std::move(ids)).second)
+    cache_bytes += cost;
 }
 
 // Byte symbols merged by rank, lowest first, leftmost on ties: Hugging
@@ -742,12 +826,11 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 Tokenizer Tokenizer::from_file(const std::filesystem::path& path, LoadOptions options) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw TokenizerError(path.string() + ": cannot be opened for reading");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw TokenizerError(path.string() + ": read failed");
-  return from_json(text.str(), path.string(), options);
+  std::string text;
+  if (std::string why = grad::detail::read_regular_file(path.string(), detail::max_tokenizer_bytes, text);
+      !why.empty())
+    throw TokenizerError(path.string() + ": " + why);
+  return from_json(text, path.string(), options);
 }
 
 Tokenizer Tokenizer::from_json(std::string_view text, std::string_view name, LoadOptions options) {
@@ -755,11 +838,7 @@ Tokenizer Tokenizer::from_json(std::string_view text, std::string_view name, Loa
   impl->file = std::string(name);
   impl->options = options;
   json root;
-  try {
-    root = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw TokenizerError(impl->file + ": not JSON (" + e.what() + ")");
-  }
+  if (std::string why = detail::parse_bounded(text, root); !why.empty()) throw TokenizerError(impl->file + ": " + why);
   impl->read(root);
   return Tokenizer(std::move(impl));
 }
@@ -770,6 +849,7 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool add_special_token
   if (add_special_tokens) ids = m.prefix;
   std::deque<std::string> owned;
   std::vector<std::string_view> pieces;
+  MatchBudget budget(text);
   for (const Segment& seg : m.split_added(text)) {
     if (seg.id >= 0) {
       ids.push_back(seg.id);
@@ -777,7 +857,7 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool add_special_token
     }
     if (seg.text.empty()) continue;  // encode(""): no piece, not even a prefix space
     pieces.clear();
-    m.pre_tokenize(seg.text, owned, pieces);
+    m.pre_tokenize(seg.text, owned, pieces, budget);
     for (std::string_view p : pieces) m.bpe(p, ids);
   }
   if (add_special_tokens) ids.insert(ids.end(), m.suffix.begin(), m.suffix.end());

@@ -21,7 +21,7 @@
 // model.norm.weight and lm_head.weight. HF stores a projection as
 // torch.nn.Linear's [out, in]; grad multiplies x . w with w [in, out], so
 // every projection (and lm_head) is transposed once, tensor by tensor, while
-// it is converted from the mapped file into the tape (no second copy of the
+// it is converted from the file into the tape (no second copy of the
 // model is held). Values convert exactly (F16, BF16, F32 into float or
 // double; F64 into double).
 //
@@ -29,7 +29,11 @@
 // what was expected (a missing tensor, a shape that disagrees with
 // config.json, an unknown architecture, dtype or config field value, a
 // tensor the architecture has no place for); loading checks every tensor
-// before writing any, so a refused load leaves the model as it was.
+// before writing any, so a refused load leaves the model as it was. The
+// files read must be regular files (a FIFO or a device is refused, not
+// waited on); config.json, adapter_config.json and the index at most 64 MiB,
+// their JSON nested at most 64 levels; a message quotes at most a few
+// hundred bytes of a value.
 #pragma once
 
 #include <cstdint>
@@ -76,8 +80,10 @@ struct SaveOptions {
 };
 
 // Writes `model` (no adapters: merge them first, nn::merge_lora) as a
-// Hugging Face directory: model.safetensors, then config.json, each
-// atomically (dir is created when missing). Throws hf::Error.
+// Hugging Face directory: model.safetensors, the copies, then config.json,
+// each atomically (dir is created when missing). The files to copy are read
+// (regular files only, bounded) and every output path checked (absent or a
+// regular file) before anything is written. Throws hf::Error.
 template <class T>
 void save_pretrained(const std::string& dir, const nn::Lm<T>& model, const SaveOptions& options = {});
 

@@ -1,5 +1,5 @@
 // safetensors files (the format Hugging Face checkpoints are stored in), read
-// through a memory map and written atomically.
+// with bounded preads and written atomically.
 //
 //   file    u64 little-endian N, then N bytes of JSON, then the data
 //   JSON    {"<name>": {"dtype": "BF16", "shape": [out, in], "data_offsets": [begin, end]}, ...,
@@ -8,8 +8,11 @@
 // Reading checks the header before anything is read through it: N within the
 // file, the JSON an object of such entries, each dtype known, each shape's
 // element count times the dtype's size equal to end - begin (overflow
-// checked), every range inside the data and no two ranges overlapping. A
-// refusal is an hf::Error naming the file and the tensor. Values come out
+// checked), every range inside the data (a file shorter than its header says
+// is reported as truncated) and no two ranges of one byte or more
+// overlapping. The header's JSON may nest at most 64 levels. A refusal is an
+// hf::Error naming the file and the tensor, quoting at most a few hundred
+// bytes of what it read. Values come out
 // converted exactly: F16 and BF16 (and F32) into float or double, F64 into
 // double (into float only when it is a float value: never rounded silently).
 #pragma once
@@ -54,10 +57,15 @@ struct TensorInfo {
   Dtype dtype = Dtype::f32;
   std::vector<std::size_t> shape;
   std::size_t elements = 0;
-  std::span<const unsigned char> bytes;  // inside the mapping
+  std::uint64_t offset = 0;    // of its first byte in the file
+  std::size_t byte_count = 0;  // elements * dtype_size(dtype)
 };
 
-// One safetensors file, memory-mapped read-only for as long as it lives.
+// One safetensors file, open for as long as it lives. Tensors are read with
+// pread into memory of the reader's own, never through a mapping: a file
+// that another program truncates while it is open would make a read through
+// a mapping kill the process (SIGBUS); a pread past its new end is an
+// hf::Error saying it was truncated.
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);  // throws hf::Error
@@ -87,8 +95,7 @@ class SafetensorsFile {
 
  private:
   std::string path_;
-  const unsigned char* map_ = nullptr;
-  std::size_t size_ = 0;
+  int fd_ = -1;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
 };
@@ -106,8 +113,9 @@ struct TensorOut {
 
 // Writes the tensors (in the given order, data aligned to 8 bytes) in
 // `dtype`, atomically: to a temporary file in the same directory, fsync'd,
-// renamed over `path`. Every value is checked to fit the dtype before
-// anything is written. Throws hf::Error naming the file and the tensor.
+// renamed over `path` (which must be absent or a regular file: a FIFO or a
+// device is refused, not replaced). Every value is checked to fit the dtype
+// before anything is written. Throws hf::Error naming the file and the tensor.
 template <class T>
 void write_safetensors(const std::string& path, std::span<const TensorOut<T>> tensors, Dtype dtype,
                        const std::map<std::string, std::string>& metadata = {});

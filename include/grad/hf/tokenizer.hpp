@@ -46,7 +46,16 @@
 //   Tokenizer::from_file("qwen2/tokenizer.json", {.assume_nfc = true});
 //
 // A Tokenizer is immutable after loading and safe to use from several
-// threads; encode keeps a bounded cache of pieces it has merged.
+// threads; encode keeps a cache of pieces it has merged, bounded in entries
+// and in bytes (pieces over 256 bytes are not kept).
+//
+// Hostile files are refused, not obeyed: from_file reads regular files only
+// (a FIFO, device or directory is refused at once), of at most 1 GiB; JSON
+// nested deeper than 64 levels is refused before it is parsed; a token id
+// beyond twice the number of tokens the file lists (plus 1024) is refused,
+// since ids index dense tables; messages quote at most a few hundred bytes
+// of a value. Pattern work is bounded per encode, not only per PCRE2 call:
+// 10^7 match-limit units plus 1024 per byte of text.
 #pragma once
 
 #include <cstddef>
@@ -87,7 +96,8 @@ class Tokenizer {
 
   // Any bytes (see above). add_special_tokens: apply the post-processor's
   // template, as Hugging Face's encode does by default. Throws
-  // TokenizerError only if a pattern exceeds PCRE2's match limits.
+  // TokenizerError only if a pattern backtracks past the encode's budget
+  // (above) or PCRE2 fails otherwise, naming the pattern and the byte.
   std::vector<int> encode(std::string_view text, bool add_special_tokens = true) const;
   // Throws std::out_of_range naming the first id with no token and its position.
   std::string decode(std::span<const int> ids, bool skip_special_tokens = false) const;
