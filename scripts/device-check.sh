@@ -290,7 +290,10 @@ sync_head() {
 }
 
 build_carry() {
-  local build=$root/build-device/build carry=$root/build-device/carry src=$root t
+  # --worktree builds in build-carry/, beside build/ and configured like it
+  # but shared: every unit compiles with the same command as in build/, so
+  # ccache serves them (CI checks the folder's size this way in a minute).
+  local build=$root/build-carry carry=$root/build-device/carry src=$root t
   for tool in meson ninja nvcc strip sha256sum; do
     if ! command -v "$tool" > /dev/null; then
       echo "device-check: '$tool' is not on PATH (nvcc: /usr/local/cuda/bin); the build half needs it" >&2
@@ -300,12 +303,17 @@ build_carry() {
   t=$(now)
   if [ "$worktree" = 0 ]; then
     src=$root/build-device/src
+    build=$root/build-device/build
     sync_head "$src"
   fi
   if [ ! -f "$build/build.ninja" ] || [ "$(cat "$build/.source" 2> /dev/null)" != "$src" ]; then
     rm -rf "$build"
+    # Shared libraries: the binaries share one libgrad_device.so (the kernels'
+    # fatbin, ~10 MB), one libgrad_kernels.so (~4 MB of loops) and one
+    # libcudart, where static linking put a copy of each in every binary
+    # (nine binaries of 12-18 MB: 120 MiB, over the device tool's 64).
     meson setup "$build" "$src" --wrap-mode=nodownload -Dcuda=enabled -Dgpu_arch="$arch" --buildtype=release \
-      -Dexamples=false -Dbenchmarks=enabled -Dtests=true > "$build-setup.log" 2>&1 || {
+      -Ddefault_library=shared -Dexamples=false -Dbenchmarks=enabled -Dtests=true > "$build-setup.log" 2>&1 || {
       tail -30 "$build-setup.log"
       echo "device-check: meson setup failed (log: $build-setup.log)" >&2
       exit 2
@@ -334,7 +342,7 @@ build_carry() {
     case $(basename "$lib") in
       libc.so* | libm.so* | libdl.so* | librt.so* | libpthread.so* | ld-linux*) ;;
       libnccl.so*) ;; # 218 MB: the GPU machine's own is used (run_device, find_nccl)
-      *) cp -L "$lib" "$carry/lib/" ;;
+      *) cp -L "$lib" "$carry/lib/" && strip --strip-unneeded "$carry/lib/$(basename "$lib")" ;;
     esac
   done
   {
