@@ -181,7 +181,7 @@ void add_options(CLI::App& c, GenerateOptions& o) {
   auto* model = c.add_option("--model", o.model, "the model to generate with")->check(CLI::ExistingFile);
   c.add_option("--from", o.from,
                "a Hugging Face model directory to generate with instead of --model (its tokenizer.json: "
-               "--count, --prompt-bytes and --top-k count its tokens)")
+               "--count and --top-k count its tokens; --prompt-bytes stays bytes)")
       ->check(CLI::ExistingDirectory)
       ->excludes(model);
   auto* prompt =
@@ -195,12 +195,14 @@ void add_options(CLI::App& c, GenerateOptions& o) {
   c.add_option("--prompt-bytes", o.prompt_bytes, "prompt bytes taken from --prompt-file")
       ->check(cli::range<std::size_t>(1, max_text_bytes))
       ->excludes(prompt);
-  c.add_option("--count", o.count, "bytes to generate (200 after --prompt)")
+  c.add_option("--count", o.count,
+               "tokens to generate: bytes with --model, the tokenizer's tokens with --from (200 after --prompt)")
       ->check(cli::range<std::size_t>(0, 1'000'000))
       ->default_str("the rest of --prompt-file")
       ->each([&o](const std::string&) { o.count_given = true; });
   c.add_option("--temperature", o.temperature, "0: greedy; above 0: sampled")->check(cli::range(0.0, 100.0));
-  c.add_option("--top-k", o.top_k, "sample among the k likeliest bytes (0: all)")
+  c.add_option("--top-k", o.top_k,
+               "sample among the k likeliest tokens (bytes with --model, tokens with --from; 0: all)")
       ->check(cli::range<std::size_t>(0, 1'000'000));
   c.add_option("--seed", o.seed, "sampling")->check(cli::seed());
 }
@@ -230,7 +232,8 @@ void add_options(CLI::App& c, ExportOptions& o) {
   c.add_option("--in", o.in, "a model without adapters: grad's model file (tinylm merge) or a Hugging Face directory")
       ->check(CLI::ExistingPath);
   c.add_option("--gguf", o.gguf,
-               "write a GGUF file for llama.cpp (qwen2; the vocabulary: bytes, or the directory's tokenizer.json)")
+               "write a GGUF file for llama.cpp (qwen2, or llama for a head_dim of its own; the vocabulary: bytes, "
+               "or the directory's tokenizer.json, whose pre-tokenizer must be GPT-2's, Qwen2's or Llama 3's)")
       ->check(cli::output_file);
   c.add_flag("--f16", o.f16, "GGUF matrices in F16 (norms and biases stay F32)");
   c.add_option("--hf", o.hf,
@@ -279,24 +282,41 @@ void check_output_dir(const std::string& flag, const std::string& path) {
 }
 
 // How a text becomes ids and back: bytes (grad's own models), or a Hugging
-// Face directory's tokenizer.json (taken as NFC, as most text is).
+// Face directory's tokenizer.json (its NFC normalizer applied, as Hugging
+// Face does; a grad_hf without utf8proc refuses text that is not ASCII).
+// has_token: whether an id decodes to something; a checkpoint pads its
+// embedding with rows no token has (Qwen2: 151936 for 151665 tokens).
 struct Codec {
   std::function<std::vector<int>(std::string_view)> encode;
   std::function<std::string(std::span<const int>)> decode;
+  std::function<bool(int)> has_token;
 };
 
 Codec byte_codec() {
   return {[](std::string_view s) { return nn::ByteTokenizer::encode(s); },
-          [](std::span<const int> ids) { return nn::ByteTokenizer::decode(ids); }};
+          [](std::span<const int> ids) { return nn::ByteTokenizer::decode(ids); },
+          [](int id) { return id >= 0 && id < 256; }};
+}
+
+// Sampling that never picks an id the codec cannot decode (the padding rows).
+nn::SampleOptions sampling_for(const Codec& codec, std::size_t vocab) {
+  nn::SampleOptions so;
+  std::vector<bool> allowed(vocab);
+  bool all = true;
+  for (std::size_t i = 0; i < vocab; ++i) all &= allowed[i] = codec.has_token(static_cast<int>(i));
+  if (!all) so.allowed = std::move(allowed);
+  return so;
 }
 
 Codec codec_of([[maybe_unused]] const std::string& hf_dir) {
   if (hf_dir.empty()) return byte_codec();
 #ifdef GRAD_TINYLM_HF
+  // (assume_nfc matters only to a grad_hf without utf8proc: then ASCII text is taken, other text refused.)
   auto tok = std::make_shared<const grad::hf::Tokenizer>(
       grad::hf::Tokenizer::from_file(hf_dir + "/tokenizer.json", {.assume_nfc = true}));
   return {[tok](std::string_view s) { return tok->encode(s); },
-          [tok](std::span<const int> ids) { return tok->decode(ids); }};
+          [tok](std::span<const int> ids) { return tok->decode(ids); },
+          [tok](int id) { return tok->id_to_token(id).has_value(); }};
 #else
   require_hf("--from");
   return byte_codec();
@@ -335,7 +355,8 @@ double evaluate(nn::Lm<T>& model, std::span<const int> tokens, std::size_t seq) 
 // Greedy continuation of the first `prompt` tokens: does it reproduce the rest?
 std::string continuation(const nn::Lm<T>& model, std::span<const int> text, std::size_t prompt, const Codec& codec) {
   nn::KvDecoder<T> dec(model);
-  const std::vector<int> out = nn::generate(dec, text.first(prompt), text.size() - prompt);
+  const std::vector<int> out =
+      nn::generate(dec, text.first(prompt), text.size() - prompt, sampling_for(codec, model.config().vocab));
   return codec.decode(out);
 }
 
@@ -664,7 +685,7 @@ int generate(const GenerateOptions& o) {
   if (hf) grad::hf::load_weights(from, model);
 #endif
   if (!hf) check_saved(nn::load_lm(from, model));
-  nn::SampleOptions so;
+  nn::SampleOptions so = sampling_for(codec, c.vocab);  // ids with no token (padding rows) never come out
   so.temperature = o.temperature;
   so.top_k = o.top_k;
   so.seed = o.seed;
@@ -708,13 +729,15 @@ int export_model([[maybe_unused]] const ExportOptions& o) {
   else
     check_saved(nn::load_lm(o.in, model));
   if (!o.gguf.empty()) {
-    // The vocabulary: the directory's tokenizer.json, or grad's 256 bytes.
+    // The vocabulary: the directory's tokenizer.json (its pre-tokenizer
+    // named as llama.cpp names it, or refused), or grad's 256 bytes.
     const hf::BpeVocab vocab =
         from_hf ? hf::bpe_vocab(hf::Tokenizer::from_file(o.in + "/tokenizer.json", {.assume_nfc = true}), c.vocab)
                 : hf::byte_level_vocab();
     check_saved(hf::write_gguf(o.gguf, model, vocab, {.type = o.f16 ? hf::GgufType::f16 : hf::GgufType::f32}));
-    std::printf("tinylm export: %s (%s) -> %s (GGUF, qwen2, %s, %zu tokens)\n", o.in.c_str(), c.describe().c_str(),
-                o.gguf.c_str(), o.f16 ? "F16" : "F32", vocab.tokens.size());
+    std::printf("tinylm export: %s (%s) -> %s (GGUF, %s, %s, %zu tokens, pre-tokenizer %s)\n", o.in.c_str(),
+                c.describe().c_str(), o.gguf.c_str(), std::string(hf::gguf_architecture(c)).c_str(),
+                o.f16 ? "F16" : "F32", vocab.tokens.size(), vocab.pre.c_str());
   }
   if (!o.hf.empty()) {
     hf::SaveOptions save;

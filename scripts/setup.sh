@@ -9,11 +9,13 @@
 # doxygen builds the API reference (`ninja -C build docs`; GRAD_WITH_DOCS=0
 # skips it). CLI11 (libcli11-dev, header-only) parses the programs' options.
 # nlohmann-json (nlohmann-json3-dev) and PCRE2 (libpcre2-dev) build grad::hf:
-# Hugging Face model directories, tokenizers and GGUF export. ccache: meson
-# puts it in front of the compilers, so a unit compiled before (in any build
-# directory: scripts/build.sh sets its base directory) is not compiled again.
+# Hugging Face model directories, tokenizers and GGUF export; utf8proc
+# (libutf8proc-dev) lets its tokenizers compose NFC (Qwen2's normalizer).
+# ccache: meson puts it in front of the compilers, so a unit compiled before
+# (in any build directory: scripts/build.sh sets its base directory) is not
+# compiled again.
 set -eu
-want="meson ninja-build pkg-config cmake g++ ccache doctest-dev libboost-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libpcre2-dev"
+want="meson ninja-build pkg-config cmake g++ ccache doctest-dev libboost-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev"
 [ "${GRAD_WITH_TORCH:-1}" = 1 ] && want="$want python3-torch"
 [ "${GRAD_WITH_SKLEARN:-1}" = 1 ] && want="$want python3-sklearn"
 [ "${GRAD_WITH_MPI:-1}" = 1 ] && want="$want libopenmpi-dev openmpi-bin"

@@ -395,10 +395,16 @@ TEST_CASE(
   };
   auto without = list;
   without.erase(named(without, "layers.0.k"));
-  refused(hf::write_gguf(path, c, without, good), {"tensor 'layers.0.k' [8, 4] is missing"});
+  // Named as Hugging Face names them, grad's name beside.
+  refused(
+      hf::write_gguf(path, c, without, good),
+      {"tensor 'model.layers.0.self_attn.k_proj.weight' (grad's 'layers.0.k'), [4, 8] (grad's [8, 4]), is missing"});
   auto misshapen = list;
   named(misshapen, "layers.0.k")->shape = {4, 8};
-  refused(hf::write_gguf(path, c, misshapen, good), {"'layers.0.k' is [4, 8] (expected [8, 4])"});
+  refused(
+      hf::write_gguf(path, c, misshapen, good),
+      {"'model.layers.0.self_attn.k_proj.weight' (grad's 'layers.0.k') is [4, 8] as grad holds it (expected [8, 4], "
+       "grad's [in, out]: Hugging Face's [4, 8])"});
   auto extra = list;
   extra.push_back({"layers.0.q.lora_a", {8, 2}, named(list, "layers.0.q")->values.first(16)});  // 16 of q's values
   refused(hf::write_gguf(path, c, extra, good), {"'layers.0.q.lora_a' is not part of a qwen2 model"});
@@ -412,13 +418,23 @@ TEST_CASE(
   CHECK_FALSE(read_gguf(path).tensors.contains("output.weight"));
   std::filesystem::remove(path);
 
-  // Values: NaN anywhere; beyond F16's range only in an F16 file.
-  tp.leaf_value(m.tensor("layers.1.up"))[5] = std::nanf("");
-  refused(hf::write_gguf(path, m, good), {"'layers.1.up' element 5 is nan", "finite"});
-  tp.leaf_value(m.tensor("layers.1.up"))[5] = 70000.0f;
-  refused(hf::write_gguf(path, m, good, {.type = hf::GgufType::f16}), {"element 5 is 70000", "beyond F16's range"});
+  // Values: NaN anywhere; beyond F16's range only in an F16 file. An element
+  // is named as Hugging Face's [row][column]: grad's up [8, 12] element 17 is
+  // its [1, 5], up_proj.weight [12, 8]'s [5][1].
+  tp.leaf_value(m.tensor("layers.1.up"))[17] = std::nanf("");
+  refused(hf::write_gguf(path, m, good), {"tensor 'model.layers.1.mlp.up_proj.weight' [5][1] is nan", "finite"});
+  tp.leaf_value(m.tensor("layers.1.up"))[17] = 70000.0f;
+  refused(hf::write_gguf(path, m, good, {.type = hf::GgufType::f16}),
+          {"'model.layers.1.mlp.up_proj.weight' [5][1] is 70000", "beyond F16's range"});
   REQUIRE(hf::write_gguf(path, m, good).ok());  // F32 holds it
   std::filesystem::remove(path);
+  tp.leaf_value(m.tensor("layers.1.up"))[17] = 0.0f;
+  tp.leaf_value(m.tensor("embed"))[8 * 3 + 2] = INFINITY;  // not transposed: embed_tokens [257, 8]'s [3][2]
+  refused(hf::write_gguf(path, m, good), {"tensor 'model.embed_tokens.weight' [3][2] is inf"});
+  tp.leaf_value(m.tensor("embed"))[8 * 3 + 2] = 0.0f;
+  tp.leaf_value(m.tensor("layers.0.mlp_norm"))[6] = std::nanf("");
+  refused(hf::write_gguf(path, m, good), {"tensor 'model.layers.0.post_attention_layernorm.weight' [6] is nan"});
+  tp.leaf_value(m.tensor("layers.0.mlp_norm"))[6] = 1.0f;
 
   // A path that cannot be written: the message says why, nothing is left.
   const ModelFileResult r = hf::write_gguf(dir.file("no/such/dir/m.gguf"), m, good);
@@ -426,6 +442,104 @@ TEST_CASE(
   CHECK_FALSE(r.ok());
   CHECK(r.error.find("cannot create a temporary file") != std::string::npos);
   CHECK(nothing_left(dir));
+}
+
+TEST_CASE("write_gguf refuses rope_base and eps that float32 cannot hold, naming the field and the value") {
+  ScratchDir dir("gguf");
+  const std::string path = dir.file("reals.gguf");
+  const hf::BpeVocab vocab = hf::byte_level_vocab({"<|endoftext|>"});
+  struct Case {
+    double rope_base, eps;
+    const char* field;
+    const char* value;
+    const char* why;
+  };
+  for (const Case& k : {Case{1e39, 1e-6, "rope_base (config.json's rope_theta)", "1e+39", "would become inf"},
+                        Case{1e4, 1e300, "eps (config.json's rms_norm_eps)", "1e+300", "would become inf"},
+                        Case{1e4, 1e-50, "eps (config.json's rms_norm_eps)", "1e-50", "would become 0"},
+                        Case{1e4, 1e-40, "eps (config.json's rms_norm_eps)", "1e-40", "would become a subnormal"}}) {
+    CAPTURE(k.value);
+    nn::LmConfig c = small(257);
+    c.rope_base = k.rope_base;
+    c.eps = k.eps;
+    Tape<float> tp;
+    nn::Lm<float> m(tp, c, 5);
+    const ModelFileResult r = hf::write_gguf(path, m, vocab);
+    CAPTURE(r.error);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error.find(std::string(k.field) + " " + k.value + " is ") != std::string::npos);
+    CHECK(r.error.find(k.why) != std::string::npos);
+    CHECK(r.error.find("float32") != std::string::npos);
+    CHECK(nothing_left(dir));
+  }
+  // The smallest normal float32 and the largest are held as they are.
+  nn::LmConfig c = small(257);
+  c.eps = 1.1754944e-38;
+  c.rope_base = 3.4e38;
+  Tape<float> tp;
+  nn::Lm<float> m(tp, c, 5);
+  REQUIRE(hf::write_gguf(path, m, vocab).ok());
+  CHECK(std::get<float>(read_gguf(path).kv.at("qwen2.attention.layer_norm_rms_epsilon")) == 1.1754944e-38f);
+}
+
+TEST_CASE(
+    "write_gguf writes a model whose heads have a width of their own as llama, q and k rows in llama's RoPE order") {
+  // head_width 6 x 2 heads = 12 != d_model 8: llama.cpp's qwen2 would want q [8, 8].
+  ScratchDir dir("gguf");
+  nn::LmConfig c = small(257);
+  c.head_width = 6;
+  for (const bool bias : {false, true}) {
+    CAPTURE(bias);
+    c.qkv_bias = bias;
+    Tape<float> tp;
+    nn::Lm<float> m(tp, c, 7);
+    Rng rng(8);
+    for (const auto& p : m.base())
+      if (p.name.ends_with("_bias"))
+        for (float& x : tp.leaf_value(p.var)) x = static_cast<float>(rng.uniform(-1, 1));
+    const std::string path = dir.file(bias ? "llama_bias.gguf" : "llama.gguf");
+    const ModelFileResult written = hf::write_gguf(path, m, hf::byte_level_vocab({"<|endoftext|>"}));
+    REQUIRE_MESSAGE(written.ok(), written.error);
+    CHECK(hf::gguf_architecture(c) == "llama");
+    const Gguf g = read_gguf(path);
+    auto u32 = [&](const std::string& k) { return std::get<std::uint32_t>(g.kv.at(k)); };
+    CHECK(std::get<std::string>(g.kv.at("general.architecture")) == "llama");
+    CHECK_FALSE(g.kv.contains("qwen2.embedding_length"));
+    CHECK(u32("llama.embedding_length") == 8);
+    CHECK(u32("llama.attention.head_count") == 2);
+    CHECK(u32("llama.attention.head_count_kv") == 1);
+    CHECK(u32("llama.attention.key_length") == 6);
+    CHECK(u32("llama.attention.value_length") == 6);
+    CHECK(u32("llama.rope.dimension_count") == 6);
+    CHECK(g.tensors.at("blk.0.attn_q.weight").ne == std::vector<std::uint64_t>{8, 12});
+    CHECK(g.tensors.at("blk.0.attn_k.weight").ne == std::vector<std::uint64_t>{8, 6});
+    CHECK(g.tensors.at("blk.0.attn_output.weight").ne == std::vector<std::uint64_t>{12, 8});
+    // Biases only where the model has them (llama's are optional; qwen2's would be zeros).
+    CHECK(g.tensors.contains("blk.1.attn_q.bias") == bias);
+    CHECK(g.tensors.size() == 1 + 2 * (9 + (bias ? 3 : 0)) + 2);
+    // Within each head of width 6, output row 2j + s is grad's column s * 3 + j
+    // (rotate-half pairs (j, j + 3) become adjacent); v and o keep their order.
+    auto values = [&](const std::string& name) { return tp.value(m.tensor(name)).data; };
+    auto check_rows = [&](const std::string& gguf, const std::string& grad_name, std::size_t in, std::size_t out,
+                          bool permuted) {
+      CAPTURE(gguf);
+      const auto t = g.data<float>(gguf);
+      const auto w = values(grad_name);
+      for (std::size_t r = 0; r < out; ++r) {
+        const std::size_t head = r / 6, j = r % 6, from = permuted ? head * 6 + (j % 2) * 3 + j / 2 : r;
+        for (std::size_t k = 0; k < in; ++k) REQUIRE(t[r * in + k] == w[k * out + from]);
+      }
+    };
+    check_rows("blk.1.attn_q.weight", "layers.1.q", 8, 12, true);
+    check_rows("blk.1.attn_k.weight", "layers.1.k", 8, 6, true);
+    check_rows("blk.1.attn_v.weight", "layers.1.v", 8, 6, false);
+    check_rows("blk.1.attn_output.weight", "layers.1.o", 12, 8, false);
+    if (bias) {
+      check_rows("blk.0.attn_q.bias", "layers.0.q_bias", 1, 12, true);
+      check_rows("blk.0.attn_k.bias", "layers.0.k_bias", 1, 6, true);
+      check_rows("blk.0.attn_v.bias", "layers.0.v_bias", 1, 6, false);
+    }
+  }
 }
 
 TEST_CASE("write_gguf refuses an output path that is a FIFO or a device instead of replacing it") {

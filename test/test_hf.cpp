@@ -509,6 +509,9 @@ TEST_CASE("a checkpoint that disagrees with config.json is refused by file and t
   }
   std::filesystem::rename(shard2 + ".new", shard2);
   expect_refused(load(), {"tensor 'model.norm.weight' is missing", "[16]", "model-00002-of-00002.safetensors"});
+  // A sentence: where it is missing from, then what the model has.
+  expect_refused(load(), {"is missing from '", "which the index names for it: the model that config.json describes (",
+                          ") has it, as a [16] tensor"});
   unchanged();
   write_bytes(shard2, good_shard2);
   // A shape that disagrees with config.json: intermediate_size 25 makes gate_proj [25, 16].
@@ -528,7 +531,8 @@ TEST_CASE("a checkpoint that disagrees with config.json is refused by file and t
   {
     Tape<float> t2;
     nn::Lm<float> m2(t2, hf::read_config(d).config, 1);
-    expect_refused(refusal([&] { hf::load_weights(d, m2); }), {"model-0000", "_proj.bias' has no place in the model config.json describes"});
+    expect_refused(refusal([&] { hf::load_weights(d, m2); }),
+                   {"model-0000", "_proj.bias' has no place in the model that config.json describes"});
   }
   // config.json itself.
   auto config_refusal = [&](const std::string& field, const json& value) {

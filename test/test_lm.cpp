@@ -782,6 +782,42 @@ TEST_CASE("generate refuses a NaN, infinite or negative temperature and top_k be
   CHECK(nn::generate(dec, prompt, 4, {.temperature = 1, .top_k = 256}).size() == 4);
 }
 
+TEST_CASE("generate never picks an id that SampleOptions::allowed masks out (a checkpoint's padding rows)") {
+  Tape<double> tp;
+  nn::Lm<double> m(tp, small_config(), 5);
+  const std::vector<int> prompt = {1, 2, 3};
+  nn::KvDecoder<double> dec(m);
+  const std::vector<int> free_run = nn::generate(dec, prompt, 12);
+  // Ban what greedy chose first: it never comes out, greedy or sampled,
+  // and the ids past `allowed` (as padding rows past a tokenizer's ids) never either.
+  nn::SampleOptions o;
+  o.allowed.assign(200, true);
+  o.allowed[static_cast<std::size_t>(free_run[0])] = false;
+  for (const double temperature : {0.0, 1.0, 50.0}) {
+    CAPTURE(temperature);
+    o.temperature = temperature;
+    for (const std::size_t top_k : {std::size_t{0}, std::size_t{3}, std::size_t{256}}) {
+      o.top_k = temperature > 0 ? top_k : 0;
+      const std::vector<int> out = nn::generate(dec, prompt, 40, o);
+      REQUIRE(out.size() == 40);
+      for (int t : out) {
+        CHECK(t != free_run[0]);
+        CHECK((t >= 0 && t < 200));
+      }
+    }
+  }
+  // Only one id allowed: it is all that comes out.
+  o.allowed.assign(256, false);
+  o.allowed[42] = true;
+  o.temperature = 1;
+  o.top_k = 0;
+  for (int t : nn::generate(dec, prompt, 8, o)) CHECK(t == 42);
+  o.allowed.assign(256, false);
+  CHECK_THROWS_WITH_AS(nn::generate(dec, prompt, 4, o),
+                       "nn::generate: allowed: no id below the vocabulary (256) is allowed (expected at least one)",
+                       std::invalid_argument);
+}
+
 TEST_CASE("generation past max_seq restarts on max_seq / 2 tokens, at the smallest max_seq (2)") {
   nn::LmConfig c = small_config();
   c.max_seq = 2;

@@ -213,8 +213,11 @@ TEST_CASE("added tokens are matched first, leftmost-longest, never split; the te
   CHECK(t.token_to_id("<|im_start|>") == start);
   CHECK(t.id_to_token(start) == "<|im_start|>");
   CHECK(t.vocab_size() == 304);
-  CHECK_THROWS_WITH_AS(t.decode(std::vector<int>{hi, 9999}),
-                       "grad::hf::Tokenizer::decode: id 9999 at position 1 has no token in test.json", std::out_of_range);
+  // An id with no token (a gap, a padding row) is skipped, as Hugging Face's decode skips it; a negative one is
+  // refused.
+  CHECK(t.decode(std::vector<int>{hi, 9999, 280, hi}) == "hihi");
+  CHECK_THROWS_WITH_AS(t.decode(std::vector<int>{hi, -1}),
+                       "grad::hf::Tokenizer::decode: id -1 at position 1 is negative (test.json)", std::out_of_range);
 
   j["post_processor"] = {
       {"type", "Sequence"},
@@ -333,10 +336,14 @@ TEST_CASE("a bad tokenizer.json is refused naming the file, the field and what w
   refused(j, {"model.merges[1]", "whose result is in model.vocab", "ba"});
   j = good;
   j["normalizer"] = {{"type", "NFC"}};
-  refused(j, {"normalizer.type", "null", "NFC", "assume_nfc"});
-  CHECK(Tokenizer::from_json(j.dump(), "test.json", {.assume_nfc = true}).encode("ab") == std::vector<int>{256});
+  if (grad::hf::normalizes_nfc()) {  // composed (the NFC test case): loads as it is
+    CHECK(load(j).encode("ab") == std::vector<int>{256});
+  } else {
+    refused(j, {"normalizer.type", "NFC", "utf8proc", "assume_nfc"});
+    CHECK(Tokenizer::from_json(j.dump(), "test.json", {.assume_nfc = true}).encode("ab") == std::vector<int>{256});
+  }
   j["normalizer"] = {{"type", "Lowercase"}};
-  refused(j, {"normalizer.type", "null", "Lowercase"});
+  refused(j, {"normalizer.type", "null or NFC", "Lowercase"});
   j = good;
   j["pre_tokenizer"] = {{"type", "Whitespace"}};
   refused(j, {"pre_tokenizer.type", "ByteLevel, Split or Sequence", "Whitespace"});
@@ -380,6 +387,73 @@ TEST_CASE("from_file reads the file and names it in errors") {
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("an NFC normalizer composes the text between added tokens: decomposed (NFD) text encodes as composed") {
+  // Qwen2's pipeline: NFC, its Split, ByteLevel; "caf\u00e9" merged into one token.
+  const std::string nfc = "caf\xc3\xa9", nfd = "cafe\xcc\x81";
+  json j = make({{"c", "a"}, {"ca", "f"}, {"\xc3", "\xa9"}, {"caf", "\xc3\xa9"}},
+                json{{"type", "Sequence"}, {"pretokenizers", {split(qwen_pattern), byte_level(false)}}});
+  j["normalizer"] = {{"type", "NFC"}};
+  j["added_tokens"] = {{{"id", 300}, {"content", "e\xcc\x81!"}, {"special", true}, {"normalized", false}}};
+  if (!grad::hf::normalizes_nfc()) {
+    // Without utf8proc: refused at load, or with assume_nfc, refused for text that is not ASCII.
+    refused(j, {"normalizer.type", "utf8proc"});
+    const Tokenizer t = Tokenizer::from_json(j.dump(), "test.json", {.assume_nfc = true});
+    CHECK(t.encode("cafe").size() == 2);
+    CHECK_THROWS_AS(t.encode(nfd), TokenizerError);
+    return;
+  }
+  const Tokenizer t = load(j);
+  CHECK(t.has_nfc_normalizer());
+  const std::vector<int> composed = t.encode(nfc);
+  CHECK(composed.size() == 1);
+  CHECK(t.encode(nfd) == composed);  // was 5 ids: c a f e U+0301's two bytes, never merged
+  CHECK(t.encode(" " + nfd + " " + nfd) == t.encode(" " + nfc + " " + nfc));
+  // An added token that is not `normalized` is found in the raw text first, decomposed as it is.
+  CHECK(t.encode("e\xcc\x81!" + nfd) == std::vector<int>{300, composed[0]});
+  // Bytes that are not UTF-8 stay as they are; the UTF-8 around them is composed.
+  CHECK(t.decode(t.encode("\xff" + nfd + "\xc3")) == "\xff" + nfc + "\xc3");
+  // Without a normalizer the decomposed text is its own bytes.
+  j["normalizer"] = nullptr;
+  CHECK_FALSE(load(j).has_nfc_normalizer());
+  CHECK(load(j).encode(nfd) != composed);
+}
+
+TEST_CASE("llama_cpp_pre names GPT-2's, Qwen2's and Llama 3's pre-tokenizers as llama.cpp does, and refuses others") {
+  using grad::hf::llama_cpp_pre;
+  const std::string gpt2_split = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+  const std::string llama3_split =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  auto sequence = [](const json& split_step) {
+    return json{{"type", "Sequence"}, {"pretokenizers", {split_step, byte_level(false)}}};
+  };
+  CHECK(llama_cpp_pre(load(make({}, byte_level()))) == "gpt-2");
+  CHECK(llama_cpp_pre(load(make({}, sequence(split(gpt2_split))))) == "gpt-2");
+  CHECK(llama_cpp_pre(load(make({}, sequence(split(qwen_pattern))))) == "qwen2");
+  CHECK(llama_cpp_pre(load(make({}, sequence(split(llama3_split))))) == "llama-bpe");
+  // bpe_vocab takes the name from the tokenizer (it was "qwen2" whatever the tokenizer), or the caller's.
+  CHECK(grad::hf::bpe_vocab(load(make({}, byte_level()))).pre == "gpt-2");
+  CHECK(grad::hf::bpe_vocab(load(make({}, sequence(split(llama3_split))))).pre == "llama-bpe");
+  CHECK(grad::hf::bpe_vocab(load(make({}, split("[a-z]+"))), 0, "qwen2").pre == "qwen2");
+  auto refused_pre = [](const json& pre, std::initializer_list<std::string> parts) {
+    std::string message;
+    try {
+      llama_cpp_pre(load(make({}, pre)));
+    } catch (const TokenizerError& e) {
+      message = e.what();
+    }
+    INFO("message: " << message);
+    REQUIRE_FALSE(message.empty());
+    for (const std::string& p : parts) CHECK(message.find(p) != std::string::npos);
+    CHECK_THROWS_AS(grad::hf::bpe_vocab(load(make({}, pre))), TokenizerError);
+  };
+  refused_pre(split("[a-z]+"), {"Split(Regex \"[a-z]+\", Isolated)", "gpt-2", "qwen2", "llama-bpe"});
+  refused_pre(sequence(split(qwen_pattern, "Removed")),
+              {"Removed", "ByteLevel(add_prefix_space false, use_regex false)"});
+  refused_pre(json{{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", true}},
+              {"ByteLevel(add_prefix_space true, use_regex true)"});
+  refused_pre(nullptr, {"[none]"});
+}
+
 TEST_CASE("bpe_vocab: a tokenizer.json as GGUF's vocabulary: spellings by id, merges by rank, added tokens typed") {
   using grad::hf::TokenType;
   // Merged tokens are ids 256 .. 259; 260 and 262 are gaps.
@@ -413,7 +487,8 @@ TEST_CASE("bpe_vocab: a tokenizer.json as GGUF's vocabulary: spellings by id, me
   }
   CHECK(v.eos == std::optional<std::uint32_t>(eot));
   CHECK_FALSE(v.bos.has_value());
-  CHECK(v.pre == "qwen2");
+  CHECK(v.pre == "gpt-2");  // GPT-2's ByteLevel pre-tokenizer
+  CHECK_FALSE(v.add_bos);
   CHECK(grad::hf::check_vocab(v, model_vocab).empty());
   // Without a model size: the tokenizer's ids; a model with fewer is refused naming both counts.
   CHECK(grad::hf::bpe_vocab(t).tokens.size() == 264);
@@ -425,6 +500,12 @@ TEST_CASE("bpe_vocab: a tokenizer.json as GGUF's vocabulary: spellings by id, me
   const grad::hf::BpeVocab again = grad::hf::bpe_vocab(load(j));
   CHECK(again.merges == std::vector<std::string>{"l l", "he ll", G + " w", "h e"});
   CHECK(again.bos == std::optional<std::uint32_t>(264));
+  CHECK_FALSE(again.add_bos);
+  // A template that puts bos before the text (Llama 3's): llama.cpp is told to add it too.
+  j["post_processor"] = {{"type", "TemplateProcessing"},
+                         {"single", {{{"SpecialToken", {{"id", "<s>"}}}}, {{"Sequence", {{"id", "A"}}}}}},
+                         {"special_tokens", {{"<s>", {{"ids", {264}}}}}}};
+  CHECK(grad::hf::bpe_vocab(load(j)).add_bos);
 }
 
 TEST_CASE("byte_level_tokenizer_json: grad's byte models' tokenizer.json encodes every byte as its id") {

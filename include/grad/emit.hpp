@@ -463,7 +463,8 @@ class EmitPlan {
            "//\n"
            "// !!! --fmad=false IS REQUIRED, and nothing in this file can check it: without it nvcc fuses a*b+c\n"
            "// !!! in device code into one FMA and the bits differ from the tape's (silently; nvcc sets no macro\n"
-           "// !!! for it). Host code: contraction is switched off below for g++ (and clang).\n";
+           "// !!! for it). Host code: nvcc's host side needs -Xcompiler=-ffp-contract=off as above (the\n"
+           "// !!! pragma below that switches contraction off for g++ and clang is not one nvcc accepts).\n";
     } else {
       s += "// Compile: g++ -std=c++20 -O2 -I <grad>/include your_main.cpp (or clang++)\n"
            "// a*b+c must not be fused into an FMA, or the bits differ from the tape's: this file switches\n"
@@ -478,7 +479,8 @@ class EmitPlan {
          "// clang; GNU modes and clang contract by default), and restored at its end.\n"
          "#if !defined(__CUDA_ARCH__)\n#if defined(__clang__)\n#pragma float_control(push)\n"
          "#pragma clang fp contract(off)\n#elif defined(__GNUC__)\n#pragma GCC push_options\n"
-         "#pragma GCC optimize(\"fp-contract=off\")\n#endif\n#endif\n\n";
+         "#if !defined(__CUDACC__) // nvcc knows no optimize pragma (#1675-D): -Xcompiler=-ffp-contract=off\n"
+         "#pragma GCC optimize(\"fp-contract=off\")\n#endif\n#endif\n#endif\n\n";
     s += "#include <cstddef>\n#include <limits>\n\n#include \"grad/emitted.hpp\"\n\n";
     s += "static_assert(grad::emitted::format_version == 1, \"written for grad's emitted format 1\");\n";
     s += "#if defined(__FAST_MATH__)\n#error \"an emitted grad program must not be compiled with -ffast-math\"\n"

@@ -1,4 +1,4 @@
-// GGUF v3 export of a grad::nn::Lm as llama.cpp's qwen2 architecture
+// GGUF v3 export of a grad::nn::Lm as llama.cpp's qwen2 or llama architecture
 // (include/grad/hf/gguf.hpp has the tensor table and the rules).
 #include "grad/hf/gguf.hpp"
 
@@ -93,8 +93,53 @@ BpeVocab byte_level_vocab(std::span<const std::string> specials) {
   return v;
 }
 
-BpeVocab bpe_vocab(const Tokenizer& tokenizer, std::size_t vocab) {
+namespace {
+// The Split patterns llama.cpp knows by these names (its llama-vocab.cpp's
+// regexes for LLAMA_VOCAB_PRE_TYPE_GPT2, _QWEN2 and _LLAMA3), as
+// tokenizer.json files spell them.
+constexpr std::string_view gpt2_split = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr std::string_view qwen2_split =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr std::string_view llama3_split =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+std::string describe(const PreTokenizerStep& s) {
+  if (s.kind == PreTokenizerStep::Kind::byte_level)
+    return std::string("ByteLevel(add_prefix_space ") + (s.add_prefix_space ? "true" : "false") + ", use_regex " +
+           (s.use_regex ? "true" : "false") + ")";
+  std::string pattern = s.pattern.size() > 120 ? s.pattern.substr(0, 120) + "..." : s.pattern;
+  return "Split(" + std::string(s.regex ? "Regex" : "String") + " \"" + pattern + "\", " + s.behavior +
+         (s.invert ? ", inverted)" : ")");
+}
+}  // namespace
+
+std::string llama_cpp_pre(const Tokenizer& tokenizer) {
+  using Kind = PreTokenizerStep::Kind;
+  const std::vector<PreTokenizerStep> steps = tokenizer.pre_tokenizer();
+  auto plain_byte_level = [](const PreTokenizerStep& s, bool use_regex) {
+    return s.kind == Kind::byte_level && !s.add_prefix_space && s.use_regex == use_regex;
+  };
+  // GPT-2's: ByteLevel with its own pattern.
+  if (steps.size() == 1 && plain_byte_level(steps[0], true)) return "gpt-2";
+  // A Split on a known pattern (Isolated), then ByteLevel without a pattern.
+  if (steps.size() == 2 && plain_byte_level(steps[1], false) && steps[0].kind == Kind::split && steps[0].regex &&
+      steps[0].behavior == "Isolated" && !steps[0].invert) {
+    if (steps[0].pattern == gpt2_split) return "gpt-2";
+    if (steps[0].pattern == qwen2_split) return "qwen2";
+    if (steps[0].pattern == llama3_split) return "llama-bpe";
+  }
+  std::string what;
+  for (const PreTokenizerStep& s : steps) what += (what.empty() ? "" : ", ") + describe(s);
+  throw TokenizerError("grad::hf: the tokenizer's pre-tokenizer [" + (what.empty() ? "none" : what) +
+                       "] is none that GGUF names here (GPT-2's ByteLevel, or a Split on GPT-2's, Qwen2's or "
+                       "Llama 3's pattern then ByteLevel: llama.cpp's \"gpt-2\", \"qwen2\", \"llama-bpe\"); "
+                       "llama.cpp would split text differently: name llama.cpp's pre-tokenizer yourself "
+                       "(hf::bpe_vocab's `pre`) if you know it");
+}
+
+BpeVocab bpe_vocab(const Tokenizer& tokenizer, std::size_t vocab, std::string_view pre) {
   BpeVocab v;
+  v.pre = pre.empty() ? llama_cpp_pre(tokenizer) : std::string(pre);
   const std::size_t n = std::max(vocab, tokenizer.vocab_size());
   v.tokens.reserve(n);
   v.token_types.reserve(n);
@@ -115,6 +160,9 @@ BpeVocab bpe_vocab(const Tokenizer& tokenizer, std::size_t vocab) {
   };
   v.eos = first_added({"<|endoftext|>", "<|end_of_text|>", "</s>"});
   v.bos = first_added({"<|begin_of_text|>", "<s>"});
+  // A template that puts bos before the text (Llama 3's): llama.cpp adds it too.
+  const std::vector<int> around = tokenizer.encode("", true);
+  v.add_bos = v.bos && around.size() == 1 && std::uint32_t(around[0]) == *v.bos;
   return v;
 }
 
@@ -210,10 +258,14 @@ struct Metadata {
 
 // One tensor to write: where its values are in grad's layout and how they go out.
 struct Planned {
-  std::string gguf_name;
+  std::string gguf_name, hf_name;  // hf_name: Hugging Face's, for messages
   std::vector<std::uint64_t> ne;   // GGUF order: ne[0] fastest
   const LmTensor* from = nullptr;  // null: zeros (a bias grad's block does not have)
   bool transpose = false;          // grad [in, out] -> rows of outputs
+  // > 0: the output rows are `heads` heads, each reordered from rotate-half
+  // pairs (j, j + w/2) to adjacent pairs (2j, 2j + 1), as llama.cpp's
+  // converter permutes Llama's q and k for its interleaved RoPE.
+  std::size_t heads = 0;
   GgufType type = GgufType::f32;
   std::size_t elements() const {
     std::size_t n = 1;
@@ -226,6 +278,24 @@ std::string shape_text(std::span<const std::size_t> s) {
   std::string t = "[";
   for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
   return t + "]";
+}
+
+// The row of a head-permuted tensor (Planned::heads) that output row r comes from.
+std::size_t source_row(std::size_t r, std::size_t rows, std::size_t heads) {
+  if (heads == 0) return r;
+  const std::size_t width = rows / heads, head = r / width, j = r % width;
+  return head * width + (j % 2) * (width / 2) + j / 2;
+}
+
+// "" or why a real that GGUF holds as float32 would not be itself there:
+// beyond float32's range (inf), or a nonzero that would become 0 or a subnormal.
+std::string float32_problem(double v) {
+  const float f = static_cast<float>(v);
+  if (std::isinf(f) && std::isfinite(v)) return "beyond float32's range (it would become inf)";
+  if (v != 0 && !std::isnormal(f))
+    return f == 0 ? "too small for float32 (it would become 0)"
+                  : "below float32's normal range (it would become a subnormal)";
+  return "";
 }
 
 }  // namespace
@@ -242,6 +312,23 @@ ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::
     return failed("tensor type " + std::to_string(static_cast<std::uint32_t>(options.type)) + " (expected f32 or f16)");
   if (std::string why = check_vocab(vocab, c.vocab); !why.empty()) return failed("tokenizer: " + why);
 
+  // llama.cpp's qwen2 makes q [d, d]: a model whose heads are not d wide
+  // between them (LmConfig::head_width, HF's head_dim) is a llama, whose q
+  // is [d, heads * head_dim], with q and k rows in llama.cpp's RoPE order.
+  const std::size_t d = c.d_model;
+  const std::string arch(gguf_architecture(c));
+  const bool llama = arch == "llama";
+  {
+    const std::pair<const char*, double> reals[] = {{"rope_base (config.json's rope_theta)", c.rope_base},
+                                                    {"eps (config.json's rms_norm_eps)", c.eps}};
+    for (const auto& [field, v] : reals)
+      if (std::string why = float32_problem(v); !why.empty()) {
+        char number[32];
+        std::snprintf(number, sizeof number, "%.9g", v);
+        return failed(std::string(field) + " " + number + " is " + why + ", and GGUF holds it as float32");
+      }
+  }
+
   // ---- the tensors, by name, each with the shape grad gives it ----
   std::map<std::string_view, const LmTensor*> by_name;
   for (const LmTensor& t : tensors)
@@ -252,27 +339,34 @@ ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::
   // missing optional one is written as zeros (bias) or left out (head).
   enum class Missing { error, zeros, omit };
   auto add = [&](const std::string& grad_name, std::vector<std::size_t> shape, std::string gguf_name,
-                 Missing missing) -> std::string {
+                 std::string hf_name, Missing missing, std::size_t heads = 0) -> std::string {
     const auto it = by_name.find(grad_name);
     Planned p;
     p.gguf_name = std::move(gguf_name);
+    p.hf_name = std::move(hf_name);
+    p.heads = heads;
+    // GGUF lists dimensions fastest first: a grad [rows, cols] matrix that
+    // keeps its bytes is {cols, rows}; a transposed one {rows, cols}.
+    p.transpose = shape.size() == 2 && p.gguf_name != "token_embd.weight";
+    std::vector<std::size_t> hf_shape = shape;  // Hugging Face's [out, in]
+    if (p.transpose) std::swap(hf_shape[0], hf_shape[1]);
+    const std::string who = "tensor '" + p.hf_name + "' (grad's '" + grad_name + "')";
     if (it == by_name.end()) {
-      if (missing == Missing::error) return "tensor '" + grad_name + "' " + shape_text(shape) + " is missing";
+      if (missing == Missing::error)
+        return who + ", " + shape_text(hf_shape) + " (grad's " + shape_text(shape) + "), is missing";
       if (missing == Missing::omit) return "";
     } else {
       const LmTensor& t = *it->second;
       used.insert(t.name);
       if (t.shape != shape)
-        return "tensor '" + grad_name + "' is " + shape_text(t.shape) + " (expected " + shape_text(shape) + ")";
+        return who + " is " + shape_text(t.shape) + " as grad holds it (expected " + shape_text(shape) +
+               (p.transpose ? ", grad's [in, out]: Hugging Face's " + shape_text(hf_shape) : std::string()) + ")";
       std::size_t count = 1;
       for (std::size_t x : shape) count *= x;  // bounded: LmConfig::check
       if (t.values.size() != count)
-        return "tensor '" + grad_name + "' has " + std::to_string(t.values.size()) + " values for " + shape_text(shape);
+        return who + " has " + std::to_string(t.values.size()) + " values for " + shape_text(shape);
       p.from = &t;
     }
-    // GGUF lists dimensions fastest first: a grad [rows, cols] matrix that
-    // keeps its bytes is {cols, rows}; a transposed one {rows, cols}.
-    p.transpose = shape.size() == 2 && p.gguf_name != "token_embd.weight";
     if (shape.size() == 2)
       p.ne =
           p.transpose ? std::vector<std::uint64_t>{shape[0], shape[1]} : std::vector<std::uint64_t>{shape[1], shape[0]};
@@ -282,39 +376,57 @@ ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::
     plan.push_back(std::move(p));
     return "";
   };
-  const std::size_t d = c.d_model;
-  std::string why = add("embed", {c.vocab, d}, "token_embd.weight", Missing::error);
+  std::string why = add("embed", {c.vocab, d}, "token_embd.weight", "model.embed_tokens.weight", Missing::error);
   static constexpr const char* gguf_proj[nn::proj_count] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
                                                             "ffn_gate", "ffn_up", "ffn_down"};
+  static constexpr const char* hf_proj[nn::proj_count] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                          "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                                          "mlp.down_proj"};
   for (std::size_t l = 0; l < c.layers && why.empty(); ++l) {
-    const std::string g = "layers." + std::to_string(l) + ".", blk = "blk." + std::to_string(l) + ".";
-    why = add(g + "attn_norm", {d}, blk + "attn_norm.weight", Missing::error);
+    const std::string g = "layers." + std::to_string(l) + ".", blk = "blk." + std::to_string(l) + ".",
+                      hf = "model.layers." + std::to_string(l) + ".";
+    why = add(g + "attn_norm", {d}, blk + "attn_norm.weight", hf + "input_layernorm.weight", Missing::error);
     for (std::size_t p = 0; p < nn::proj_count && why.empty(); ++p) {
       const auto [in, out] = c.proj_shape(nn::Proj(p));
       const std::string name = g + std::string(nn::proj_names[p]);
-      why = add(name, {in, out}, blk + gguf_proj[p] + ".weight", Missing::error);
+      const std::size_t heads = !llama                                       ? 0
+                                : p == static_cast<std::size_t>(nn::Proj::q) ? c.heads
+                                : p == static_cast<std::size_t>(nn::Proj::k) ? c.kv_heads
+                                                                             : 0;
+      why = add(name, {in, out}, blk + gguf_proj[p] + ".weight", hf + hf_proj[p] + ".weight", Missing::error, heads);
       // llama.cpp's qwen2 reads q/k/v biases (zeros where the model has none:
-      // LmConfig::qkv_bias off).
+      // LmConfig::qkv_bias off); its llama takes them when they are there.
       if (why.empty() && p <= static_cast<std::size_t>(nn::Proj::v))
-        why = add(name + "_bias", {out}, blk + gguf_proj[p] + ".bias", Missing::zeros);
+        why = add(name + "_bias", {out}, blk + gguf_proj[p] + ".bias", hf + hf_proj[p] + ".bias",
+                  llama ? Missing::omit : Missing::zeros, heads);
     }
-    if (why.empty()) why = add(g + "mlp_norm", {d}, blk + "ffn_norm.weight", Missing::error);
+    if (why.empty())
+      why = add(g + "mlp_norm", {d}, blk + "ffn_norm.weight", hf + "post_attention_layernorm.weight", Missing::error);
   }
-  if (why.empty()) why = add("final_norm", {d}, "output_norm.weight", Missing::error);
-  if (why.empty()) why = add("head", {d, c.vocab}, "output.weight", Missing::omit);
+  if (why.empty()) why = add("final_norm", {d}, "output_norm.weight", "model.norm.weight", Missing::error);
+  if (why.empty()) why = add("head", {d, c.vocab}, "output.weight", "lm_head.weight", Missing::omit);
   if (!why.empty()) return failed(why);
   for (const LmTensor& t : tensors)
     if (!used.contains(t.name))
-      return failed("tensor '" + t.name + "' is not part of a qwen2 model (an adapter? merge it first)");
+      return failed("tensor '" + t.name + "' is not part of a " + arch + " model (an adapter? merge it first)");
 
   // ---- values: finite, and within F16's range where they become F16 ----
   for (const Planned& p : plan) {
     if (!p.from) continue;
     const std::span<const float> v = p.from->values;
-    auto element = [&](std::size_t i) {  // formatted only for the message
+    auto element = [&](std::size_t i) {  // named as Hugging Face's [row][column] (grad's [in, out] transposed)
       char number[32];
       std::snprintf(number, sizeof number, "%.9g", static_cast<double>(v[i]));
-      return "tensor '" + p.from->name + "' element " + std::to_string(i) + " is " + number;
+      std::string at;
+      if (p.ne.size() == 1) {
+        at = "[" + std::to_string(i) + "]";
+      } else {
+        const std::size_t cols = p.from->shape[1];
+        const std::size_t r = i / cols, k = i % cols;  // grad's [r, k]
+        at = p.transpose ? "[" + std::to_string(k) + "][" + std::to_string(r) + "]"
+                         : "[" + std::to_string(r) + "][" + std::to_string(k) + "]";
+      }
+      return "tensor '" + p.hf_name + "' " + at + " is " + number;
     };
     for (std::size_t i = 0; i < v.size(); ++i) {
       if (!std::isfinite(v[i])) return failed(element(i) + " (expected finite values)");
@@ -325,7 +437,6 @@ ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::
 
   // ---- metadata ----
   Metadata m;
-  const std::string arch = "qwen2";
   m.string("general.architecture", arch);
   m.string("general.name", options.name);
   m.u32("general.file_type", options.type == GgufType::f16 ? 1 : 0);  // llama_ftype: ALL_F32, MOSTLY_F16
@@ -378,11 +489,15 @@ ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::
   for (const Planned& p : plan) {
     const std::size_t n = p.elements();
     const std::size_t rows = p.transpose ? p.ne[1] : 1, cols = n / rows;  // output order: rows of ne[0] values
+    const std::size_t out_rows = p.ne.size() == 2 ? static_cast<std::size_t>(p.ne[1]) : n;  // vectors: one per "row"
     for (std::size_t i = 0; i < n; ++i) {
       // Output element i is (row r, column k) of the GGUF tensor; grad's
-      // [in, out] holds it at (k, r).
+      // [in, out] holds it at (k, r), at (k, source row) when its heads are permuted.
       const std::size_t r = i / cols, k = i % cols;
-      const float x = !p.from ? 0.0f : p.transpose ? p.from->values[k * rows + r] : p.from->values[i];
+      const float x = !p.from            ? 0.0f
+                      : p.transpose      ? p.from->values[k * rows + source_row(r, rows, p.heads)]
+                      : p.ne.size() == 1 ? p.from->values[source_row(i, out_rows, p.heads)]
+                                         : p.from->values[i];
       if (p.type == GgufType::f16)
         f.put(f16_bits(x));
       else

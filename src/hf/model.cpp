@@ -151,9 +151,9 @@ void load_mapped(const std::string& where, const std::vector<std::unique_ptr<Saf
     const auto o = owner.find(w.hf_name);
     const TensorInfo* info = o == owner.end() ? nullptr : o->second->find(w.hf_name);
     if (!info)
-      throw Error("grad::hf: '" + where + "': tensor '" + w.hf_name + "' is missing (" + described + " has it, " +
-                  shape_text(expect) + ")" +
-                  (o == owner.end() ? "" : " from '" + o->second->path() + "', which the index names for it"));
+      throw Error("grad::hf: '" + where + "': tensor '" + w.hf_name + "' is missing" +
+                  (o == owner.end() ? "" : " from '" + o->second->path() + "', which the index names for it") + ": " +
+                  described + " has it, as a " + shape_text(expect) + " tensor");
     if (info->shape != expect)
       throw Error("grad::hf: '" + o->second->path() + "': tensor '" + w.hf_name + "' is " + shape_text(info->shape) +
                   ", but " + described + " makes it " + shape_text(expect));
@@ -349,8 +349,8 @@ void load_weights(const std::string& dir, nn::Lm<T>& model) {
     const std::string suffix = ".self_attn.rotary_emb.inv_freq";
     return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
-  load_mapped(dir, files, owner, base_tensors(model), model.tape(), "the model config.json describes (" + c.describe() + ")",
-              ignorable);
+  load_mapped(dir, files, owner, base_tensors(model), model.tape(),
+              "the model that config.json describes (" + c.describe() + ")", ignorable);
 }
 
 template <class T>

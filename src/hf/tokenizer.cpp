@@ -5,6 +5,9 @@
 #include "grad/regular_file.hpp"
 
 #include <pcre2.h>
+#ifdef GRAD_HF_UTF8PROC
+#include <utf8proc.h>
+#endif
 
 #include "bounded_input.hpp"
 
@@ -12,6 +15,7 @@
 #include <array>
 #include <cctype>
 #include <cstdint>
+#include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -301,6 +305,7 @@ struct Step {
   SplitStep split;        // used when !is_byte_level
   ByteLevelStep byte_level;
   bool is_byte_level = false;
+  PreTokenizerStep spelled;  // as the file writes it (Tokenizer::pre_tokenizer)
 };
 
 // Cuts s by the pattern's matches as Hugging Face's Split does: matches and
@@ -374,19 +379,32 @@ void read_pre_tokenizer(const Where& w, const json& j, const std::string& field,
     Step s;
     s.is_byte_level = true;
     s.byte_level.add_prefix_space = flag(w, j, field, "add_prefix_space", false);
-    if (flag(w, j, field, "use_regex", true))
+    s.spelled.kind = PreTokenizerStep::Kind::byte_level;
+    s.spelled.add_prefix_space = s.byte_level.add_prefix_space;
+    s.spelled.use_regex = flag(w, j, field, "use_regex", true);
+    if (s.spelled.use_regex)
       s.byte_level.gpt2.pattern = std::make_unique<Pattern>(w, field, onig_to_pcre2(gpt2_pattern));
     steps.push_back(std::move(s));
   } else if (type == "Split") {
     const json& pattern = object_at(w, j, field, "pattern");
     std::string source;
-    if (pattern.contains("Regex")) source = onig_to_pcre2(string_of(w, pattern["Regex"], field + ".pattern.Regex"));
-    else if (pattern.contains("String")) source = escape_literal(string_of(w, pattern["String"], field + ".pattern.String"));
-    else w.fail(field + ".pattern", "{\"Regex\": ...} or {\"String\": ...}, found " + json_excerpt(pattern));
     Step s;
+    if (pattern.contains("Regex")) {
+      s.spelled.pattern = string_of(w, pattern["Regex"], field + ".pattern.Regex");
+      source = onig_to_pcre2(s.spelled.pattern);
+    } else if (pattern.contains("String")) {
+      s.spelled.pattern = string_of(w, pattern["String"], field + ".pattern.String");
+      s.spelled.regex = false;
+      source = escape_literal(s.spelled.pattern);
+    } else {
+      w.fail(field + ".pattern", "{\"Regex\": ...} or {\"String\": ...}, found " + json_excerpt(pattern));
+    }
     s.split.pattern = std::make_unique<Pattern>(w, field + ".pattern", source);
-    s.split.behavior = behavior_of(w, member(w, j, field, "behavior"), field + ".behavior");
+    const json& behavior = member(w, j, field, "behavior");
+    s.split.behavior = behavior_of(w, behavior, field + ".behavior");
+    s.spelled.behavior = behavior.get<std::string>();  // a string: behavior_of checked it
     s.split.invert = flag(w, j, field, "invert", false);
+    s.spelled.invert = s.split.invert;
     steps.push_back(std::move(s));
   } else {
     w.fail(field + ".type", "ByteLevel, Split or Sequence, found \"" + text_excerpt(type) + "\"");
@@ -406,6 +424,50 @@ struct Segment {
   std::string_view text;
   int id = -1;
 };
+
+// Canonical composition (NFC) of s, as Hugging Face's NFC normalizer: each
+// stretch of valid UTF-8 composed by utf8proc, any byte that is not UTF-8
+// kept as it is. ASCII is NFC: s itself, nothing allocated.
+std::string_view nfc(std::string_view s, std::deque<std::string>& owned, const std::string& file) {
+  if (std::all_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; })) return s;
+#ifdef GRAD_HF_UTF8PROC
+  std::string& out = owned.emplace_back();
+  out.reserve(s.size());
+  auto compose = [&](std::string_view run) {
+    if (run.empty()) return;
+    utf8proc_uint8_t* composed = nullptr;
+    const utf8proc_ssize_t n =
+        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(run.data()), static_cast<utf8proc_ssize_t>(run.size()),
+                     &composed, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+    if (n < 0) {
+      std::free(composed);
+      throw TokenizerError("grad::hf::Tokenizer::encode: " + file + ": NFC: " + utf8proc_errmsg(n));
+    }
+    out.append(reinterpret_cast<const char*>(composed), static_cast<std::size_t>(n));
+    std::free(composed);
+  };
+  std::size_t run = 0;  // the start of the valid UTF-8 not yet composed
+  for (std::size_t i = 0; i < s.size();) {
+    utf8proc_int32_t cp = 0;
+    const utf8proc_ssize_t len = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + i),
+                                                  static_cast<utf8proc_ssize_t>(s.size() - i), &cp);
+    if (len > 0) {
+      i += static_cast<std::size_t>(len);
+      continue;
+    }
+    compose(s.substr(run, i - run));
+    out += s[i];
+    run = ++i;
+  }
+  compose(s.substr(run));
+  return out;
+#else
+  (void)owned;
+  throw TokenizerError("grad::hf::Tokenizer::encode: " + file +
+                       " declares an NFC normalizer and the text is not ASCII, but this grad_hf was built without "
+                       "utf8proc and cannot compose it (install libutf8proc-dev and rebuild grad)");
+#endif
+}
 
 }  // namespace
 
@@ -463,7 +525,8 @@ struct Tokenizer::Impl {
   void read_added(const Where& w, const json& list);
   void read_post_processor(const Where& w, const json& j, const std::string& field);
 
-  std::vector<Segment> split_added(std::string_view text) const;
+  bool nfc_normalizer = false;  // normalizer: NFC
+  std::vector<Segment> split_added(std::string_view text, std::deque<std::string>& owned) const;
   void pre_tokenize(std::string_view text, std::deque<std::string>& owned, std::vector<std::string_view>& out,
                     MatchBudget& budget) const;
   void bpe(std::string_view piece, std::vector<int>& out) const;
@@ -486,11 +549,15 @@ void Tokenizer::Impl::read(const json& root) {
     const std::string type = type_of(w, *normalizer, "normalizer");
     const bool empty_sequence = type == "Sequence" && normalizer->contains("normalizers") &&
                                 (*normalizer)["normalizers"].is_array() && (*normalizer)["normalizers"].empty();
-    if (type == "NFC" && !options.assume_nfc)
-      w.fail("normalizer.type", "null (grad carries no Unicode normalization tables), found \"NFC\"; if the "
-                                "text is NFC already (most is), load with LoadOptions{.assume_nfc = true}");
+    if (type == "NFC" && !normalizes_nfc() && !options.assume_nfc)
+      w.fail("normalizer.type",
+             "null (this grad_hf was built without utf8proc: it cannot compose NFC), found "
+             "\"NFC\"; install libutf8proc-dev and rebuild grad, or, if the text is NFC "
+             "already, load with LoadOptions{.assume_nfc = true}");
     if (!empty_sequence && type != "NFC")
-      w.fail("normalizer.type", "null (grad implements no normalizer), found \"" + text_excerpt(type) + "\"");
+      w.fail("normalizer.type",
+             "null or NFC (grad implements no other normalizer), found \"" + text_excerpt(type) + "\"");
+    nfc_normalizer = type == "NFC";
   }
 
   const auto pre = root.find("pre_tokenizer");
@@ -676,12 +743,16 @@ void Tokenizer::Impl::read_post_processor(const Where& w, const json& j, const s
   if (!seen_sequence) w.fail(field + ".single", "a {\"Sequence\": {\"id\": \"A\"}} item, found none");
 }
 
-// Added tokens, leftmost-longest, on the raw text (pass 0), then the
-// `normalized` ones in what is left (pass 1: no normalizer, or NFC on text
-// that is NFC already: the same text).
-std::vector<Segment> Tokenizer::Impl::split_added(std::string_view text) const {
+// Added tokens, leftmost-longest, on the raw text (pass 0), then the text
+// between them normalized (NFC; kept in `owned`), then the `normalized`
+// added tokens in it (pass 1), as Hugging Face's AddedVocabulary does.
+std::vector<Segment> Tokenizer::Impl::split_added(std::string_view text, std::deque<std::string>& owned) const {
   std::vector<Segment> segments{{text, -1}};
-  for (const auto& by_byte : added_by_byte) {
+  for (std::size_t pass = 0; pass < added_by_byte.size(); ++pass) {
+    const auto& by_byte = added_by_byte[pass];
+    if (pass == 1 && nfc_normalizer)
+      for (Segment& seg : segments)
+        if (seg.id < 0) seg.text = nfc(seg.text, owned, file);
     std::vector<Segment> next;
     for (const Segment& seg : segments) {
       if (seg.id >= 0) {
@@ -850,7 +921,7 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool add_special_token
   std::deque<std::string> owned;
   std::vector<std::string_view> pieces;
   MatchBudget budget(text);
-  for (const Segment& seg : m.split_added(text)) {
+  for (const Segment& seg : m.split_added(text, owned)) {
     if (seg.id >= 0) {
       ids.push_back(seg.id);
       continue;
@@ -869,9 +940,10 @@ std::string Tokenizer::decode(std::span<const int> ids, bool skip_special_tokens
   std::string out;
   for (std::size_t i = 0; i < ids.size(); ++i) {
     const int id = ids[i];
-    if (id < 0 || std::size_t(id) >= m.tokens.size() || !m.tokens[id])
+    if (id < 0)
       throw std::out_of_range("grad::hf::Tokenizer::decode: id " + std::to_string(id) + " at position " +
-                              std::to_string(i) + " has no token in " + m.file);
+                              std::to_string(i) + " is negative (" + m.file + ")");
+    if (std::size_t(id) >= m.tokens.size() || !m.tokens[id]) continue;  // no token: skipped, as Hugging Face does
     if (skip_special_tokens && std::size_t(id) < m.special.size() && m.special[id]) continue;
     out += m.bytes_of[id];
   }
@@ -892,6 +964,22 @@ std::optional<std::string> Tokenizer::id_to_token(int id) const {
 }
 
 std::size_t Tokenizer::vocab_size() const { return impl_->tokens.size(); }
+
+std::vector<PreTokenizerStep> Tokenizer::pre_tokenizer() const {
+  std::vector<PreTokenizerStep> out;
+  for (const Step& s : impl_->steps) out.push_back(s.spelled);
+  return out;
+}
+
+bool Tokenizer::has_nfc_normalizer() const { return impl_->nfc_normalizer; }
+
+bool normalizes_nfc() {
+#ifdef GRAD_HF_UTF8PROC
+  return true;
+#else
+  return false;
+#endif
+}
 
 std::vector<std::pair<std::string, std::string>> Tokenizer::merges() const {
   std::vector<std::pair<int, std::uint64_t>> by_rank;  // (rank, left id << 32 | right id)

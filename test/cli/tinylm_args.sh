@@ -34,6 +34,58 @@ expect() {
   fi
 }
 
+# hf_edit DIR KIND: a copy of tinyhf as DIR, edited: pad (8 embedding rows
+# past the tokenizer's 256, which the head makes the likeliest: +-10 times
+# the head's row for "a", every other real row zero), nfc (tokenizer.json
+# declares an NFC normalizer), split (its pre-tokenizer a Split on [a-z]+),
+# theta (config.json's rope_theta 1e39).
+hf_edit() {
+  rm -rf "$1" && cp -r tinyhf "$1" && python3 - "$1" "$2" <<'PY'
+import json, struct, sys
+d, kind = sys.argv[1], sys.argv[2]
+def rewrite(path, f):
+    with open(path) as fh: j = json.load(fh)
+    f(j)
+    with open(path, "w") as fh: json.dump(j, fh)
+if kind == "pad":
+    raw = open(d + "/model.safetensors", "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n]); meta = header.pop("__metadata__", None)
+    data = raw[8 + n:]
+    tensors = {k: (v, bytearray(data[v["data_offsets"][0]:v["data_offsets"][1]])) for k, v in header.items()}
+    assert all(v["dtype"] == "F32" for v, _ in tensors.values())
+    def rows(name):
+        info, b = tensors[name]
+        width = info["shape"][1]
+        return info, [list(struct.unpack("<%df" % width, b[i:i + 4 * width])) for i in range(0, len(b), 4 * width)]
+    info, head = rows("lm_head.weight")
+    a = head[ord("a")]
+    head = [r if i == ord("a") else [0.0] * len(r) for i, r in enumerate(head)]
+    head += [[s * 10 * x for x in a] for s in (1, -1)] * 4
+    _, embed = rows("model.embed_tokens.weight")
+    embed += [[0.0] * len(embed[0])] * 8
+    for name, m in (("lm_head.weight", head), ("model.embed_tokens.weight", embed)):
+        tensors[name][0]["shape"] = [len(m), len(m[0])]
+        tensors[name] = (tensors[name][0], bytearray(b"".join(struct.pack("<%df" % len(r), *r) for r in m)))
+    out, at = {}, 0
+    for k, (v, b) in tensors.items():
+        out[k] = {"dtype": v["dtype"], "shape": v["shape"], "data_offsets": [at, at + len(b)]}
+        at += len(b)
+    if meta is not None: out["__metadata__"] = meta
+    h = json.dumps(out).encode(); h += b" " * (-len(h) % 8)
+    with open(d + "/model.safetensors", "wb") as fh:
+        fh.write(struct.pack("<Q", len(h)) + h + b"".join(b for _, b in tensors.values()))
+    rewrite(d + "/config.json", lambda j: j.update(vocab_size=264))
+elif kind == "nfc":
+    rewrite(d + "/tokenizer.json", lambda j: j.update(normalizer={"type": "NFC"}))
+elif kind == "split":
+    rewrite(d + "/tokenizer.json", lambda j: j.update(pre_tokenizer={"type": "Split", "pattern": {"Regex": "[a-z]+"},
+                                                                      "behavior": "Isolated", "invert": False}))
+elif kind == "theta":
+    rewrite(d + "/config.json", lambda j: j.update(rope_theta=1e39))
+PY
+}
+
 expect 2 "commands: train, finetune, merge, generate, all, bench"
 expect 0 "train" --help
 expect 2 "commands: train, finetune" --stepz 1
@@ -94,10 +146,31 @@ else
     { echo "FAIL: finetune --from did not write PEFT's adapter files"; fail=1; }
   expect 0 "the tokenizer files copied" merge --from tinyhf --in adapter --out merged
   expect 0 "reproduced exactly" generate --from merged --prompt-file note.txt
-  expect 0 "(GGUF, qwen2, F16, 256 tokens)" export --in merged --gguf merged.gguf --f16
+  expect 0 "(GGUF, qwen2, F16, 256 tokens, pre-tokenizer gpt-2)" export --in merged --gguf merged.gguf --f16
   expect 1 "fold them in first" export --in small_lora.model --gguf x.gguf
   expect 2 "--gguf, --hf: nothing to write" export --in merged
   expect 2 "--base" finetune --from tinyhf --base small.model
+  expect 0 "pre-tokenizer gpt-2" export --in tinyhf --gguf tiny.gguf  # its tokenizer.json: GPT-2's ByteLevel
+  if command -v python3 >/dev/null; then
+    # Hugging Face directories edited from tinyhf (hf_edit below): padded
+    # embedding rows that the head prefers, a decomposed normalizer input,
+    # a pre-tokenizer llama.cpp has no name for, a rope_theta float32 cannot hold.
+    hf_edit padded pad
+    expect 0 "tokens/s" generate --from padded --prompt hi --count 8  # a padding id never comes out
+    hf_edit nfc nfc
+    # "cafe" + U+0301 is composed to "caf" + U+00e9 as Hugging Face's NFC does: 5 byte tokens, not 6.
+    expect 0 "[5 tokens in" generate --from nfc --prompt "$(printf 'cafe\xcc\x81')" --count 0
+    expect 0 "[5 tokens in" generate --from nfc --prompt "$(printf 'caf\xc3\xa9')" --count 0
+    hf_edit split split
+    expect 1 "pre-tokenizer [Split(Regex \"[a-z]+\", Isolated)] is none that GGUF names" \
+      export --in split --gguf split.gguf
+    [ -e split.gguf ] && { echo "FAIL: a refused export left split.gguf"; fail=1; }
+    hf_edit theta theta
+    expect 1 "rope_base (config.json's rope_theta) 1e+39 is beyond float32's range" export --in theta --gguf theta.gguf
+    [ -e theta.gguf ] && { echo "FAIL: a refused export left theta.gguf"; fail=1; }
+  else
+    echo "skipped: the edited Hugging Face directories (no python3)"
+  fi
 fi
 # A write that fails after the work is reported, with a non-zero status.
 expect 1 "cannot write /dev/full" train "${tiny[@]}" --out tiny2.model --csv /dev/full --svg ''

@@ -6,8 +6,11 @@
 // for a LoRA-finetuned, merged model that recalls a text, and end to end
 // from a Hugging Face directory (config.json, model.safetensors, a
 // tokenizer.json with learned merges) through LoRA, save_pretrained and the
-// tokenizer's vocabulary. run.sh installs llama.cpp and runs this with
-// GRAD_LLAMA_DECODE set to the script.
+// tokenizer's vocabulary; a model whose heads have a width of their own
+// (Llama's head_dim) as llama.cpp's llama architecture; and tokenizers with
+// GPT-2's and Llama 3's pre-tokenizers, which llama.cpp must split as grad
+// does. run.sh installs llama.cpp and runs this with GRAD_LLAMA_DECODE set
+// to the script.
 #include <doctest/doctest.h>
 
 #include <cstdio>
@@ -401,4 +404,115 @@ TEST_CASE(
                             << saved_tok.merges().size() << " merges); llama.cpp continued '"
                             << tok.decode(std::vector<int>(prompt.begin(), prompt.end())) << "' with '"
                             << tok.decode(llama.tokens) << "'");
+}
+
+TEST_CASE("a model with a head width of its own (Llama's head_dim) is served as llama.cpp's llama, token for token") {
+  // 4 heads of 32 = 128 wide over d_model 64: llama.cpp's qwen2 refuses such
+  // a file (attn_q.weight has wrong shape); its llama rotates adjacent pairs,
+  // so the writer reorders q's and k's rows (and biases) within each head.
+  for (const bool bias : {false, true}) {
+    CAPTURE(bias);
+    nn::LmConfig c = random_config();
+    c.head_width = 32;
+    c.qkv_bias = bias;
+    Tape<float> tp;
+    nn::Lm<float> m(tp, c, 14);
+    Rng rng(15);
+    for (const auto& p : m.base())
+      if (p.name.ends_with("_bias"))
+        for (float& x : tp.leaf_value(p.var)) x = static_cast<float>(rng.uniform(-0.5, 0.5));
+    ScratchDir dir("llama_cpp");
+    const std::string path = dir.file(bias ? "head_dim_bias.gguf" : "head_dim.gguf");
+    const ModelFileResult written = hf::write_gguf(path, m, tiny_bpe());
+    REQUIRE_MESSAGE(written.ok(), written.error);
+    REQUIRE(hf::gguf_architecture(c) == "llama");
+    const auto [ours, our_logprobs] = grad_decode(m, prompt, steps);
+    const LlamaRun llama = llama_decode(path, prompt, steps);
+    CHECK_SAME_IDS(llama.tokens, ours);
+    const double diff = max_logprob_diff(our_logprobs, llama.logprobs);
+    MESSAGE("head_dim 32 x 4 heads over d_model 64" << std::string(bias ? ", q/k/v biases" : "") << ", " << steps
+                                                    << " greedy tokens: log-probabilities differ by at most " << diff);
+    CHECK(diff < 1e-4);
+  }
+}
+
+namespace {
+
+// A byte-level tokenizer.json: the 256 byte symbols, a token per merge
+// (given as byte strings), <|endoftext|>, and `pre_tokenizer`.
+std::string tokenizer_json(const std::vector<std::pair<std::string, std::string>>& merges,
+                           const nlohmann::json& pre_tokenizer, bool ignore_merges = false) {
+  using json = nlohmann::json;
+  auto spell = [](const std::string& bytes) {
+    std::string t;
+    for (char ch : bytes) t += hf::byte_to_symbol(static_cast<unsigned char>(ch));
+    return t;
+  };
+  json vocab = json::object(), list = json::array();
+  for (int b = 0; b < 256; ++b) vocab[hf::byte_to_symbol(static_cast<unsigned char>(b))] = b;
+  for (const auto& [l, r] : merges) {
+    if (!vocab.contains(spell(l + r))) vocab[spell(l + r)] = vocab.size();
+    list.push_back(spell(l) + " " + spell(r));
+  }
+  return json{
+      {"version", "1.0"},
+      {"added_tokens", {{{"id", vocab.size()}, {"content", "<|endoftext|>"}, {"special", true}}}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", pre_tokenizer},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model",
+       {{"type", "BPE"}, {"dropout", nullptr}, {"vocab", vocab}, {"merges", list}, {"ignore_merges", ignore_merges}}}}
+      .dump();
+}
+
+}  // namespace
+
+TEST_CASE("llama.cpp splits text as grad does under GPT-2's and Llama 3's pre-tokenizers (tokenizer.ggml.pre)") {
+  using json = nlohmann::json;
+  auto byte_level = [](bool use_regex) {
+    return json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", use_regex}};
+  };
+  const std::string llama3_pattern =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  // Merges that join a space to digits and digits to digits: GPT-2 keeps " 2007"
+  // one piece, Llama 3 cuts digits in threes, Qwen2 (what was always written) one by one.
+  const std::vector<std::pair<std::string, std::string>> merges = {{"G", "P"},   {"GP", "L"},   {" ", "2"}, {" 2", "0"},
+                                                                   {" 20", "0"}, {" 200", "7"}, {"2", "0"}, {"20", "0"},
+                                                                   {"1", "2"},   {"12", "3"},   {"4", "5"}};
+  struct Case {
+    const char* name;
+    json pre;
+    bool ignore_merges;
+    const char* llama_cpp_name;
+  };
+  const Case cases[] = {
+      {"GPT-2", byte_level(true), false, "gpt-2"},
+      {"Llama 3",
+       json{
+           {"type", "Sequence"},
+           {"pretokenizers",
+            {{{"type", "Split"}, {"pattern", {{"Regex", llama3_pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
+             byte_level(false)}}},
+       true, "llama-bpe"}};
+  const std::string text = "GPL 2007, 12345 and 2007\nGPL";
+  for (const Case& k : cases) {
+    CAPTURE(k.name);
+    const hf::Tokenizer tok = hf::Tokenizer::from_json(tokenizer_json(merges, k.pre, k.ignore_merges));
+    const hf::BpeVocab vocab = hf::bpe_vocab(tok);
+    CHECK(vocab.pre == k.llama_cpp_name);
+    nn::LmConfig c = random_config();
+    c.vocab = tok.vocab_size();
+    Tape<float> tp;
+    nn::Lm<float> m(tp, c, 16);
+    ScratchDir dir("llama_cpp");
+    const std::string path = dir.file("pre.gguf");
+    const ModelFileResult written = hf::write_gguf(path, m, vocab);
+    REQUIRE_MESSAGE(written.ok(), written.error);
+    const std::vector<int> ours = tok.encode(text);
+    const LlamaRun llama = llama_decode(path, std::vector<int>{'G'}, 1, "f32", text);
+    CHECK_SAME_IDS(llama.tokenized, ours);
+    MESSAGE(std::string(k.name) << "'s pre-tokenizer (\"" << vocab.pre << "\"): '" << text.substr(0, 8) << "...' in "
+                                << ours.size() << " ids by grad and llama.cpp");
+  }
 }

@@ -9,13 +9,20 @@
 // dimensions, type, offset), then the tensors' data, each at a multiple of
 // 32 bytes. The model is described as llama.cpp's `qwen2` architecture,
 // which is what grad's Lm is (pre-norm RMSNorm, RoPE in the rotate-half
-// (NEOX) convention, grouped-query attention, SwiGLU):
+// (NEOX) convention, grouped-query attention, SwiGLU), unless its heads are
+// not d_model wide between them (LmConfig::head_width, Hugging Face's
+// head_dim): llama.cpp's qwen2 makes q [d, d], so such a model is written as
+// its `llama` (q [d, H*hd]), as llama.cpp's converter writes a Llama:
+// llama's RoPE rotates adjacent pairs (2j, 2j+1) where grad rotates
+// (j, j + hd/2), so the rows of q and k (and their biases) are reordered
+// within each head to match, and the biases are left out when the model has
+// none (llama's are optional):
 //
 //   grad                      GGUF name                 GGUF dims (ne[0] first: the fastest-varying)
 //   embed      [vocab, d]     token_embd.weight         {d, vocab}       (the same bytes)
 //   layers.N.attn_norm [d]    blk.N.attn_norm.weight    {d}
 //   layers.N.q [d, H*hd]      blk.N.attn_q.weight       {d, H*hd}        (transposed: llama.cpp's rows are outputs)
-//   layers.N.q_bias [H*hd]    blk.N.attn_q.bias         {H*hd}           zeros without LmConfig::qkv_bias
+//   layers.N.q_bias [H*hd]    blk.N.attn_q.bias         {H*hd}           qwen2: zeros without LmConfig::qkv_bias
 //   layers.N.k, .v, .o        attn_k, attn_v (+ bias), attn_output
 //   layers.N.mlp_norm [d]     blk.N.ffn_norm.weight     {d}
 //   layers.N.gate, .up, .down ffn_gate, ffn_up, ffn_down (transposed)
@@ -33,8 +40,10 @@
 // even when it is empty, unique token texts, and a token for "\n".
 //
 // Everything is checked before a byte is written (names, shapes, finite
-// values, F16 range, the vocabulary), and the file is written atomically
-// (temporary file, fsync, rename), so a failed export leaves nothing behind.
+// values, F16 range, rope_base and eps as float32, the vocabulary), and the
+// file is written atomically (temporary file, fsync, rename), so a failed
+// export leaves nothing behind. Messages name a tensor by its Hugging Face
+// name (grad's beside it) and an element as Hugging Face's [row][column].
 #pragma once
 
 #include <cstdint>
@@ -72,7 +81,7 @@ struct BpeVocab {
   std::vector<std::string> tokens;     // id -> token text, in GPT-2's byte-to-unicode alphabet (byte_token)
   std::vector<TokenType> token_types;  // one per token; empty: every token normal
   std::vector<std::string> merges;     // "left right", highest priority first; left, right and left+right are tokens
-  std::string pre = "qwen2";           // tokenizer.ggml.pre: llama.cpp's pre-tokenizer (its split regex)
+  std::string pre = "qwen2";           // tokenizer.ggml.pre: llama.cpp's pre-tokenizer (its split regex; llama_cpp_pre)
   // Unset ids are not written; llama.cpp then assumes its gpt2 default, 11,
   // for bos and eos (an end of generation): give a byte-level vocabulary an
   // end-of-text token of its own (byte_level_vocab's specials).
@@ -93,10 +102,19 @@ inline BpeVocab byte_level_vocab(std::initializer_list<std::string> specials) {
   return byte_level_vocab(std::span<const std::string>(specials.begin(), specials.size()));
 }
 
+// llama.cpp's name for the tokenizer's pre-tokenizer (tokenizer.ggml.pre),
+// read from tokenizer.json: GPT-2's ByteLevel (use_regex), or a Split on
+// GPT-2's pattern then ByteLevel, is "gpt-2"; a Split on Qwen2's pattern
+// "qwen2"; on Llama 3's (digits in threes) "llama-bpe". Anything else throws
+// TokenizerError describing the steps: llama.cpp would split text
+// differently from grad and Hugging Face (GPT-2's "GPL 2007" in 7 ids
+// instead of 3 under qwen2's), so it is never guessed.
+std::string llama_cpp_pre(const Tokenizer& tokenizer);
+
 // A tokenizer.json's vocabulary as GGUF holds it, for a model of `vocab`
 // ids (0: the tokenizer's vocab_size()):
 //
-//   const auto tok = hf::Tokenizer::from_file(dir + "/tokenizer.json", {.assume_nfc = true});
+//   const auto tok = hf::Tokenizer::from_file(dir + "/tokenizer.json");
 //   hf::write_gguf("model.gguf", merged, hf::bpe_vocab(tok, merged.config().vocab));
 //
 // Tokens by id in their byte-level spelling, the merges in rank order;
@@ -105,10 +123,12 @@ inline BpeVocab byte_level_vocab(std::initializer_list<std::string> specials) {
 // as Qwen2's 151936 for 151646 tokens) become unused tokens "[PAD<id>]",
 // as llama.cpp's converter writes them. eos is the first added token of
 // `<|endoftext|>`, `<|end_of_text|>`, `</s>`; bos the first of
-// `<|begin_of_text|>`, `<s>` (add_bos stays false: set it, and pre, for a
-// tokenizer that is not Qwen2's). A model with fewer ids than the tokenizer
-// is refused by write_gguf (check_vocab), naming both counts.
-BpeVocab bpe_vocab(const Tokenizer& tokenizer, std::size_t vocab = 0);
+// `<|begin_of_text|>`, `<s>`; add_bos when the post-processor's template
+// puts bos (alone) before the text, as Llama 3's does. pre: llama.cpp's
+// pre-tokenizer name, "" to read it from the tokenizer (llama_cpp_pre,
+// which throws TokenizerError for one it cannot name). A model with fewer
+// ids than the tokenizer is refused by write_gguf (check_vocab), naming both counts.
+BpeVocab bpe_vocab(const Tokenizer& tokenizer, std::size_t vocab = 0, std::string_view pre = {});
 
 // "" or what is wrong with v as a vocabulary of `vocab` ids.
 std::string check_vocab(const BpeVocab& v, std::size_t vocab);
@@ -116,6 +136,12 @@ std::string check_vocab(const BpeVocab& v, std::size_t vocab);
 // ---- the model ----
 
 enum class GgufType : std::uint32_t { f32 = 0, f16 = 1 };  // the ggml_type codes
+
+// The llama.cpp architecture write_gguf describes a model of `config` as:
+// "qwen2", or "llama" when its heads are not d_model wide between them.
+inline std::string_view gguf_architecture(const nn::LmConfig& config) {
+  return config.head_dim() * config.heads != config.d_model ? "llama" : "qwen2";
+}
 
 struct GgufOptions {
   GgufType type = GgufType::f32;  // of the matrices; vectors are always F32
@@ -131,9 +157,12 @@ struct LmTensor {
 };
 
 // Writes `tensors` (a model of `config`, without adapters: merge them first,
-// nn::merge_lora) with `vocab` to `path` as a qwen2 GGUF. Optional
-// tensors: "head" (left out: the output is tied to the embedding) and
-// "layers.N.q_bias", "layers.N.k_bias", "layers.N.v_bias" (left out: zeros).
+// nn::merge_lora) with `vocab` to `path` as a qwen2 GGUF (llama when the
+// heads' width is not d_model / heads; see above). Optional tensors: "head"
+// (left out: the output is tied to the embedding) and "layers.N.q_bias",
+// "layers.N.k_bias", "layers.N.v_bias" (left out: zeros in qwen2, none in
+// llama). rope_base and eps must be float32 values (finite, and a normal
+// float32, not 0 or subnormal, when nonzero), as GGUF holds them.
 // Every other tensor of the table above must be there with its shape;
 // nothing else may be. On any failure nothing is written and the message
 // ("grad: GGUF '<path>': ...") names the tensor or key and what was expected.

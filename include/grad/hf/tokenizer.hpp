@@ -36,14 +36,21 @@
 // UTF-8, grad returns the bytes.
 //
 // Supported: model BPE (no dropout, no continuing_subword_prefix,
-// end_of_word_suffix or byte_fallback), normalizer null, pre-tokenizers
+// end_of_word_suffix or byte_fallback), normalizer null or NFC, pre-tokenizers
 // above, decoder ByteLevel, post-processor null, ByteLevel or
 // TemplateProcessing. Anything else, and every malformed field, is refused
 // at load with a TokenizerError naming the file, the field and what was
-// expected. grad carries no Unicode normalization tables, so an NFC
-// normalizer (Qwen2's) is refused unless the caller says its text is NFC
-// already (most text is; NFC leaves NFC text as it is):
-//   Tokenizer::from_file("qwen2/tokenizer.json", {.assume_nfc = true});
+// expected. An NFC normalizer (Qwen2's) composes the text between added
+// tokens with utf8proc (Unicode's canonical composition, as Hugging Face's
+// NFC), after the added tokens that are not `normalized` are found and
+// before the `normalized` ones: "cafe\u0301" encodes as "caf\u00e9" does.
+// Bytes that are not UTF-8 are left as they are (Hugging Face takes no
+// such text). A grad_hf built without utf8proc (libutf8proc-dev) cannot
+// compose: it refuses an NFC tokenizer at load unless the caller vouches
+// that its text is NFC already (LoadOptions::assume_nfc), and then refuses
+// (encode throws TokenizerError) any text between added tokens that is not
+// ASCII, rather than tokenize text that might not be NFC differently from
+// Hugging Face. normalizes_nfc() says which build this is.
 //
 // A Tokenizer is immutable after loading and safe to use from several
 // threads; encode keeps a cache of pieces it has merged, bounded in entries
@@ -59,6 +66,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -78,9 +86,30 @@ struct TokenizerError : std::runtime_error {
 };
 
 struct LoadOptions {
-  // Accept an NFC normalizer and skip it: the caller's text is NFC already.
+  // Only for a grad_hf built without utf8proc (normalizes_nfc() false):
+  // accept an NFC normalizer, the caller vouching that its text is NFC
+  // already (encode still refuses text between added tokens that is not
+  // ASCII). With utf8proc the NFC normalizer is applied and this changes nothing.
   bool assume_nfc = false;
 };
+
+// One step of a tokenizer.json's pre-tokenizer (a Sequence flattened), as
+// the file spells it: what a converter needs to name it (hf::llama_cpp_pre).
+struct PreTokenizerStep {
+  enum class Kind : std::uint8_t { split, byte_level };
+  Kind kind = Kind::split;
+  // split: the pattern as tokenizer.json writes it; `regex` false for a
+  // {"String": ...} (a literal); behavior as written ("Isolated", ...).
+  std::string pattern;
+  bool regex = true;
+  std::string behavior;
+  bool invert = false;
+  // byte_level: its settings (use_regex: GPT-2's pattern, Isolated).
+  bool add_prefix_space = false, use_regex = true;
+};
+
+// Whether this grad_hf composes NFC itself (built with utf8proc).
+bool normalizes_nfc();
 
 class Tokenizer {
  public:
@@ -99,7 +128,9 @@ class Tokenizer {
   // TokenizerError only if a pattern backtracks past the encode's budget
   // (above) or PCRE2 fails otherwise, naming the pattern and the byte.
   std::vector<int> encode(std::string_view text, bool add_special_tokens = true) const;
-  // Throws std::out_of_range naming the first id with no token and its position.
+  // An id >= 0 with no token (a gap in the ids, or a padding row of the
+  // model's embedding beyond vocab_size()) is skipped, as Hugging Face's
+  // decode skips it. Throws std::out_of_range naming a negative id and its position.
   std::string decode(std::span<const int> ids, bool skip_special_tokens = false) const;
 
   // The token's id in the vocabulary or the added tokens; nullopt if neither.
@@ -117,6 +148,10 @@ class Tokenizer {
   // Whether the id is one of `added_tokens`, and whether it is marked special.
   bool is_added(int id) const;
   bool is_special(int id) const;
+  // The pre-tokenizer's steps in the order they run (empty: none).
+  std::vector<PreTokenizerStep> pre_tokenizer() const;
+  // Whether tokenizer.json declares an NFC normalizer.
+  bool has_nfc_normalizer() const;
 
  private:
   struct Impl;

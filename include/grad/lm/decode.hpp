@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <span>
 #include <stdexcept>
@@ -272,6 +273,11 @@ struct SampleOptions {
   double temperature = 0;  // 0: greedy (the first largest logit); else finite and > 0
   std::size_t top_k = 0;   // 0: every token; else at most the vocabulary
   std::uint64_t seed = 1;
+  // Empty: any id may come out. Else only the ids i with allowed[i] (ids at
+  // or past its size never): the others are masked out before greedy choice
+  // and sampling, as the padding rows of a checkpoint's embedding (Qwen2's
+  // 151936 for 151665 tokens), which no tokenizer can decode, should be.
+  std::vector<bool> allowed = {};  // (an initializer: designated initializers that leave it out draw no warning)
 };
 
 // "" or what is wrong with `o` for a vocabulary of `vocab` ids. A NaN
@@ -286,6 +292,12 @@ inline std::string invalid_sample_options(const SampleOptions& o, std::size_t vo
   if (o.top_k > vocab)
     return "top_k " + std::to_string(o.top_k) + ": expected 0 (every token) or at most the vocabulary (" +
            std::to_string(vocab) + ")";
+  if (!o.allowed.empty()) {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < std::min(vocab, o.allowed.size()); ++i) n += o.allowed[i] ? 1 : 0;
+    if (n == 0)
+      return "allowed: no id below the vocabulary (" + std::to_string(vocab) + ") is allowed (expected at least one)";
+  }
   return {};
 }
 
@@ -339,12 +351,26 @@ std::vector<int> generate(KvDecoder<T>& dec, std::span<const int> prompt, std::s
   std::span<const T> logits = refill();
   std::vector<double> w;
   std::vector<std::size_t> order;
+  // With `allowed`: the logits with the other ids at -inf, and no more
+  // candidates than there are allowed ids (a -inf one is never sampled).
+  std::vector<T> masked;
+  std::size_t allowed_count = dec.vocab();
+  if (!o.allowed.empty()) {
+    allowed_count = 0;
+    for (std::size_t i = 0; i < std::min(dec.vocab(), o.allowed.size()); ++i) allowed_count += o.allowed[i] ? 1 : 0;
+  }
   for (std::size_t n = 0; n < count; ++n) {
+    if (!o.allowed.empty()) {
+      masked.assign(logits.begin(), logits.end());
+      for (std::size_t i = 0; i < masked.size(); ++i)
+        if (i >= o.allowed.size() || !o.allowed[i]) masked[i] = -std::numeric_limits<T>::infinity();
+      logits = masked;
+    }
     int next;
     if (o.temperature <= 0) {
       next = argmax_token(logits);
     } else {
-      order = top_k_order(logits, o.top_k);
+      order = top_k_order(logits, o.top_k == 0 ? allowed_count : std::min(o.top_k, allowed_count));
       const std::size_t k = order.size();
       w.assign(k, 0.0);
       const double top = static_cast<double>(logits[order[0]]);
