@@ -630,6 +630,7 @@ class Optimizer {
       if (finite) continue;
       if (nonfinite_ == NonFinite::skip) {
         ++skipped_steps_;
+        tape_->note_step();  // the skipped gradients are consumed: the next accumulate starts afresh
         return false;
       }
       std::size_t k = 0;
