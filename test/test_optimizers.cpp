@@ -3,7 +3,9 @@
 #include <doctest/doctest.h>
 
 #include <unistd.h>
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <grad/grad.hpp>
@@ -540,4 +542,55 @@ TEST_CASE("a float optimizer checks its schedule as float: base_lr 1e300 is refu
         "beta2 0.99999999989999999 is 1 as float32, out of range: expected 0 <= beta2 < 1");
   CHECK(grad::invalid_setting_as<double>("beta2", 0.9999999999) == "");
   CHECK(grad::invalid_setting_as<float>("lr", -1) == "lr -1 is out of range: expected a finite value >= 0");
+}
+
+TEST_CASE("LrSchedule::warmup_cosine: grad's start (base_lr / warmup at step 1) or Hugging Face's (0 at step 1)") {
+  const double base = 0.1, lo = 0.01;
+  const grad::LrSchedule ours = grad::LrSchedule::warmup_cosine(base, 4, 20, lo);
+  CHECK(ours == grad::LrSchedule{.base_lr = base, .min_lr = lo, .warmup = 4, .total = 20});
+  const grad::LrSchedule hf = grad::LrSchedule::warmup_cosine(base, 4, 20, lo, grad::WarmupStart::zero);
+  CHECK(hf.shape == grad::LrShape::warmup_cosine_hf);
+  REQUIRE(hf.invalid() == "");
+  // transformers' get_cosine_with_min_lr_schedule_with_warmup (num_cycles 0.5):
+  // LambdaLR gives the t-th optimizer step lr_lambda(t - 1).
+  auto transformers = [&](std::uint64_t u, std::uint64_t warmup, std::uint64_t total) {
+    if (u < warmup) return base * static_cast<double>(u) / static_cast<double>(std::max<std::uint64_t>(1, warmup));
+    const double progress =
+        static_cast<double>(u - warmup) / static_cast<double>(std::max<std::uint64_t>(1, total - warmup));
+    const double factor = std::max(0.0, 0.5 * (1.0 + std::cos(3.141592653589793 * 0.5 * 2.0 * progress)));
+    return lo + (base - lo) * factor;
+  };
+  for (std::uint64_t t = 1; t <= 21; ++t) {
+    CAPTURE(t);
+    CHECK(hf.at(t) == doctest::Approx(transformers(t - 1, 4, 20)).epsilon(1e-15));
+    CHECK(hf.at(t + 1) == doctest::Approx(ours.at(t)).epsilon(1e-15));  // one step later than grad's
+  }
+  CHECK(hf.at(1) == 0.0);
+  CHECK(hf.at(5) == doctest::Approx(base).epsilon(1e-16));
+  CHECK(hf.at(21) == lo);
+  CHECK(hf.at(1000) == lo);  // held, where transformers' cosine would rise again
+  // No warm-up: Hugging Face starts at base_lr, grad one step into the decay.
+  const grad::LrSchedule cold = grad::LrSchedule::warmup_cosine(base, 0, 10, 0, grad::WarmupStart::zero);
+  CHECK(cold.at(1) == doctest::Approx(base).epsilon(1e-16));
+  CHECK(cold.at(2) == doctest::Approx(base * 0.5 * (1.0 + std::cos(0.1 * 3.141592653589793))).epsilon(1e-15));
+  // The same checks as grad's shape; an optimizer's first rate is 0.
+  CHECK(grad::LrSchedule::warmup_cosine(base, 30, 20, 0, grad::WarmupStart::zero).invalid() ==
+        "warmup 30 is out of range: expected warmup <= total (20)");
+  grad::AdamW<double> opt(0.5);
+  opt.set_schedule(hf);
+  CHECK(opt.lr() == 0.0);
+}
+
+TEST_CASE("a schedule whose rates are not finite in the optimizer's type is refused at construction, naming it") {
+  grad::AdamW<float> opt(0.1f);
+  CHECK_THROWS_WITH_AS(opt.set_schedule(grad::LrSchedule::warmup_cosine(3.5e38, 0, 10)),
+                       "adamw.set_schedule: base_lr 3.5e+38 is inf as float32, out of range: expected "
+                       "a finite value >= 0",
+                       std::invalid_argument);
+  CHECK_THROWS_AS(opt.set_schedule(grad::LrSchedule::one_cycle(1e300, 100)), std::invalid_argument);
+  CHECK(grad::schedule_invalid_as<double>(grad::LrSchedule::one_cycle(1e300, 100)) == "");
+  CHECK(grad::invalid_steps(grad::max_steps - 1) == "");
+  CHECK(grad::invalid_steps(~std::uint64_t(0)) ==
+        "steps 18446744073709551615 is out of range: expected steps < 2^53 (9007199254740992), the step counts a "
+        "schedule's rate at(steps + 1) is defined for");
 }
