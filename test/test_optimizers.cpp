@@ -581,6 +581,47 @@ TEST_CASE("LrSchedule::warmup_cosine: grad's start (base_lr / warmup at step 1) 
   CHECK(opt.lr() == 0.0);
 }
 
+TEST_CASE("nn::add_parameters keeps AdamW's weight_decay for every parameter, as torch: w -= lr * wd * w") {
+  grad::Tape<double> tp;
+  grad::SplitMix64 gen(3);
+  grad::nn::Linear<double> model(tp, 3, 2, gen);
+  const auto x = tp.constant(Tensor<double>({2, 3}, {1, 2, 3, -1, 0.5, 2}));
+  grad::AdamW<double> opt(0.1, 0.9, 0.999, 1e-8, /*weight_decay=*/0.5);
+  REQUIRE(grad::nn::add_parameters(opt, model));
+  REQUIRE(opt.params().size() == 2);
+  for (const auto& e : opt.params()) CHECK(e.weight_decay == 0.5);
+  // A zero gradient leaves the decay alone: torch.optim.AdamW(model.parameters(),
+  // lr=0.1, weight_decay=0.5) scales every parameter, bias too, by 1 - 0.1 * 0.5.
+  std::vector<double> before;
+  for (auto p : {model.weight, model.bias}) before.insert(before.end(), tp.value(p).begin(), tp.value(p).end());
+  const auto m = tp.mark();
+  REQUIRE(tp.backward(grad::sum(model(x) * 0.0)));
+  REQUIRE(opt.step());
+  std::vector<double> after;
+  for (auto p : {model.weight, model.bias}) after.insert(after.end(), tp.value(p).begin(), tp.value(p).end());
+  for (std::size_t k = 0; k < before.size(); ++k) {
+    CAPTURE(k);
+    CHECK(after[k] == doctest::Approx(before[k] * 0.95).epsilon(1e-15));
+  }
+  tp.reset_to(m);
+  // An exemption is explicit: {.others = 0} leaves biases and norm gains undecayed.
+  grad::AdamW<double> exempt(0.1, 0.9, 0.999, 1e-8, 0.5);
+  REQUIRE(grad::nn::add_parameters(exempt, model, {.others = 0}));
+  CHECK(exempt.params()[0].weight_decay == 0.5);
+  CHECK(exempt.params()[1].weight_decay == 0.0);
+  grad::AdamW<double> both(0.1);
+  REQUIRE(grad::nn::add_parameters(both, model, {.weights = 0.2, .others = 0}));
+  CHECK(both.params()[0].weight_decay == 0.2);
+  CHECK(both.params()[1].weight_decay == 0.0);
+  grad::AdamW<double> torch_default(0.1);  // torch's default weight_decay, 0.01
+  REQUIRE(grad::nn::add_parameters(torch_default, model));
+  for (const auto& e : torch_default.params()) CHECK(e.weight_decay == 0.01);
+  // SGD and Adam default to no L2, as before.
+  grad::Adam<double> adam(0.1);
+  REQUIRE(grad::nn::add_parameters(adam, model));
+  for (const auto& e : adam.params()) CHECK(e.l2 == 0.0);
+}
+
 TEST_CASE("a schedule whose rates are not finite in the optimizer's type is refused at construction, naming it") {
   grad::AdamW<float> opt(0.1f);
   CHECK_THROWS_WITH_AS(opt.set_schedule(grad::LrSchedule::warmup_cosine(3.5e38, 0, 10)),

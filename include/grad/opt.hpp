@@ -915,9 +915,10 @@ class Adam : public Optimizer<T> {
 // torch.optim.AdamW: Adam in the PyTorch form with decoupled weight decay,
 // w = w * (1 - lr * weight_decay) before the Adam update (the gradient is
 // not decayed; add()'s coefficient is that decay, not an L2 term).
-// weight_decay is every add()'s default (torch's 0.01); add(param, wd)
+// weight_decay is every add()'s default (torch's 0.01), and
+// nn::add_parameters(opt, model)'s for every parameter; add(param, wd)
 // gives one parameter its own, as a torch parameter group would (0 for
-// biases and norm gains: nn::add_parameters(opt, model, {.weights = 0.01})).
+// biases and norm gains: nn::add_parameters(opt, model, {.others = 0})).
 template <class T>
 class AdamW : public Adam<T> {
  public:
