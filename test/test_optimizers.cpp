@@ -622,6 +622,51 @@ TEST_CASE("nn::add_parameters keeps AdamW's weight_decay for every parameter, as
   for (const auto& e : adam.params()) CHECK(e.l2 == 0.0);
 }
 
+namespace {
+// What f writes to stderr.
+template <class F>
+std::string stderr_of(F&& f) {
+  std::fflush(stderr);
+  char path[] = "/tmp/grad_opt_stderr_XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  const int saved = ::dup(2);
+  ::dup2(fd, 2);
+  f();
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::string said;
+  if (std::FILE* in = std::fopen(path, "rb")) {
+    char buffer[4096];
+    for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, in)) > 0;) said.append(buffer, n);
+    std::fclose(in);
+  }
+  ::close(fd);
+  std::remove(path);
+  return said;
+}
+}  // namespace
+
+TEST_CASE("a step refusing a NaN gradient says so itself, once, naming detect_anomalies") {
+  grad::Tape<double> tp;
+  const auto w = tp.param(Tensor<double>({2}, {1, 2}));
+  grad::Adam<double> opt(0.1);
+  REQUIRE(opt.add(w));
+  REQUIRE(tp.backward(grad::sum(w * std::numeric_limits<double>::quiet_NaN())));
+  bool first = true, second = true;
+  const std::string said = stderr_of([&] { first = opt.step(); });
+  const std::string later = stderr_of([&] { second = opt.step(); });
+  CHECK_FALSE(first);
+  CHECK_FALSE(second);
+  CHECK(said == tp.error() + "\n");  // the last step of a run that refuses still leaves its line
+  CHECK(said.find("has a non-finite gradient") != std::string::npos);
+  CHECK(said.find("tp.detect_anomalies(true)") != std::string::npos);
+  CHECK(said.find("grad::NonFinite::skip") != std::string::npos);
+  CHECK(later.empty());  // not again: once per optimizer
+  CHECK(tp.value(w)[0] == 1.0);
+}
+
 TEST_CASE("a schedule whose rates are not finite in the optimizer's type is refused at construction, naming it") {
   grad::AdamW<float> opt(0.1f);
   CHECK_THROWS_WITH_AS(opt.set_schedule(grad::LrSchedule::warmup_cosine(3.5e38, 0, 10)),

@@ -698,11 +698,16 @@ class Optimizer {
       while (std::isfinite(p[k])) ++k;
       char value[32];
       std::snprintf(value, sizeof value, "%g", static_cast<double>(p[k]));
-      return fail(*tape_, std::string(kind_) + ".step: parameter " + std::to_string(i + 1) + " (node " +
-                              std::to_string(entries_[i].var.index()) + ", shape " + shape_string(g.shape) +
-                              ") has a non-finite gradient (element " + std::to_string(k) + " is " + value +
-                              "); no parameter was updated (opt.set_nonfinite(grad::NonFinite::skip) skips such "
-                              "steps instead)");
+      fail(*tape_, std::string(kind_) + ".step: parameter " + std::to_string(i + 1) + " (node " +
+                       std::to_string(entries_[i].var.index()) + ", shape " + shape_string(g.shape) +
+                       ") has a non-finite gradient (element " + std::to_string(k) + " is " + value +
+                       "); no parameter was updated (tp.detect_anomalies(true) names the first op that makes a "
+                       "NaN or inf; opt.set_nonfinite(grad::NonFinite::skip) skips such steps instead)");
+      // Said by the refusing step itself (a run whose last step refuses
+      // still leaves the line), and not again by the steps after it.
+      if (!warned_poisoned_) std::fprintf(stderr, "%s\n", tape_->error().c_str());
+      warned_poisoned_ = true;
+      return false;
     }
     return true;
   }
