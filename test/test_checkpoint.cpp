@@ -436,3 +436,59 @@ TEST_CASE("a version 3 file with a schedule out of range, or of another optimize
         std::string::npos);
   CHECK(bitwise_equal<double>(target.state(), before_w));
 }
+
+TEST_CASE("a resealed float checkpoint whose schedule is not finite as float, or whose steps would wrap, is refused") {
+  // A cosine without warm-up: at(steps + 1) with steps = 2^64 - 1 is at(0), 0 / 0.
+  const grad::LrSchedule schedule{.base_lr = 0.08, .min_lr = 0.004, .warmup = 0, .total = 16};
+  Run<float, grad::Adam> saved(0.05f);
+  saved.opt.set_schedule(schedule);
+  saved.train(3);
+  const std::string path = scratch.file("reseal32.ckpt");
+  REQUIRE(grad::save_checkpoint(path, saved.tp, saved.opt).ok());
+  const std::vector<unsigned char> good = read_bytes(path);
+  auto reseal = [&](std::vector<unsigned char> bytes) {
+    const std::uint64_t hash = grad::detail::fnv1a(std::span(bytes).first(bytes.size() - 8));
+    std::memcpy(bytes.data() + bytes.size() - 8, &hash, 8);
+    write_bytes(path, bytes);
+  };
+  auto refused = [&](const std::string& message) {
+    Run<float, grad::Adam> target(0.05f, 5, 7);
+    target.opt.set_schedule(schedule);
+    const auto before = target.state();
+    const auto r = grad::load_checkpoint(path, target.tp, target.opt);
+    CAPTURE(r.error);
+    CHECK(r.error.find("invalid setting in the file: " + message) != std::string::npos);
+    CHECK(bitwise_equal<float>(target.state(), before));
+    CHECK(std::isfinite(target.opt.lr()));
+  };
+  // base_lr (the schedule record's f64; the float file's other rates are f32)
+  // finite as a double, infinite as the float optimizer's rate.
+  for (const double bad : {1e300, 3.5e38}) {
+    CAPTURE(bad);
+    std::vector<unsigned char> bytes = good;
+    const double base = 0.08;
+    const auto at = std::search(bytes.begin(), bytes.end(), reinterpret_cast<const unsigned char*>(&base),
+                                reinterpret_cast<const unsigned char*>(&base) + 8);
+    REQUIRE(at != bytes.end());
+    std::memcpy(&*at, &bad, 8);
+    reseal(bytes);
+    char number[32];
+    std::snprintf(number, sizeof number, "%.17g", bad);
+    refused(std::string("schedule: base_lr ") + number +
+            " is inf as float32, out of range: expected a finite value >= 0");
+  }
+  // steps 2^64 - 1: the next step's rate would be at(0) and the count would wrap.
+  std::vector<unsigned char> bytes = good;
+  std::uint64_t steps = 0;
+  std::memcpy(&steps, bytes.data() + grad::detail::checkpoint_header_bytes + 8, 8);
+  REQUIRE(steps == 3);
+  steps = ~std::uint64_t(0);
+  std::memcpy(bytes.data() + grad::detail::checkpoint_header_bytes + 8, &steps, 8);
+  reseal(bytes);
+  refused("steps 18446744073709551615 is out of range: expected steps < 2^53 (9007199254740992)");
+  // The good file still loads.
+  write_bytes(path, good);
+  Run<float, grad::Adam> fine(0.05f, 5, 7);
+  REQUIRE(grad::load_checkpoint(path, fine.tp, fine.opt).ok());
+  CHECK(fine.opt.lr() == static_cast<float>(schedule.at(4)));
+}

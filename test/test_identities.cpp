@@ -190,6 +190,78 @@ TEST_CASE_TEMPLATE("pow's edge values are std::pow's", T, double, float) {
   CHECK(power_of(T(10), T(400)) == inf);
 }
 
+TEST_CASE_TEMPLATE("pow at std::pow's special points: 1^inf, 1^NaN, (-1)^inf, huge integer exponents, (-x)^-inf",
+                   T, double, float) {
+  const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
+  struct Case {
+    T x, s;
+  };
+  const Case cases[] = {{1, inf},         {1, -inf},         {1, nan},           {-1, inf},         {-1, -inf},
+                        {-1, 2097152},    {-1, 2097153},     {-1, -2097153},     {T(-0.999999), 2000001},
+                        {T(-0.999999), 2000000}, {T(0.999999), 2000001}, {T(-2.5), -inf}, {T(-2.5), inf},
+                        {T(-0.5), inf},   {T(-0.5), -inf},   {T(0.5), inf},      {-3, 1048577},     {-3, -1048577},
+                        {-3, 1048578},    {0, inf},          {0, -inf},          {T(-0.0), 2097153}, {-inf, 2097153},
+                        {2, 16777216},    {T(1.0000001), T(16777217)}};
+  for (const Case& c : cases) {
+    CAPTURE(c.x);
+    CAPTURE(c.s);
+    const T want = std::pow(c.x, c.s), got = power_of(c.x, c.s);
+    CAPTURE(want);
+    CAPTURE(got);
+    REQUIRE(!std::isnan(want));  // every case is a number, for std::pow and torch
+    CHECK(std::signbit(got) == std::signbit(want));
+    if (!std::isfinite(want) || want == T(0) || want == T(1) || want == T(-1))
+      CHECK(got == want);  // the exact ones exactly
+    else  // exp(s ln|x|): a few ulp of s ln|x| apart
+      CHECK(got == doctest::Approx(want).epsilon(std::is_same_v<T, float> ? 2e-6 : 1e-12));
+  }
+  if constexpr (std::is_same_v<T, double>) CHECK(power_of(-0.999999, 2000001.0) == doctest::Approx(-0.135335).epsilon(1e-5));
+  CHECK(std::isnan(power_of(T(-1), nan)));  // as std::pow: only 1^NaN is a number
+  CHECK(std::isnan(power_of(T(-2), T(2097152.5))));
+}
+
+TEST_CASE_TEMPLATE("pow's gradient at those points: 0 for an infinite exponent, the formula for a huge integer one", T,
+                   double, float) {
+  const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
+  // d/da of a^b for one element, through pow(a, b) and pow_scalar(a, b).
+  auto grads = [](T a, T b) {
+    Tape<T> tp;
+    auto x = tp.param(Tensor<T>({1}, {a}));
+    auto e = tp.constant(Tensor<T>({1}, {b}));
+    REQUIRE(tp.backward(sum(grad::pow(x, e))));
+    const T binary = tp.grad(x)[0];
+    Tape<T> tp2;
+    auto x2 = tp2.param(Tensor<T>({1}, {a}));
+    REQUIRE(tp2.backward(sum(grad::pow(x2, b))));
+    return std::pair{binary, tp2.grad(x2)[0]};
+  };
+  auto check = [&](T a, T b, auto want) {
+    CAPTURE(a);
+    CAPTURE(b);
+    const auto [binary, scalar] = grads(a, b);
+    want(binary);
+    want(scalar);
+  };
+  auto is = [](T v) { return [v](T g) { CHECK(g == v); }; };
+  for (T b : {inf, -inf})
+    for (T a : {T(1), T(-1), T(-2.5), T(0.5), T(-0.5), T(3), T(0)}) check(a, b, is(T(0)));
+  check(T(-1), T(2097152), is(T(-2097152)));
+  check(T(-1), T(2097153), is(T(2097153)));
+  check(T(-0.999999), T(2000001), [](T g) {
+    CHECK(g == doctest::Approx(T(2000001) * std::pow(T(-0.999999), T(2000000))).epsilon(std::is_same_v<T, float> ? 2e-6 : 1e-12));
+  });
+  check(T(-3), T(1048577), is(inf));                           // the gradient of a power that overflowed
+  check(T(1), nan, [](T g) { CHECK(std::isnan(g)); });         // a NaN exponent's, documented
+  // d/db at a positive base: y ln a, 0 at 1^inf and 1^NaN.
+  Tape<T> tp;
+  auto a = tp.constant(Tensor<T>({3}, {1, 1, T(0.5)}));
+  auto b = tp.param(Tensor<T>({3}, {inf, nan, inf}));
+  REQUIRE(tp.backward(sum(grad::pow(a, b))));
+  CHECK(tp.grad(b)[0] == T(0));
+  CHECK(tp.grad(b)[1] == T(0));
+  CHECK(tp.grad(b)[2] == T(0));
+}
+
 TEST_CASE_TEMPLATE("log_softmax is (x - max) - log(sum exp(x - max)), finite where log(softmax) is not", T, double,
                    float) {
   Tape<T> tp;

@@ -119,7 +119,7 @@ TEST_CASE("backward(loss, grad::accumulate) sums micro-batches: the fold of thei
   // Each micro-batch's own gradient, folded acc = acc + g in order.
   std::vector<std::vector<double>> fold;
   for (std::size_t i = 0; i < k; ++i) {
-    tp.reset_to(m);
+    tp.reset_to(m, grad::drop_gradients);  // each micro-batch alone, on purpose
     REQUIRE(tp.backward(net.loss(i)));
     const auto g = net.grads();
     if (i == 0) fold = g;
@@ -127,11 +127,11 @@ TEST_CASE("backward(loss, grad::accumulate) sums micro-batches: the fold of thei
       for (std::size_t e = 0; e < g[p].size(); ++e) fold[p][e] = fold[p][e] + g[p][e];
   }
   // The gradient of the summed loss, for the rounding-level comparison.
-  tp.reset_to(m);
+  tp.reset_to(m, grad::drop_gradients);
   REQUIRE(tp.backward(net.loss(0) + net.loss(1) + net.loss(2)));
   const auto of_sum = net.grads();
 
-  tp.reset_to(m);
+  tp.reset_to(m, grad::drop_gradients);
   for (std::size_t i = 0; i < k; ++i) {
     REQUIRE(tp.backward(net.loss(i), grad::accumulate));
     tp.reset_to(m, grad::keep_gradients);  // the micro-batch's nodes go, the sums stay
@@ -187,7 +187,7 @@ TEST_CASE("the PyTorch habit, backward(a); backward(b); step(), warns once that 
   grad::SGD<double> opt(0.01);
   for (auto p : {net.w1, net.b1, net.w2}) opt.add(p);
   const auto m = tp.mark();
-  tp.reset_to(m);  // drops the unused gradients on purpose
+  tp.reset_to(m, grad::drop_gradients);  // drops the unused gradients on purpose
   REQUIRE(tp.backward(net.loss(0)));
   REQUIRE(opt.step());
   tp.reset_to(m);
@@ -199,6 +199,94 @@ TEST_CASE("the PyTorch habit, backward(a); backward(b); step(), warns once that 
   CHECK(contains(w.said[0], "tp.backward(loss, grad::accumulate)"));
   REQUIRE(tp.backward(net.loss(3)));
   CHECK(w.said.size() == 1);  // once per tape
+}
+
+TEST_CASE("accumulation with a plain reset_to at the top of each micro-batch warns once, naming keep_gradients") {
+  // The loop a PyTorch user writes (reset_to taken for "free the graph"):
+  // each plain reset_to empties the gradients, so the step would see the
+  // last micro-batch alone. Either backward form says so, once per tape.
+  for (const bool accumulate : {true, false}) {
+    CAPTURE(accumulate);
+    Warnings w;
+    grad::Tape<double> tp;
+    Net net(tp);
+    grad::SGD<double> opt(0.1);
+    for (auto p : {net.w1, net.b1, net.w2}) REQUIRE(opt.add(p));
+    const auto m = tp.mark();
+    for (std::size_t round = 0; round < 2; ++round) {
+      for (std::size_t k = 0; k < 3; ++k) {
+        tp.reset_to(m);
+        REQUIRE((accumulate ? tp.backward(net.loss(k), grad::accumulate) : tp.backward(net.loss(k))));
+        if (round == 0 && k == 0) CHECK(w.said.empty());  // nothing was dropped yet
+      }
+      REQUIRE(opt.step());
+    }
+    REQUIRE(w.said.size() == 1);
+    CHECK(contains(w.said[0], "dropped gradients that no optimizer step used"));
+    CHECK(contains(w.said[0], "tp.reset_to(m, grad::keep_gradients)"));
+    CHECK(contains(w.said[0], "tp.backward(loss, grad::accumulate)"));
+    CHECK(contains(w.said[0], "tp.reset_to(m, grad::drop_gradients)"));
+  }
+}
+
+TEST_CASE("the README's accumulation loop steps on the sum, silently; drop_gradients and skipped steps are silent") {
+  Warnings w;
+  constexpr std::size_t k = 3;
+  // The sum's step: the micro-batches accumulated without any reset.
+  grad::Tape<double> ref_tp;
+  Net ref(ref_tp);
+  grad::SGD<double> ref_opt(0.1);
+  for (auto p : {ref.w1, ref.b1, ref.w2}) REQUIRE(ref_opt.add(p));
+  for (std::size_t i = 0; i < k; ++i) REQUIRE(ref_tp.backward(ref.loss(i), grad::accumulate));
+  REQUIRE(ref_opt.step());
+  std::vector<std::vector<double>> want;
+  for (auto p : {ref.w1, ref.b1, ref.w2}) want.emplace_back(ref_tp.value(p).begin(), ref_tp.value(p).end());
+
+  grad::Tape<double> tp;
+  Net net(tp);
+  grad::SGD<double> opt(0.1);
+  for (auto p : {net.w1, net.b1, net.w2}) REQUIRE(opt.add(p));
+  const auto m = tp.mark();
+  for (std::size_t i = 0; i < k; ++i) {
+    tp.reset_to(m, grad::keep_gradients);  // README.md's form: the nodes go, the sums stay
+    REQUIRE(tp.backward(net.loss(i), grad::accumulate));
+  }
+  REQUIRE(opt.step());
+  std::vector<std::vector<double>> got;
+  for (auto p : {net.w1, net.b1, net.w2}) got.emplace_back(tp.value(p).begin(), tp.value(p).end());
+  CHECK(same_bits(got, want));
+
+  // Dropping unused gradients on purpose, and a step that skips a NaN
+  // gradient (NonFinite::skip), say nothing either.
+  REQUIRE(tp.backward(net.loss(0)));
+  tp.reset_to(m, grad::drop_gradients);
+  REQUIRE(tp.backward(net.loss(1)));
+  REQUIRE(opt.step());
+  opt.set_nonfinite(grad::NonFinite::skip);
+  tp.reset_to(m);
+  REQUIRE(tp.backward(grad::sum(net.w1) * std::numeric_limits<double>::quiet_NaN()));
+  CHECK_FALSE(opt.step());
+  CHECK(opt.skipped_steps() == 1);
+  tp.reset_to(m);
+  REQUIRE(tp.backward(net.loss(2)));
+  REQUIRE(opt.step());
+  CHECK(w.said.empty());
+}
+
+TEST_CASE("predict between backward and step keeps the gradients the step uses") {
+  grad::Tape<double> tp;
+  grad::SplitMix64 gen(5);
+  grad::nn::Linear<double> model(tp, 3, 2, gen);
+  grad::SGD<double> opt(0.1);
+  REQUIRE(nn::add_parameters(opt, model));
+  const auto m = tp.mark();
+  const Tensor<double> x({2, 3}, {1, 2, 3, -1, 0.5, 2});
+  REQUIRE(tp.backward(grad::sum(model(tp.constant(x)))));
+  const std::vector<double> g(tp.grad(model.weight).begin(), tp.grad(model.weight).end());
+  (void)grad::predict(tp, model, x);
+  CHECK(tp.has_grad(model.weight));
+  CHECK(std::vector<double>(tp.grad(model.weight).begin(), tp.grad(model.weight).end()) == g);
+  tp.reset_to(m);
 }
 
 TEST_CASE("a model built after the mark: the error says to take the mark after registering parameters") {

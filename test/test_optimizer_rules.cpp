@@ -226,8 +226,9 @@ void refuses_non_finite(Opt opt, const std::string& kind, double bad) {
   const std::string value = bad != bad ? "nan" : bad > 0 ? "inf" : "-inf";
   CHECK(run.tp.error() == "grad: " + kind + ".step: parameter 2 (node 1, shape [2, 3]) has a non-finite gradient " +
                               "(element 3 is " + value +
-                              "); no parameter was updated (opt.set_nonfinite(grad::NonFinite::skip) skips such "
-                              "steps instead)");
+                              "); no parameter was updated (tp.detect_anomalies(true) names the first op that "
+                              "makes a NaN or inf; opt.set_nonfinite(grad::NonFinite::skip) skips such steps "
+                              "instead)");
 }
 
 }  // namespace

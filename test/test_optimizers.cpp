@@ -3,7 +3,9 @@
 #include <doctest/doctest.h>
 
 #include <unistd.h>
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <grad/grad.hpp>
@@ -540,4 +542,141 @@ TEST_CASE("a float optimizer checks its schedule as float: base_lr 1e300 is refu
         "beta2 0.99999999989999999 is 1 as float32, out of range: expected 0 <= beta2 < 1");
   CHECK(grad::invalid_setting_as<double>("beta2", 0.9999999999) == "");
   CHECK(grad::invalid_setting_as<float>("lr", -1) == "lr -1 is out of range: expected a finite value >= 0");
+}
+
+TEST_CASE("LrSchedule::warmup_cosine: grad's start (base_lr / warmup at step 1) or Hugging Face's (0 at step 1)") {
+  const double base = 0.1, lo = 0.01;
+  const grad::LrSchedule ours = grad::LrSchedule::warmup_cosine(base, 4, 20, lo);
+  CHECK(ours == grad::LrSchedule{.base_lr = base, .min_lr = lo, .warmup = 4, .total = 20});
+  const grad::LrSchedule hf = grad::LrSchedule::warmup_cosine(base, 4, 20, lo, grad::WarmupStart::zero);
+  CHECK(hf.shape == grad::LrShape::warmup_cosine_hf);
+  REQUIRE(hf.invalid() == "");
+  // transformers' get_cosine_with_min_lr_schedule_with_warmup (num_cycles 0.5):
+  // LambdaLR gives the t-th optimizer step lr_lambda(t - 1).
+  auto transformers = [&](std::uint64_t u, std::uint64_t warmup, std::uint64_t total) {
+    if (u < warmup) return base * static_cast<double>(u) / static_cast<double>(std::max<std::uint64_t>(1, warmup));
+    const double progress =
+        static_cast<double>(u - warmup) / static_cast<double>(std::max<std::uint64_t>(1, total - warmup));
+    const double factor = std::max(0.0, 0.5 * (1.0 + std::cos(3.141592653589793 * 0.5 * 2.0 * progress)));
+    return lo + (base - lo) * factor;
+  };
+  for (std::uint64_t t = 1; t <= 21; ++t) {
+    CAPTURE(t);
+    CHECK(hf.at(t) == doctest::Approx(transformers(t - 1, 4, 20)).epsilon(1e-15));
+    CHECK(hf.at(t + 1) == doctest::Approx(ours.at(t)).epsilon(1e-15));  // one step later than grad's
+  }
+  CHECK(hf.at(1) == 0.0);
+  CHECK(hf.at(5) == doctest::Approx(base).epsilon(1e-16));
+  CHECK(hf.at(21) == lo);
+  CHECK(hf.at(1000) == lo);  // held, where transformers' cosine would rise again
+  // No warm-up: Hugging Face starts at base_lr, grad one step into the decay.
+  const grad::LrSchedule cold = grad::LrSchedule::warmup_cosine(base, 0, 10, 0, grad::WarmupStart::zero);
+  CHECK(cold.at(1) == doctest::Approx(base).epsilon(1e-16));
+  CHECK(cold.at(2) == doctest::Approx(base * 0.5 * (1.0 + std::cos(0.1 * 3.141592653589793))).epsilon(1e-15));
+  // The same checks as grad's shape; an optimizer's first rate is 0.
+  CHECK(grad::LrSchedule::warmup_cosine(base, 30, 20, 0, grad::WarmupStart::zero).invalid() ==
+        "warmup 30 is out of range: expected warmup <= total (20)");
+  grad::AdamW<double> opt(0.5);
+  opt.set_schedule(hf);
+  CHECK(opt.lr() == 0.0);
+}
+
+TEST_CASE("nn::add_parameters keeps AdamW's weight_decay for every parameter, as torch: w -= lr * wd * w") {
+  grad::Tape<double> tp;
+  grad::SplitMix64 gen(3);
+  grad::nn::Linear<double> model(tp, 3, 2, gen);
+  const auto x = tp.constant(Tensor<double>({2, 3}, {1, 2, 3, -1, 0.5, 2}));
+  grad::AdamW<double> opt(0.1, 0.9, 0.999, 1e-8, /*weight_decay=*/0.5);
+  REQUIRE(grad::nn::add_parameters(opt, model));
+  REQUIRE(opt.params().size() == 2);
+  for (const auto& e : opt.params()) CHECK(e.weight_decay == 0.5);
+  // A zero gradient leaves the decay alone: torch.optim.AdamW(model.parameters(),
+  // lr=0.1, weight_decay=0.5) scales every parameter, bias too, by 1 - 0.1 * 0.5.
+  std::vector<double> before;
+  for (auto p : {model.weight, model.bias}) before.insert(before.end(), tp.value(p).begin(), tp.value(p).end());
+  const auto m = tp.mark();
+  REQUIRE(tp.backward(grad::sum(model(x) * 0.0)));
+  REQUIRE(opt.step());
+  std::vector<double> after;
+  for (auto p : {model.weight, model.bias}) after.insert(after.end(), tp.value(p).begin(), tp.value(p).end());
+  for (std::size_t k = 0; k < before.size(); ++k) {
+    CAPTURE(k);
+    CHECK(after[k] == doctest::Approx(before[k] * 0.95).epsilon(1e-15));
+  }
+  tp.reset_to(m);
+  // An exemption is explicit: {.others = 0} leaves biases and norm gains undecayed.
+  grad::AdamW<double> exempt(0.1, 0.9, 0.999, 1e-8, 0.5);
+  REQUIRE(grad::nn::add_parameters(exempt, model, {.others = 0}));
+  CHECK(exempt.params()[0].weight_decay == 0.5);
+  CHECK(exempt.params()[1].weight_decay == 0.0);
+  grad::AdamW<double> both(0.1);
+  REQUIRE(grad::nn::add_parameters(both, model, {.weights = 0.2, .others = 0}));
+  CHECK(both.params()[0].weight_decay == 0.2);
+  CHECK(both.params()[1].weight_decay == 0.0);
+  grad::AdamW<double> torch_default(0.1);  // torch's default weight_decay, 0.01
+  REQUIRE(grad::nn::add_parameters(torch_default, model));
+  for (const auto& e : torch_default.params()) CHECK(e.weight_decay == 0.01);
+  // SGD and Adam default to no L2, as before.
+  grad::Adam<double> adam(0.1);
+  REQUIRE(grad::nn::add_parameters(adam, model));
+  for (const auto& e : adam.params()) CHECK(e.l2 == 0.0);
+}
+
+namespace {
+// What f writes to stderr.
+template <class F>
+std::string stderr_of(F&& f) {
+  std::fflush(stderr);
+  char path[] = "/tmp/grad_opt_stderr_XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  const int saved = ::dup(2);
+  ::dup2(fd, 2);
+  f();
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::string said;
+  if (std::FILE* in = std::fopen(path, "rb")) {
+    char buffer[4096];
+    for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, in)) > 0;) said.append(buffer, n);
+    std::fclose(in);
+  }
+  ::close(fd);
+  std::remove(path);
+  return said;
+}
+}  // namespace
+
+TEST_CASE("a step refusing a NaN gradient says so itself, once, naming detect_anomalies") {
+  grad::Tape<double> tp;
+  const auto w = tp.param(Tensor<double>({2}, {1, 2}));
+  grad::Adam<double> opt(0.1);
+  REQUIRE(opt.add(w));
+  REQUIRE(tp.backward(grad::sum(w * std::numeric_limits<double>::quiet_NaN())));
+  bool first = true, second = true;
+  const std::string said = stderr_of([&] { first = opt.step(); });
+  const std::string later = stderr_of([&] { second = opt.step(); });
+  CHECK_FALSE(first);
+  CHECK_FALSE(second);
+  CHECK(said == tp.error() + "\n");  // the last step of a run that refuses still leaves its line
+  CHECK(said.find("has a non-finite gradient") != std::string::npos);
+  CHECK(said.find("tp.detect_anomalies(true)") != std::string::npos);
+  CHECK(said.find("grad::NonFinite::skip") != std::string::npos);
+  CHECK(later.empty());  // not again: once per optimizer
+  CHECK(tp.value(w)[0] == 1.0);
+}
+
+TEST_CASE("a schedule whose rates are not finite in the optimizer's type is refused at construction, naming it") {
+  grad::AdamW<float> opt(0.1f);
+  CHECK_THROWS_WITH_AS(opt.set_schedule(grad::LrSchedule::warmup_cosine(3.5e38, 0, 10)),
+                       "adamw.set_schedule: base_lr 3.5e+38 is inf as float32, out of range: expected "
+                       "a finite value >= 0",
+                       std::invalid_argument);
+  CHECK_THROWS_AS(opt.set_schedule(grad::LrSchedule::one_cycle(1e300, 100)), std::invalid_argument);
+  CHECK(grad::schedule_invalid_as<double>(grad::LrSchedule::one_cycle(1e300, 100)) == "");
+  CHECK(grad::invalid_steps(grad::max_steps - 1) == "");
+  CHECK(grad::invalid_steps(~std::uint64_t(0)) ==
+        "steps 18446744073709551615 is out of range: expected steps < 2^53 (9007199254740992), the step counts a "
+        "schedule's rate at(steps + 1) is defined for");
 }

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 
 #include "grad/tape.hpp"
 
@@ -33,12 +34,13 @@ void add_into(T* sum, const T* part, std::size_t n) {
 template <class T>
 bool Tape<T>::backward(Var<T> loss) {
   watch_growth();
+  watch_dropped();
   if (unused_gradients_ && optimizer_attached_ && !warned_replaced_ && ok()) {
     warned_replaced_ = true;
     warn(
         "backward: the gradients of the previous backward were not used by an optimizer step, and this backward "
         "replaces them (grad does not sum them as PyTorch does). To sum micro-batches call tp.backward(loss, "
-        "grad::accumulate); to drop them on purpose call tp.reset_to(mark) first");
+        "grad::accumulate); to drop them on purpose call tp.reset_to(mark, grad::drop_gradients) first");
   }
   return walk(loss);
 }
@@ -46,6 +48,7 @@ bool Tape<T>::backward(Var<T> loss) {
 template <class T>
 bool Tape<T>::backward(Var<T> loss, Accumulate) {
   watch_growth();
+  watch_dropped();
   if (!unused_gradients_) return walk(loss);  // the first micro-batch since a step: nothing to add to
   // The sums so far, set aside (the walk starts every gradient afresh), then
   // added back: acc = acc + g per element, the fold dist::LocalShards uses.
@@ -76,6 +79,20 @@ bool Tape<T>::backward(Var<T> loss, Accumulate) {
   }
   unused_gradients_ = true;
   return true;
+}
+
+template <class T>
+void Tape<T>::watch_dropped() {
+  const bool dropped = std::exchange(dropped_unused_, false);
+  if (!dropped || warned_dropped_ || !ok()) return;
+  warned_dropped_ = true;
+  warn(
+      "backward: the reset_to before it dropped gradients that no optimizer step used, so the next step sees this "
+      "backward's gradients alone, not a sum over micro-batches (a plain tp.reset_to(m) also empties the "
+      "gradients, as torch's zero_grad() would). To accumulate micro-batches call tp.reset_to(m, "
+      "grad::keep_gradients) between them and tp.backward(loss, grad::accumulate) for each, then one opt.step(); "
+      "to drop unused gradients on purpose call tp.reset_to(m, grad::drop_gradients) (said once per tape; "
+      "grad::set_warning_handler redirects or silences warnings)");
 }
 
 template <class T>

@@ -395,7 +395,8 @@ inline void get_schedule(ByteReader& r, LrSchedule& s, PlateauState& p) {
 template <class Access, class Settings>
 std::string settings_error(const Settings& s) {
   using T = decltype(s.lr);
-  std::string why = invalid_setting("lr", s.lr);
+  std::string why = invalid_steps(s.steps);
+  if (why.empty()) why = invalid_setting("lr", s.lr);
   if (why.empty()) why = invalid_setting("clip", s.clip);
   if constexpr (Access::is_adam) {
     const std::pair<const char*, double> adam[] = {{"beta1", s.beta1},     {"beta2", s.beta2},
@@ -412,10 +413,13 @@ std::string settings_error(const Settings& s) {
       why = "Nesterov momentum without momentum or with dampening";
   }
   if (why.empty() && s.schedule) {
-    why = s.schedule->invalid();
+    // In the optimizer's type, as set_schedule checks it: a float file's
+    // base_lr 1e300 is a finite double but an infinite float rate.
+    why = schedule_invalid_as<T>(*s.schedule);
     if (why.empty() && s.schedule->shape == LrShape::plateau &&
-        !(std::isfinite(s.plateau.lr) && s.plateau.lr >= 0 && !std::isnan(s.plateau.best)))
-      why = "the plateau schedule's state is out of range (rate " + std::to_string(s.plateau.lr) + ")";
+        !(s.plateau.lr >= 0 && s.plateau.lr <= s.schedule->base_lr && !std::isnan(s.plateau.best)))
+      why = "the plateau schedule's state is out of range (rate " + std::to_string(s.plateau.lr) +
+            "; expected 0 <= rate <= base_lr)";
     if (!why.empty()) why = "schedule: " + why;
   }
   return why;

@@ -292,7 +292,8 @@ struct EpochMean {
 
 // Runs `model` over every row of `inputs` ([rows, features]) in batches of
 // `batch` rows, in order, under an InferenceGuard, rewinding the tape after
-// each batch (it does not grow), and returns each row's argmax class.
+// each batch (it does not grow; the parameters' gradients a backward left
+// for the next step stay), and returns each row's argmax class.
 // Throws TapeError with the tape's message when the tape is (or becomes)
 // poisoned.
 template <class T, class Model>
@@ -314,7 +315,7 @@ std::vector<std::int32_t> predict(Tape<T>& tp, const Model& model, const Tensor<
     if (!tp.ok()) throw TapeError("predict: " + tp.error());
     const std::vector<std::int32_t> p = argmax(tp.value(y), -1);
     out.insert(out.end(), p.begin(), p.end());
-    tp.reset_to(m);
+    tp.reset_to(m, keep_gradients);
   }
   return out;
 }

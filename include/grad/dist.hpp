@@ -165,7 +165,7 @@ class LocalShards {
     Tape<T>& tp = *opt_->tape();
     const Range all{0, opt_->elements()};
     for (std::size_t s = 0; s < options_.shards; ++s) {
-      tp.reset_to(mark_);
+      tp.reset_to(mark_, grad::drop_gradients);  // each shard starts afresh: no sum is lost
       const Var<T> loss = loss_of(s);
       if (!tp.backward(loss)) throw Error("grad::dist: shard " + std::to_string(s) + ": " + tp.error());
       losses_[s] = tp.scalar(loss);
@@ -434,7 +434,7 @@ class DataParallel {
     std::string failure;
     for (std::size_t k = 0; k < owned().size() && failure.empty(); ++k) {
       const std::size_t s = owned().begin + k;
-      tp.reset_to(mark_);
+      tp.reset_to(mark_, grad::drop_gradients);  // each shard starts afresh: no sum is lost
       Var<T> loss;
       try {  // an exception on one rank must not leave the others waiting in the next collective
         loss = loss_of(s);

@@ -9,7 +9,7 @@
 //   model.add(grad::nn::Linear<double>(tp, 64, 128, gen)).add(grad::nn::relu_layer<double>)
 //        .add(grad::nn::Linear<double>(tp, 128, 10, gen));
 //   for (const auto& p : model.parameters()) std::cout << p.name << "\n";   // "0.weight", "0.bias", "2.weight", ...
-//   grad::nn::add_parameters(opt, model, {.weights = 1e-4, .others = 0});  // L2 on weights only
+//   grad::nn::add_parameters(opt, model, {.weights = 1e-4, .others = 0});  // L2 on weights only (unset: opt's default)
 //   auto logits = model(x);
 //
 // Conventions (those of grad::nn): a Linear weight is [in, out] (PyTorch
@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -406,22 +407,33 @@ Sequential<T> mlp(Tape<T>& tp, std::initializer_list<std::size_t> widths, SplitM
 }
 
 // Decay coefficients by parameter kind for add_parameters: what opt.add(p, c)
-// takes (L2 for SGD and Adam, the decoupled weight decay for AdamW).
+// takes (L2 for SGD and Adam, the decoupled weight decay for AdamW). A kind
+// left unset gets the optimizer's own default, opt.add(p): AdamW's
+// weight_decay() (0.01 unless given), 0 for SGD and Adam. So the default
+// decays every parameter as torch's AdamW(model.parameters(), weight_decay=wd)
+// does, biases and norm gains too; exempting them (the usual practice for
+// transformers) is explicit:
+//   add_parameters(opt, model);                               // every parameter: the optimizer's decay
+//   add_parameters(opt, model, {.others = 0});                // no decay on biases and norm gains
+//   add_parameters(opt, model, {.weights = 1e-4, .others = 0});
 struct Decay {
-  double weights = 0;  // ParamKind::weight
-  double others = 0;   // biases and norm gains (the usual practice: no decay)
+  std::optional<double> weights = {};  // ParamKind::weight
+  std::optional<double> others = {};   // ParamKind::bias and ParamKind::norm
 };
 
 // Adds every parameter of `model` to `opt` in parameters() order, weights
-// with decay.weights and the rest with decay.others. False (the tape
-// poisoned, saying which parameter) as soon as one add fails.
+// with decay.weights and the rest with decay.others (each, when unset, the
+// optimizer's default). False (the tape poisoned, saying which parameter)
+// as soon as one add fails.
 template <class Opt, class T>
 bool add_parameters(Opt& opt, const Module<T>& model, Decay decay = {}) {
   static_assert(std::is_same_v<typename Opt::value_type, T>,
                 "grad::nn::add_parameters: the optimizer's precision differs from the model's (e.g. a float model "
                 "with grad::Adam opt(0.005), which is Adam<double>): declare grad::Adam<float> opt(0.005f)");
-  for (const auto& p : model.parameters())
-    if (!opt.add(p.var, static_cast<T>(p.kind == ParamKind::weight ? decay.weights : decay.others))) return false;
+  for (const auto& p : model.parameters()) {
+    const std::optional<double>& c = p.kind == ParamKind::weight ? decay.weights : decay.others;
+    if (!(c ? opt.add(p.var, static_cast<T>(*c)) : opt.add(p.var))) return false;
+  }
   return true;
 }
 

@@ -216,6 +216,14 @@ inline double power(double x, std::uint64_t k) {
 //   t >= total          min_lr (constant after the decay; t > warmup)
 //   warmup = 0: no warm-up, the decay starts at t = 1 (p = 1 / total);
 //   warmup = total: no decay, min_lr after the warm-up.
+// warmup_cosine_hf: Hugging Face transformers' get_cosine_schedule_with_warmup
+//   (get_cosine_with_min_lr_schedule_with_warmup for min_lr > 0), whose
+//   LambdaLR gives step t its lambda(t - 1): grad's shape one step later.
+//   With u = t - 1:
+//   u < warmup          base_lr * u / warmup  (0 at t = 1, base_lr at t = warmup + 1)
+//   warmup <= u < total min_lr + (base_lr - min_lr) * (0.5 * (1 + cos(pi * p))), p = (u - warmup) / (total - warmup)
+//   u >= total          min_lr (transformers' cosine would rise again past total)
+// LrSchedule::warmup_cosine(base_lr, warmup, total, min_lr, start) makes either.
 // The torch shapes count as torch does when scheduler.step() follows every
 // optimizer.step(): step t runs at torch's last_epoch e = t - 1. Their
 // periods (step_size, milestones, total) are in optimizer steps.
@@ -246,8 +254,27 @@ inline double power(double x, std::uint64_t k) {
 //
 //   grad::Adam opt(1e-3);
 //   opt.set_schedule({.base_lr = 1e-3, .min_lr = 1e-5, .warmup = 100, .total = 10000});
+//   opt.set_schedule(grad::LrSchedule::warmup_cosine(1e-3, 100, 10000, 1e-5, grad::WarmupStart::zero));
 //   opt.set_schedule(grad::LrSchedule::step(0.1, /*step_size=*/30, /*gamma=*/0.1));
-enum class LrShape : std::uint32_t { warmup_cosine = 0, step = 1, multi_step = 2, exponential = 3, one_cycle = 4, plateau = 5 };
+enum class LrShape : std::uint32_t {
+  warmup_cosine = 0,
+  step = 1,
+  multi_step = 2,
+  exponential = 3,
+  one_cycle = 4,
+  plateau = 5,
+  warmup_cosine_hf = 6
+};
+// The rate of a warm-up + cosine schedule's first step.
+enum class WarmupStart : std::uint32_t {
+  one_step = 0,  // base_lr / warmup (grad's warmup_cosine): step t is at t / warmup of the warm-up
+  zero = 1,      // 0, Hugging Face transformers' (warmup_cosine_hf): step t is at (t - 1) / warmup
+};
+
+// The most steps() an optimizer counts: 2^53, the integers a double (the
+// schedules' arithmetic) counts exactly. A checkpoint claiming more is
+// refused (at(steps + 1) would wrap at 2^64 - 1).
+inline constexpr std::uint64_t max_steps = std::uint64_t(1) << 53;
 enum class PlateauMode : std::uint32_t { min = 0, max = 1 };
 enum class ThresholdMode : std::uint32_t { rel = 0, abs = 1 };
 
@@ -282,6 +309,17 @@ struct LrSchedule {
   double eps = 1e-8;                       // plateau: smaller reductions are ignored
   bool operator==(const LrSchedule&) const = default;
 
+  // Linear warm-up over `warmup` steps, then a cosine decay to min_lr at
+  // step `total`: grad's shape (WarmupStart::one_step) or Hugging Face's
+  // (WarmupStart::zero, one step later: 0 at step 1).
+  static LrSchedule warmup_cosine(double base_lr, std::uint64_t warmup, std::uint64_t total, double min_lr = 0,
+                                  WarmupStart start = WarmupStart::one_step) {
+    return {.base_lr = base_lr,
+            .min_lr = min_lr,
+            .warmup = warmup,
+            .total = total,
+            .shape = start == WarmupStart::zero ? LrShape::warmup_cosine_hf : LrShape::warmup_cosine};
+  }
   static LrSchedule step(double base_lr, std::uint64_t step_size, double gamma = 0.1) {
     return {.base_lr = base_lr, .shape = LrShape::step, .gamma = gamma, .step_size = step_size};
   }
@@ -321,13 +359,12 @@ struct LrSchedule {
         return one_cycle_at(e);
       case LrShape::plateau:
         return base_lr;
+      case LrShape::warmup_cosine_hf:
+        return warmup_cosine_at(e, true);
       case LrShape::warmup_cosine:
         break;
     }
-    if (t <= warmup) return base_lr * static_cast<double>(t) / static_cast<double>(warmup);
-    if (t >= total) return min_lr;
-    const double p = static_cast<double>(t - warmup) / static_cast<double>(total - warmup);
-    return min_lr + (base_lr - min_lr) * (0.5 * (1.0 + detail::cos_pi(p)));
+    return warmup_cosine_at(t, false);
   }
   // The rate of step t given a plateau schedule's state.
   double rate(std::uint64_t t, const PlateauState& state) const { return shape == LrShape::plateau ? state.lr : at(t); }
@@ -375,6 +412,7 @@ struct LrSchedule {
     }
     switch (shape) {
       case LrShape::warmup_cosine:
+      case LrShape::warmup_cosine_hf:
         if (total < 1) return "total 0 is out of range: expected total >= 1 (the step at which the decay ends)";
         if (warmup > total)
           return "warmup " + std::to_string(warmup) + " is out of range: expected warmup <= total (" +
@@ -412,6 +450,13 @@ struct LrSchedule {
   }
 
  private:
+  // warmup_cosine at t; from_zero: the Hugging Face form (u = t - 1 given as t).
+  double warmup_cosine_at(std::uint64_t t, bool from_zero) const {
+    if (from_zero ? t < warmup : t <= warmup) return base_lr * static_cast<double>(t) / static_cast<double>(warmup);
+    if (t >= total) return min_lr;
+    const double p = static_cast<double>(t - warmup) / static_cast<double>(total - warmup);
+    return min_lr + (base_lr - min_lr) * (0.5 * (1.0 + detail::cos_pi(p)));
+  }
   // OneCycleLR.get_lr at step_num = e (clamped to the last step), torch's
   // _annealing_cos(start, end, pct) = end + (start - end) / 2 * (cos(pi * pct) + 1).
   double one_cycle_at(std::uint64_t e) const {
@@ -426,6 +471,27 @@ struct LrSchedule {
     return anneal(base_lr, final_lr, (x - peak) / (last - peak));
   }
 };
+
+// What is wrong with `schedule` for an optimizer whose scalar is U ("" if
+// nothing): a setting out of range (LrSchedule::invalid), or a rate that is
+// not finite as U. Every rate lies in [0, base_lr] (they are computed in
+// double and used as U), so base_lr and min_lr in range as U suffice: a
+// float optimizer refuses base_lr 1e300 or 3.5e38, which float would make inf.
+template <class U>
+std::string schedule_invalid_as(const LrSchedule& schedule) {
+  if (std::string why = schedule.invalid(); !why.empty()) return why;
+  for (const auto& [setting, value] : {std::pair{"base_lr", schedule.base_lr}, std::pair{"min_lr", schedule.min_lr}})
+    if (std::string why = invalid_setting_as<U>(setting, value); !why.empty()) return why;
+  return {};
+}
+
+// "" when an optimizer may have taken `steps` steps (steps < max_steps);
+// otherwise the field, the value and the bound.
+inline std::string invalid_steps(std::uint64_t steps) {
+  if (steps < max_steps) return {};
+  return "steps " + std::to_string(steps) + " is out of range: expected steps < 2^53 (" + std::to_string(max_steps) +
+         "), the step counts a schedule's rate at(steps + 1) is defined for";
+}
 
 // What SGD and Adam share: the parameter list, L2 coefficients, clipping,
 // the schedule, and the checks before a step.
@@ -516,13 +582,8 @@ class Optimizer {
   // (LrSchedule::invalid). save_checkpoint stores it with its state;
   // load_checkpoint restores it, so a resumed run needs no re-attaching.
   void set_schedule(const LrSchedule& schedule) {
-    if (std::string why = schedule.invalid(); !why.empty())
+    if (std::string why = schedule_invalid_as<T>(schedule); !why.empty())
       throw std::invalid_argument(std::string(kind_) + ".set_schedule: " + why);
-    // The rates are computed in double and used as T: every one lies in
-    // [min_lr, base_lr], so both ends must be in range as T.
-    for (const auto& [setting, value] : {std::pair{"base_lr", schedule.base_lr}, std::pair{"min_lr", schedule.min_lr}})
-      if (std::string why = invalid_setting_as<T>(setting, value); !why.empty())
-        throw std::invalid_argument(std::string(kind_) + ".set_schedule: " + why);
     schedule_ = schedule;
     plateau_ = schedule.start();
     lr_ = static_cast<T>(schedule_->rate(steps_ + 1, plateau_));
@@ -630,17 +691,23 @@ class Optimizer {
       if (finite) continue;
       if (nonfinite_ == NonFinite::skip) {
         ++skipped_steps_;
+        tape_->note_step();  // the skipped gradients are consumed: the next accumulate starts afresh
         return false;
       }
       std::size_t k = 0;
       while (std::isfinite(p[k])) ++k;
       char value[32];
       std::snprintf(value, sizeof value, "%g", static_cast<double>(p[k]));
-      return fail(*tape_, std::string(kind_) + ".step: parameter " + std::to_string(i + 1) + " (node " +
-                              std::to_string(entries_[i].var.index()) + ", shape " + shape_string(g.shape) +
-                              ") has a non-finite gradient (element " + std::to_string(k) + " is " + value +
-                              "); no parameter was updated (opt.set_nonfinite(grad::NonFinite::skip) skips such "
-                              "steps instead)");
+      fail(*tape_, std::string(kind_) + ".step: parameter " + std::to_string(i + 1) + " (node " +
+                       std::to_string(entries_[i].var.index()) + ", shape " + shape_string(g.shape) +
+                       ") has a non-finite gradient (element " + std::to_string(k) + " is " + value +
+                       "); no parameter was updated (tp.detect_anomalies(true) names the first op that makes a "
+                       "NaN or inf; opt.set_nonfinite(grad::NonFinite::skip) skips such steps instead)");
+      // Said by the refusing step itself (a run whose last step refuses
+      // still leaves the line), and not again by the steps after it.
+      if (!warned_poisoned_) std::fprintf(stderr, "%s\n", tape_->error().c_str());
+      warned_poisoned_ = true;
+      return false;
     }
     return true;
   }
@@ -853,9 +920,10 @@ class Adam : public Optimizer<T> {
 // torch.optim.AdamW: Adam in the PyTorch form with decoupled weight decay,
 // w = w * (1 - lr * weight_decay) before the Adam update (the gradient is
 // not decayed; add()'s coefficient is that decay, not an L2 term).
-// weight_decay is every add()'s default (torch's 0.01); add(param, wd)
+// weight_decay is every add()'s default (torch's 0.01), and
+// nn::add_parameters(opt, model)'s for every parameter; add(param, wd)
 // gives one parameter its own, as a torch parameter group would (0 for
-// biases and norm gains: nn::add_parameters(opt, model, {.weights = 0.01})).
+// biases and norm gains: nn::add_parameters(opt, model, {.others = 0})).
 template <class T>
 class AdamW : public Adam<T> {
  public:

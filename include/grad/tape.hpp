@@ -40,6 +40,11 @@ inline constexpr Accumulate accumulate{};
 // gradients the survivors (the parameters) hold, between accumulated micro-batches.
 struct KeepGradients {};
 inline constexpr KeepGradients keep_gradients{};
+// tp.reset_to(m, grad::drop_gradients): a plain reset_to that says so: the
+// gradients no step used are dropped on purpose (a skipped batch), and the
+// next backward does not warn that a sum was lost (torch's zero_grad()).
+struct DropGradients {};
+inline constexpr DropGradients drop_gradients{};
 
 // Backward calls in a row, each after the tape grew by about the same number
 // of nodes with no reset_to in between, after which the tape warns (once)
@@ -165,12 +170,16 @@ class Tape {
   // reset_to(m, grad::keep_gradients) frees their nodes and keeps the sums:
   //
   //   for (std::size_t k = 0; k < micro_batches; ++k) {
+  //     tp.reset_to(m, grad::keep_gradients);        // not a plain reset_to, which empties the sum
   //     tp.backward(loss_of(k), grad::accumulate);   // recorded after the mark m
-  //     tp.reset_to(m, grad::keep_gradients);
   //   }
   //   opt.step();                                    // the sum's step; the next accumulate starts afresh
   //
   // Scale each loss by 1 / micro_batches for the mean over the whole batch.
+  // A backward (either form) after a plain reset_to that dropped gradients
+  // no step used, with an optimizer on the tape, warns once that the step
+  // will see one micro-batch, naming keep_gradients (and drop_gradients,
+  // for a drop on purpose).
   bool backward(Var<T> loss, Accumulate);
 
   // Queries never poison: an invalid, foreign or dropped Var reads as empty
@@ -326,15 +335,28 @@ class Tape {
   // all capacity is kept for the next episode. A stale mark (the tape was reset
   // below it since, so the state it names is gone) poisons the tape: rewinding
   // to it would hand live nodes' memory out again.
+  // With an optimizer on the tape, dropping gradients no step used is noted:
+  // the next backward warns (once per tape), since a loop that resets at the
+  // top of every micro-batch steps on the last one alone.
   void reset_to(const Mark& m) {
+    const bool unused = unused_gradients_ && optimizer_attached_;
     if (rewind(m)) {
       clear_gradients();
       unused_gradients_ = false;
+      dropped_unused_ = dropped_unused_ || unused;
     }
   }
   // The same, keeping the survivors' gradients (between the micro-batches
   // of backward(loss, grad::accumulate)).
   void reset_to(const Mark& m, KeepGradients) { rewind(m); }
+  // The plain reset_to, dropping unused gradients on purpose: no warning.
+  void reset_to(const Mark& m, DropGradients) {
+    if (rewind(m)) {
+      clear_gradients();
+      unused_gradients_ = false;
+      dropped_unused_ = false;
+    }
+  }
 
   // ---- recompute scopes (grad/recompute.hpp, which documents them) ----
   // Opens one: until close_recompute, computed nodes get their value and
@@ -380,7 +402,11 @@ class Tape {
   // replaces gradients no step used warns (the PyTorch habit of summing).
   void note_optimizer() { optimizer_attached_ = true; }
   // A step used the gradients: the next backward(loss, grad::accumulate) starts a new sum.
-  void note_step() { unused_gradients_ = false; }
+  // A step that skipped non-finite gradients (NonFinite::skip) consumed them too.
+  void note_step() {
+    unused_gradients_ = false;
+    dropped_unused_ = false;
+  }
 
   // "(node 3, a param [4, 8])" for a Var whose node was dropped by the latest
   // reset_to; "(node 3)" when an earlier reset dropped it.
@@ -699,6 +725,8 @@ class Tape {
   bool walk(Var<T> loss);
   // Before a backward: the missing-reset_to warning (growth_warning_runs).
   void watch_growth();
+  // Before a backward: the dropped-sum warning (reset_to's comment).
+  void watch_dropped();
 
   template <class Op>
   void backward_node(Node<T>& n);
@@ -934,6 +962,8 @@ class Tape {
   bool warned_replaced_ = false;
   bool optimizer_attached_ = false;               // note_optimizer
   bool unused_gradients_ = false;                 // a backward's gradients that no step has used yet
+  bool dropped_unused_ = false;                   // a plain reset_to dropped such gradients since the last backward
+  bool warned_dropped_ = false;                   // its warning is said once
   std::vector<T> accumulated_;                    // backward(loss, accumulate): the sums before this call's walk,
   std::vector<std::uint32_t> accumulated_nodes_;  // of these parameter nodes
   Arena<T> values_, grads_;

@@ -18,14 +18,22 @@ namespace grad {
 //     x * (x * x) for 3: torch's bits there), 1 / x^|s| for s < 0. Negative
 //     bases work (the sign of (-2)^3 is the product's), and x^0 = 1 even for
 //     a NaN or infinite x, as std::pow;
+//   - 1^s = 1 for every s, NaN and inf included, as std::pow;
+//   - an integer s with |s| > 2^20 (every value from 2^53 on, 2^24 for
+//     float, is an even integer) and s = +-inf (even, as std::pow counts
+//     it): |x|^s = exp(s ln|x|) with x's sign for an odd s, and 1 for
+//     |x| = 1 (so (-1)^inf = 1, (-0.999999)^2000001 = -0.135,
+//     (-2.5)^-inf = 0, (-3)^1048577 = -inf, not NaN);
 //   - otherwise exp(s ln x) with exact_math's exp and log: NaN for x < 0,
 //     0 or inf for x = 0 by the sign of s (ln 0 = -inf), as std::pow.
-// Within a few ulp of the true power for moderate s ln x, so float64 PyTorch
-// agrees to 1e-12 and every backend to the bit.
+// Only comparisons, exact casts, negation and exact_math's exp and log, so
+// every backend lands on the same bits. Within a few ulp of the true power
+// for moderate s ln x, so float64 PyTorch agrees to 1e-12.
 template <class T>
 GRAD_HD inline T power_of(T x, T s) {
   if (s == T(0.5)) return sqrt_of(x);
   if (s == T(-0.5)) return T(1) / sqrt_of(x);
+  if (x == T(1)) return T(1);  // even for s = NaN or inf, where exp(s * 0) is NaN
   const T limit = T(1 << 20);
   const T magnitude = s < T(0) ? -s : s;
   if (magnitude <= limit && static_cast<T>(static_cast<long>(magnitude)) == magnitude) {
@@ -42,13 +50,33 @@ GRAD_HD inline T power_of(T x, T s) {
     }
     return s < T(0) ? T(1) / result : result;
   }
-  return exact_exp(s * exact_log(x));
+  // From here on every value is an even integer (and inf counts as one).
+  const T all_even = sizeof(T) == sizeof(float) ? T(16777216.0f) : T(9007199254740992.0);
+  bool integral = magnitude >= all_even, odd = false;
+  if (!integral && magnitude == magnitude) {  // finite, below 2^53: the cast is exact
+    const unsigned long long n = static_cast<unsigned long long>(magnitude);
+    integral = static_cast<T>(n) == magnitude;
+    odd = integral && (n & 1ull) != 0;
+  }
+  if (!integral) return exact_exp(s * exact_log(x));  // NaN for x < 0 and for s = NaN
+  const bool negative = x < T(0) || (x == T(0) && T(1) / x < T(0));  // -0 too: (-0)^odd = -0
+  const T size = negative ? -x : x;
+  const T r = size == T(1) ? T(1) : exact_exp(s * exact_log(size));
+  return odd && negative ? -r : r;
+}
+
+// s = +inf or -inf (not NaN): the exponent at which a power is a step in x.
+template <class T>
+GRAD_HD inline bool infinite_exponent(T s) {
+  return s == s && s - s != s - s;
 }
 
 // x^s, s the node's scalar. Gradient g * (s x^(s-1)), and 0 for s = 0 (torch's
-// rule: x^0 is constant even at x = 0, where s x^(s-1) would be 0 * inf).
-// At x = 0 the rest follows the formula, as in torch: 0 for s > 1, g for
-// s = 1, inf for 0 < s < 1.
+// rule: x^0 is constant even at x = 0, where s x^(s-1) would be 0 * inf)
+// and for s = +-inf (x^inf is 0, 1 or inf: constant in x but at |x| = 1,
+// where its jump gets 0, as relu's kink does; the formula gives inf * 0 =
+// NaN or inf there). At x = 0 the rest follows the formula, as in torch: 0
+// for s > 1, g for s = 1, inf for 0 < s < 1; a NaN s gives NaN.
 struct PowScalar : Unary<PowScalar> {
   static constexpr std::string_view name = "pow_scalar";
   static constexpr std::string_view torch = "torch.pow(a, s)";
@@ -58,12 +86,12 @@ struct PowScalar : Unary<PowScalar> {
   }
   template <class T>
   GRAD_HD static T backward(T x, T, T g, T s) {
-    return s == T(0) ? T(0) : g * (s * power_of(x, s - T(1)));
+    return s == T(0) || infinite_exponent(s) ? T(0) : g * (s * power_of(x, s - T(1)));
   }
 };
 
 // a^b elementwise with broadcasting. Gradients, torch's rules:
-//   d/da = g * (b a^(b-1)), 0 where b = 0;
+//   d/da = g * (b a^(b-1)), 0 where b = 0 or b = +-inf (as pow_scalar);
 //   d/db = g * (a^b ln a), 0 where a = 0 and b >= 0 (torch's choice; -inf
 //          where a = 0 and b < 0, NaN for a < 0, from the formula).
 struct Pow : Binary<Pow> {
@@ -75,7 +103,7 @@ struct Pow : Binary<Pow> {
   }
   template <class T>
   GRAD_HD static T backward_a(T a, T b, T, T g) {
-    return b == T(0) ? T(0) : g * (b * power_of(a, b - T(1)));
+    return b == T(0) || infinite_exponent(b) ? T(0) : g * (b * power_of(a, b - T(1)));
   }
   template <class T>
   GRAD_HD static T backward_b(T a, T b, T y, T g) {
