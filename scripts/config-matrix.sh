@@ -78,16 +78,20 @@ sweep() {
 }
 
 # One row: $1 name, $2 PATH, $3 target ('' = configure only), rest options.
+# Its build directory sits beside build/ (build-matrix-NAME), so a unit's
+# command line is the one build/ ran (../include, ../examples/...) and ccache
+# serves it: the rows check that each way configures and links, and compile
+# nothing build/ did not compile the same way already.
 row() {
   name=$1 path=$2 target=$3; shift 3
-  dir=$work/rows/$name
-  rm -rf "$dir"
+  dir=$src/build-matrix-$name log=$work/row-$name.log
+  mkdir -p "$work"; rm -rf "$dir"
   start=$(date +%s)
-  if PATH=$path meson setup "$dir" "$src" "$@" >"$dir.log" 2>&1 &&
-     { [ -z "$target" ] || PATH=$path meson compile -C "$dir" "$target" >>"$dir.log" 2>&1; }; then
+  if PATH=$path meson setup "$dir" "$src" "$@" >"$log" 2>&1 &&
+     { [ -z "$target" ] || PATH=$path meson compile -C "$dir" "$target" >>"$log" 2>&1; }; then
     echo "config-matrix: row $name ($*): built ${target:-nothing} in $(($(date +%s) - start)) s"
   else
-    tail -20 "$dir.log"; fail "row $name ($*)"
+    tail -20 "$log"; fail "row $name ($*)"
   fi
   rm -rf "$dir"
 }
