@@ -58,6 +58,17 @@ Tensor<T> away_from_zero(Shape shape, Rng& rng, double lo = 0.2, double hi = 1) 
   return t;
 }
 
+// Draws every parameter of `model` whose name ends in "_bias" from U(lo, hi):
+// a model's initialiser leaves its biases at zero, where a bias wrongly
+// ordered or dropped by a writer would go unseen.
+template <class T, class Model>
+void randomize_biases(Tape<T>& tp, const Model& model, std::uint64_t seed, double lo, double hi) {
+  Rng rng(seed);
+  for (const auto& p : model.base())
+    if (p.name.ends_with("_bias"))
+      for (T& x : tp.leaf_value(p.var)) x = static_cast<T>(rng.uniform(lo, hi));
+}
+
 template <class T>
 bool bitwise_equal(std::span<const T> a, std::span<const T> b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);

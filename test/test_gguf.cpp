@@ -493,10 +493,7 @@ TEST_CASE(
     c.qkv_bias = bias;
     Tape<float> tp;
     nn::Lm<float> m(tp, c, 7);
-    Rng rng(8);
-    for (const auto& p : m.base())
-      if (p.name.ends_with("_bias"))
-        for (float& x : tp.leaf_value(p.var)) x = static_cast<float>(rng.uniform(-1, 1));
+    randomize_biases(tp, m, 8, -1, 1);
     const std::string path = dir.file(bias ? "llama_bias.gguf" : "llama.gguf");
     const ModelFileResult written = hf::write_gguf(path, m, hf::byte_level_vocab({"<|endoftext|>"}));
     REQUIRE_MESSAGE(written.ok(), written.error);

@@ -344,10 +344,7 @@ TEST_CASE(
   {
     Tape<float> tp;
     nn::Lm<float> random(tp, c, 41);
-    Rng rng(42);
-    for (const auto& p : random.base())
-      if (p.name.ends_with("_bias"))
-        for (float& x : tp.leaf_value(p.var)) x = static_cast<float>(rng.uniform(-0.5, 0.5));
+    randomize_biases(tp, random, 42, -0.5, 0.5);
     hf::save_pretrained(source, random);
   }
 
@@ -417,10 +414,7 @@ TEST_CASE("a model with a head width of its own (Llama's head_dim) is served as 
     c.qkv_bias = bias;
     Tape<float> tp;
     nn::Lm<float> m(tp, c, 14);
-    Rng rng(15);
-    for (const auto& p : m.base())
-      if (p.name.ends_with("_bias"))
-        for (float& x : tp.leaf_value(p.var)) x = static_cast<float>(rng.uniform(-0.5, 0.5));
+    randomize_biases(tp, m, 15, -0.5, 0.5);
     ScratchDir dir("llama_cpp");
     const std::string path = dir.file(bias ? "head_dim_bias.gguf" : "head_dim.gguf");
     const ModelFileResult written = hf::write_gguf(path, m, tiny_bpe());
