@@ -5,7 +5,9 @@
 //   tensor.hpp       Tensor<T>, Shape, Dims, broadcasting
 //   numerics/        what the host loops are built from: simd.hpp (vector packs),
 //                    isa.hpp (run-time instruction set, GRAD_ISA), parallel.hpp
-//                    (the thread pool), gemm.hpp, exact_math.hpp, fixed_order.hpp
+//                    (the thread pool), gemm.hpp (its stages in gemm/: reference,
+//                    problem, split, blocked, one_row, packing, terms, micro_kernel),
+//                    exact_math.hpp, fixed_order.hpp
 //   tags/            one tag per op: its shape rule, GRAD_HD per-item bodies and
 //                    host loops (contract.hpp says what a tag is; family.hpp the
 //                    Unary/Binary families); op_list.hpp lists them (OpList, with_op)
@@ -42,7 +44,9 @@
 //   threading.hpp    threading_thresholds, threading_report
 //   inspect.hpp      gradcheck, to_dot (Graphviz), summarize, the profiler's tables and Chrome
 //                    trace (anomaly detection and NameScope are in tape.hpp; docs/inspect.md)
-//   emit.hpp         grad::emit: a recorded step as standalone C++/CUDA source
+//   emit.hpp         grad::emit: a recorded step as standalone C++/CUDA source (emit/:
+//                    spelling.hpp the tokens, source.hpp EmitPlan and emit(), files.hpp
+//                    write_source and emit_files)
 //
 // This header is all of them: every header-only public header. <grad/core.hpp>
 // is the lean one (about 2/3 of the parse time). Not here, because they link a

@@ -2,7 +2,7 @@
 // op on the calling thread, and a report over a recorded tape.
 //
 // grad splits work only when a piece is big enough to pay for waking the
-// pool (parallel.hpp, ops/family.hpp, ops/gemm.hpp):
+// pool (numerics/parallel.hpp, tags/family.hpp, numerics/gemm/split.hpp):
 //   matmul / bmm      when m * n * k >= 2^20 multiply-adds (gemm's parallel_threshold),
 //                     split over output rows/columns
 //   elementwise ops,  when the output has >= 2 * 2^15 = 65,536 elements
@@ -21,7 +21,7 @@
 #include <cstddef>
 #include <string>
 
-#include "grad/numerics/gemm.hpp"
+#include "grad/numerics/gemm/split.hpp"  // parallel_threshold
 #include "grad/numerics/parallel.hpp"
 #include "grad/tags/family.hpp"
 #include "grad/tape.hpp"

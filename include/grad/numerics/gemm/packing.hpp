@@ -1,0 +1,116 @@
+// Packing: copies of a's row panels and b's strips into zero-padded, per-thread buffers in the
+// order the micro-kernel reads them. Apart from the kernels: it moves values, never computes.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "grad/numerics/gemm/micro_kernel.hpp"  // strip_width, tail_unit
+#include "grad/numerics/gemm/problem.hpp"
+#include "grad/numerics/gemm/terms.hpp"
+#include "grad/numerics/storage.hpp"
+
+namespace grad {
+namespace gemm_detail {
+
+// Packed, zero-padded operand blocks; one pair per thread and element type,
+// grown to the largest block seen and then reused (no steady-state allocation).
+template <class T>
+inline T* pack_buffer(std::size_t elements) {
+  constexpr std::size_t line = 64 / sizeof(T);
+  thread_local std::vector<T> storage;
+  if (storage.size() < elements + line) storage.resize(elements + line);
+  const auto address = reinterpret_cast<std::uintptr_t>(storage.data());
+  return storage.data() + (line - address / sizeof(T) % line) % line;
+}
+
+// Strips of b's block, each kc x width (strip_width: NR, or the tail's),
+// zero-padded past the last column.
+template <class T, std::size_t Lanes, std::size_t NV, class Format>
+[[gnu::always_inline]] inline void pack_b_from(const Strided<T>& b, std::size_t p0, std::size_t kc, std::size_t j0,
+                                               std::size_t nc, T* out) {
+  using E = Terms<T, Lanes, Format>;
+  const auto* const e = reinterpret_cast<const typename E::Element*>(b.p);
+  constexpr std::size_t nr = NV * Lanes;
+  for (std::size_t jr = 0; jr < nc;) {
+    const std::size_t width = strip_width<T, Lanes, NV>(nc - jr);
+    const std::size_t cols = std::min(width, nc - jr);
+    const std::size_t src = p0 * b.rs + (j0 + jr) * b.cs;
+    if (b.cs == 1) {  // rows of b contiguous
+      for (std::size_t p = 0; p < kc; ++p) {
+        const std::size_t row = src + p * b.rs;
+        T* dst = out + p * width;
+        // Whole strips as fixed-size copies (vector moves at any -O level,
+        // not left to the auto-vectoriser); a ragged last strip by element.
+        if (cols == nr) {
+          E::run(e + row, dst, nr);
+        } else if (cols == width) {
+          for (std::size_t j = 0; j < width; j += tail_unit<T, Lanes>)
+            E::run(e + row + j, dst + j, tail_unit<T, Lanes>);
+        } else {
+          for (std::size_t j = 0; j < cols; ++j) dst[j] = E::one(e + row + j);
+          for (std::size_t j = cols; j < width; ++j) dst[j] = T(0);
+        }
+      }
+    } else {  // columns of b contiguous (b.rs == 1) or general strides
+      // A transpose in squares of Lanes columns by Lanes terms (whole squares
+      // in vector registers when b's terms are contiguous): each square reads
+      // Lanes short runs of b's columns and writes whole vectors of the strip,
+      // so b streams in order instead of missing its cache lines column by column.
+      const std::size_t square_cols = b.rs == 1 ? cols / Lanes * Lanes : 0, square_terms = kc / Lanes * Lanes;
+      for (std::size_t js = 0; js < square_cols; js += Lanes)
+        for (std::size_t p = 0; p < square_terms; p += Lanes)
+          E::square(e + src + js * b.cs + p, b.cs, out + p * width + js, width);
+      for (std::size_t js = 0; js < cols; js += Lanes) {  // the rest, element by element
+        const std::size_t je = std::min(cols, js + Lanes);
+        for (std::size_t p = js < square_cols ? square_terms : 0; p < kc; ++p)
+          for (std::size_t j = js; j < je; ++j) out[p * width + j] = E::one(e + src + j * b.cs + p * b.rs);
+      }
+      for (std::size_t p = 0; p < kc; ++p)
+        for (std::size_t j = cols; j < width; ++j) out[p * width + j] = T(0);
+    }
+    out += kc * width;
+    jr += width;
+  }
+}
+template <class T, std::size_t Lanes, std::size_t NV>
+[[gnu::always_inline]] inline void pack_b(const Strided<T>& b, std::size_t p0, std::size_t kc, std::size_t j0,
+                                          std::size_t nc, T* out) {
+  switch (b.storage) {
+    case Storage::bf16: return pack_b_from<T, Lanes, NV, Bf16>(b, p0, kc, j0, nc, out);
+    case Storage::f16: return pack_b_from<T, Lanes, NV, F16>(b, p0, kc, j0, nc, out);
+    case Storage::native: break;
+  }
+  pack_b_from<T, Lanes, NV, T>(b, p0, kc, j0, nc, out);
+}
+
+// Row panels of a's block, each kc x MR (MR values per term), zero-padded.
+template <class T, std::size_t MR>
+[[gnu::always_inline]] inline void pack_a(const Strided<T>& a, std::size_t i0, std::size_t mc, std::size_t p0,
+                                          std::size_t kc, T* out) {
+  for (std::size_t ir = 0; ir < mc; ir += MR) {
+    const std::size_t rows = std::min(MR, mc - ir);
+    const T* src = a.p + (i0 + ir) * a.rs + p0 * a.cs;
+    if (a.rs == 1) {  // columns of a contiguous: MR rows of one term side by side
+      for (std::size_t p = 0; p < kc; ++p) {
+        const T* col = src + p * a.cs;
+        T* dst = out + p * MR;
+        for (std::size_t r = 0; r < rows; ++r) dst[r] = col[r];
+        for (std::size_t r = rows; r < MR; ++r) dst[r] = T(0);
+      }
+    } else {
+      for (std::size_t r = 0; r < rows; ++r) {
+        const T* row = src + r * a.rs;
+        for (std::size_t p = 0; p < kc; ++p) out[p * MR + r] = row[p * a.cs];
+      }
+      for (std::size_t p = 0; p < kc; ++p)
+        for (std::size_t r = rows; r < MR; ++r) out[p * MR + r] = T(0);
+    }
+    out += kc * MR;
+  }
+}
+
+}  // namespace gemm_detail
+}  // namespace grad
