@@ -21,7 +21,9 @@
 //                    LrSchedule (warm-up + cosine, step, multi-step, exponential,
 //                    one-cycle, plateau): per-parameter decay, global-norm clipping,
 //                    non-finite gradients refused (element rules in update_rules.hpp,
-//                    loops in update.hpp)
+//                    loops in update.hpp); it includes opt/settings.hpp (the settings'
+//                    ranges), opt/schedule.hpp (LrSchedule), opt/optimizer.hpp (the
+//                    Optimizer<T> base), opt/sgd.hpp and opt/adam.hpp (Adam, AdamW)
 //   random.hpp       a portable deterministic generator
 //   core.hpp         all of the above: the lean header a training program can live on
 //   checkpoint.hpp   save/load parameters, optimizer and schedule state, notes
