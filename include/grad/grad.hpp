@@ -13,6 +13,8 @@
 //   first_fit.hpp    FirstFit: buffers placed by lifetime (a recompute scope's replay)
 //   warn.hpp         grad::warn and set_warning_handler (the tape's one-time warnings)
 //   tape.hpp         Tape<T>, Var<T>: nodes, poisoning, requires-grad, mark/reset
+//                    (tape/node.hpp: Node, Var, View; tape/recompute_scopes.hpp: the
+//                    tape's side of recompute scopes, backward's replay)
 //   record.hpp       a + b, matmul(a, b), softmax(a, axis), ...: record_op<Op>, one node each
 //   backward.hpp     the one reverse walk
 //   recompute.hpp    grad::recompute(tp, block): activation recompute (a block's
