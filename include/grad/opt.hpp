@@ -12,8 +12,8 @@
 // The per-element math lives in GRAD_HD rule structs (ClipRule, SgdRule,
 // SgdMomentumRule, AdamRule, in update_rules.hpp, which needs no tape) so that
 // the device engine calls the very same functions on the GPU and lands on
-// the same bits. The host loops (opt/sgd.hpp, opt/adam.hpp) only decide which elements go
-// through them, in which order.
+// the same bits. The host loops (opt/sgd.hpp, opt/adam.hpp) only decide
+// which elements go through them, in which order.
 //
 // Before a step changes anything it checks (Optimizer::ready): parameters
 // were added (else std::logic_error), the tape is healthy, every parameter
