@@ -15,6 +15,8 @@
 //   first_fit.hpp    FirstFit: buffers placed by lifetime (a recompute scope's replay)
 //   warn.hpp         grad::warn and set_warning_handler (the tape's one-time warnings)
 //   tape.hpp         Tape<T>, Var<T>: nodes, poisoning, requires-grad, mark/reset
+//                    (tape/node.hpp: Node, Var, View; tape/recompute_scopes.hpp: the
+//                    tape's side of recompute scopes, backward's replay)
 //   record.hpp       a + b, matmul(a, b), softmax(a, axis), ...: record_op<Op>, one node each
 //   backward.hpp     the one reverse walk
 //   recompute.hpp    grad::recompute(tp, block): activation recompute (a block's
@@ -23,7 +25,9 @@
 //                    LrSchedule (warm-up + cosine, step, multi-step, exponential,
 //                    one-cycle, plateau): per-parameter decay, global-norm clipping,
 //                    non-finite gradients refused (element rules in update_rules.hpp,
-//                    loops in update.hpp)
+//                    loops in update.hpp); it includes opt/settings.hpp (the settings'
+//                    ranges), opt/schedule.hpp (LrSchedule), opt/optimizer.hpp (the
+//                    Optimizer<T> base), opt/sgd.hpp and opt/adam.hpp (Adam, AdamW)
 //   random.hpp       a portable deterministic generator
 //   core.hpp         all of the above: the lean header a training program can live on
 //   checkpoint.hpp   save/load parameters, optimizer and schedule state, notes
