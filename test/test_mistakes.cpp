@@ -289,6 +289,27 @@ TEST_CASE("predict between backward and step keeps the gradients the step uses")
   tp.reset_to(m);
 }
 
+TEST_CASE("a module's parameters are named in the optimizer's messages as the module names them") {
+  grad::Tape<double> tp;
+  grad::SplitMix64 gen(6);
+  nn::Sequential<double> model = nn::mlp<double>(tp, {3, 4, 2}, gen);
+  grad::Adam<double> opt(0.01);
+  REQUIRE(nn::add_parameters(opt, model));
+  CHECK(opt.parameter_name(2) == "parameter 3 '2.weight'");
+  // A NaN input reaches every gradient: the first one the step checks is named.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  REQUIRE(tp.backward(grad::sum(model(tp.constant(Tensor<double>({1, 3}, {1, nan, 2}))))));
+  CHECK_FALSE(opt.step());
+  CHECK(contains(tp.error(), "adam.step: parameter 1 '0.weight' (node 0, shape [3, 4]) has a non-finite gradient"));
+  // Added by hand with a name, the same; without one, as before.
+  grad::Tape<double> t2;
+  grad::SGD<double> sgd(0.1);
+  const auto a = t2.param(Tensor<double>({2}, {1, 2}));
+  REQUIRE(sgd.add(a, "encoder.bias"));
+  CHECK_FALSE(sgd.add(a, 0.0, "again"));
+  CHECK(t2.error() == "grad: sgd.add: parameter 2 'again' (node 0) was already added");
+}
+
 TEST_CASE("a model built after the mark: the error says to take the mark after registering parameters") {
   SUBCASE("the next forward") {
     grad::Tape<float> tp;

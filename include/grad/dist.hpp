@@ -104,7 +104,7 @@ std::string copy_flat_grads(const Optimizer<T>& opt, Range r, T* out) {
     const std::size_t lo = std::max(r.begin, e.offset), hi = std::min(r.end, e.offset + e.size);
     if (lo >= hi) continue;
     if (!tp->has_grad(e.var))
-      return "parameter " + std::to_string(k + 1) + " (node " + std::to_string(e.var.index()) +
+      return opt.parameter_name(k) + " (node " + std::to_string(e.var.index()) +
              ") was not reached by the shard's backward; every shard's loss must reach every optimizer parameter";
     const T* g = tp->grad(e.var).data.data();
     std::memcpy(out + (lo - r.begin), g + (lo - e.offset), (hi - lo) * sizeof(T));

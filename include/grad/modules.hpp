@@ -423,8 +423,9 @@ struct Decay {
 
 // Adds every parameter of `model` to `opt` in parameters() order, weights
 // with decay.weights and the rest with decay.others (each, when unset, the
-// optimizer's default). False (the tape poisoned, saying which parameter)
-// as soon as one add fails.
+// optimizer's default), under the module's names ("fc2.weight": what the
+// optimizer's messages call them). False (the tape poisoned, saying which
+// parameter) as soon as one add fails.
 template <class Opt, class T>
 bool add_parameters(Opt& opt, const Module<T>& model, Decay decay = {}) {
   static_assert(std::is_same_v<typename Opt::value_type, T>,
@@ -432,7 +433,7 @@ bool add_parameters(Opt& opt, const Module<T>& model, Decay decay = {}) {
                 "with grad::Adam opt(0.005), which is Adam<double>): declare grad::Adam<float> opt(0.005f)");
   for (const auto& p : model.parameters()) {
     const std::optional<double>& c = p.kind == ParamKind::weight ? decay.weights : decay.others;
-    if (!(c ? opt.add(p.var, static_cast<T>(*c)) : opt.add(p.var))) return false;
+    if (!(c ? opt.add(p.var, static_cast<T>(*c), p.name) : opt.add(p.var, p.name))) return false;
   }
   return true;
 }

@@ -53,7 +53,16 @@ class Optimizer {
     std::size_t offset;  // into the moment buffers (Adam) and momentum buffers (SGD); running element count
     std::size_t size;
     T weight_decay = T(0);  // AdamW's decoupled decay (0 for SGD and Adam)
+    std::string name = {};  // the module's name for it ("fc2.weight"), for messages; empty when added by hand
   };
+
+  // How messages name parameter i (from 0): "parameter 3 'fc2.weight'" where
+  // it was added with a name, else "parameter 3".
+  std::string parameter_name(std::size_t i) const {
+    std::string who = "parameter " + std::to_string(i + 1);
+    if (i < entries_.size() && !entries_[i].name.empty()) who += " '" + entries_[i].name + "'";
+    return who;
+  }
 
   // A parameter of another precision than the optimizer's: an error at the
   // caller's line rather than deep inside a template. grad::Adam opt(0.005)
@@ -74,13 +83,17 @@ class Optimizer {
   // Returns false, poisoning the tape with a message, for a constant, a
   // computed node, a dropped Var, a parameter added twice or one from another
   // tape than the first, or a coefficient out of range; throws
-  // std::invalid_argument for a default Var.
+  // std::invalid_argument for a default Var. A name ("fc2.weight":
+  // nn::add_parameters passes the module's) is how every message about the
+  // parameter calls it, beside its node and shape.
   bool add(Var<T> param) { return add(param, default_decay()); }
-  bool add(Var<T> param, T decay) {
+  bool add(Var<T> param, std::string name) { return add(param, default_decay(), std::move(name)); }
+  bool add(Var<T> param, T decay, std::string name = {}) {
     if (!param.tape())
       throw std::invalid_argument(std::string(kind_name()) + ".add: the parameter is a default-constructed Var");
     Tape<T>& tp = *param.tape();
-    const std::string who = std::string(kind_name()) + ".add: parameter " + std::to_string(entries_.size() + 1);
+    const std::string who = std::string(kind_name()) + ".add: parameter " + std::to_string(entries_.size() + 1) +
+                            (name.empty() ? "" : " '" + name + "'");
     if (!tp.accept(who, {param})) return false;
     if (tape_ && tape_ != &tp)
       return fail(tp, who + " belongs to a different tape than the parameters added before it");
@@ -96,7 +109,7 @@ class Optimizer {
     tape_ = &tp;
     tp.note_optimizer();
     const std::size_t size = tp.value(param).size();
-    entries_.push_back({param, decoupled ? T(0) : decay, elements_, size, decoupled ? decay : T(0)});
+    entries_.push_back({param, decoupled ? T(0) : decay, elements_, size, decoupled ? decay : T(0), std::move(name)});
     elements_ += size;
     on_add(size);
     return true;
@@ -218,7 +231,7 @@ class Optimizer {
     }
     for (std::size_t i = 0; i < entries_.size(); ++i)
       if (tape_->value(entries_[i].var).empty())
-        return fail(*tape_, std::string(kind_) + ".step: parameter " + std::to_string(i + 1) + " " +
+        return fail(*tape_, std::string(kind_) + ".step: " + parameter_name(i) + " " +
                                 tape_->dropped_description(entries_[i].var) +
                                 " was dropped by reset_to after it was added: take the mark after registering "
                                 "parameters");
@@ -243,7 +256,7 @@ class Optimizer {
       while (std::isfinite(p[k])) ++k;
       char value[32];
       std::snprintf(value, sizeof value, "%g", static_cast<double>(p[k]));
-      fail(*tape_, std::string(kind_) + ".step: parameter " + std::to_string(i + 1) + " (node " +
+      fail(*tape_, std::string(kind_) + ".step: " + parameter_name(i) + " (node " +
                        std::to_string(entries_[i].var.index()) + ", shape " + shape_string(g.shape) +
                        ") has a non-finite gradient (element " + std::to_string(k) + " is " + value +
                        "); no parameter was updated (tp.detect_anomalies(true) names the first op that makes a "
