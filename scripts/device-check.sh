@@ -336,9 +336,11 @@ build_carry() {
     cp "$build/$t2" "$carry/bin/"
     strip --strip-unneeded "$carry/bin/$(basename "$t2")"
   done
-  # Shared libraries beyond glibc (cudart is linked statically): carried,
-  # found through LD_LIBRARY_PATH on the GPU machine.
-  for f in "$carry"/bin/*; do ldd "$f"; done | awk '$3 ~ /^\// { print $3 }' | sort -u | while read -r lib; do
+  # Shared libraries beyond glibc (grad's own, cudart, libstdc++): carried,
+  # found through LD_LIBRARY_PATH on the GPU machine. Asked of the binaries
+  # where they were built: their run path ($ORIGIN/../kernels) finds grad's
+  # libraries there, not beside the copies.
+  for t2 in "${targets[@]}"; do ldd "$build/$t2"; done | awk '$3 ~ /^\// { print $3 }' | sort -u | while read -r lib; do
     case $(basename "$lib") in
       libc.so* | libm.so* | libdl.so* | librt.so* | libpthread.so* | ld-linux*) ;;
       libnccl.so*) ;; # 218 MB: the GPU machine's own is used (run_device, find_nccl)
