@@ -69,6 +69,16 @@ void randomize_biases(Tape<T>& tp, const Model& model, std::uint64_t seed, doubl
       for (T& x : tp.leaf_value(p.var)) x = static_cast<T>(rng.uniform(lo, hi));
 }
 
+// Draws every adapter of `model` (lora_a and lora_b) from U(lo, hi): a
+// fresh model's lora_b is zero, under which an adapter written in the wrong
+// layout or scale would go unseen.
+template <class T, class Model>
+void randomize_adapters(Tape<T>& tp, const Model& model, std::uint64_t seed, double lo, double hi) {
+  Rng rng(seed);
+  for (const auto& p : model.adapters())
+    for (T& x : tp.leaf_value(p.var)) x = static_cast<T>(rng.uniform(lo, hi));
+}
+
 template <class T>
 bool bitwise_equal(std::span<const T> a, std::span<const T> b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);

@@ -563,3 +563,200 @@ TEST_CASE("write_gguf refuses an output path that is a FIFO or a device instead 
   write_bytes(dir.file("m.gguf"), {1, 2, 3});
   CHECK(hf::write_gguf(dir.file("m.gguf"), m, vocab).ok());
 }
+
+namespace {
+
+// The matrix of a GGUF tensor (F32) as rows of ne[0] values.
+std::vector<std::vector<double>> rows_of(const Gguf& g, const std::string& name) {
+  const auto v = g.data<float>(name);
+  const auto& ne = g.tensors.at(name).ne;
+  REQUIRE(ne.size() == 2);
+  std::vector<std::vector<double>> m(ne[1], std::vector<double>(ne[0]));
+  for (std::size_t r = 0; r < ne[1]; ++r)
+    for (std::size_t k = 0; k < ne[0]; ++k) m[r][k] = v[r * ne[0] + k];
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("write_lora_gguf writes llama.cpp's LoRA adapter: its metadata, names, PEFT's layouts, alpha = scale * r") {
+  // Two architectures: qwen2, and llama (heads of a width of their own),
+  // whose q and k rows the base writer permutes within each head.
+  for (const std::size_t head_width : {std::size_t{0}, std::size_t{6}}) {
+    CAPTURE(head_width);
+    ScratchDir dir("gguf");
+    nn::LmConfig c = small(257);
+    c.head_width = head_width;
+    c.lora_rank = 3;
+    c.lora_scale = 2.5;
+    c.lora_targets = nn::parse_projections("q,k,v,down");
+    Tape<float> tp;
+    nn::Lm<float> m(tp, c, 21, nn::Lm<float>::Train::lora);
+    randomize_adapters(tp, m, 22, -1, 1);
+    const std::string path = dir.file("adapter.gguf");
+    const ModelFileResult written = hf::write_lora_gguf(path, m);
+    REQUIRE_MESSAGE(written.ok(), written.error);
+    const Gguf g = read_gguf(path);
+    auto text = [&](const std::string& k) { return std::get<std::string>(g.kv.at(k)); };
+    const std::string arch = head_width ? "llama" : "qwen2";
+    CHECK(text("general.architecture") == arch);
+    CHECK(text("general.type") == "adapter");
+    CHECK(text("adapter.type") == "lora");
+    CHECK(std::get<float>(g.kv.at("adapter.lora.alpha")) == 7.5f);  // llama.cpp's scale alpha / r = 2.5
+    CHECK(std::get<std::uint32_t>(g.kv.at("general.file_type")) == 0);
+    // 2 layers x 4 projections x (a, b), nothing else (no tokenizer, no norms).
+    CHECK(g.tensors.size() == 16);
+    const std::size_t hd = c.head_dim(), q_out = c.heads * hd, kv_out = c.kv_heads * hd;
+    const std::map<std::string, std::vector<std::uint64_t>> dims = {
+        {"blk.0.attn_q.weight.lora_a", {8, 3}},      {"blk.0.attn_q.weight.lora_b", {3, q_out}},
+        {"blk.1.attn_k.weight.lora_a", {8, 3}},      {"blk.1.attn_k.weight.lora_b", {3, kv_out}},
+        {"blk.1.attn_v.weight.lora_b", {3, kv_out}}, {"blk.1.ffn_down.weight.lora_a", {12, 3}},
+        {"blk.1.ffn_down.weight.lora_b", {3, 8}}};
+    for (const auto& [name, ne] : dims) {
+      CAPTURE(name);
+      REQUIRE(g.tensors.contains(name));
+      CHECK(g.tensors.at(name).ne == ne);
+      CHECK(g.tensors.at(name).type == 0);
+    }
+    CHECK_FALSE(g.tensors.contains("blk.0.attn_output.weight.lora_a"));  // o is not targeted
+    // lora_a's rows are grad's lora_a columns (PEFT's lora_A [r, in]).
+    const auto a = rows_of(g, "blk.1.ffn_down.weight.lora_a");
+    const auto ga = tp.value(m.tensor("layers.1.down.lora_a")).data;  // [12, 3]
+    for (std::size_t j = 0; j < 3; ++j)
+      for (std::size_t k = 0; k < 12; ++k) REQUIRE(a[j][k] == ga[k * 3 + j]);
+
+    // What llama.cpp computes from the two files, base rows + (alpha / r) B A,
+    // is the merged model's file: for every adapted projection, the rows of
+    // the merged GGUF less the base's are alpha / r times lora_b . lora_a (up
+    // to float rounding; llama's permuted q and k rows included).
+    nn::LmConfig base_config = c;
+    base_config.lora_rank = 0;
+    Tape<float> tb;
+    nn::Lm<float> merged(tb, base_config, 1);
+    nn::merge_lora(m, merged);
+    Tape<float> t0;
+    nn::Lm<float> base(t0, base_config, 21);  // the same seed: the tuned model's base
+    const auto vocab = hf::byte_level_vocab({"<|endoftext|>"});
+    REQUIRE(hf::write_gguf(dir.file("merged.gguf"), merged, vocab).ok());
+    REQUIRE(hf::write_gguf(dir.file("base.gguf"), base, vocab).ok());
+    const Gguf gm = read_gguf(dir.file("merged.gguf")), gb = read_gguf(dir.file("base.gguf"));
+    const float alpha = std::get<float>(g.kv.at("adapter.lora.alpha"));
+    double worst = 0;
+    for (const std::string l : {"0", "1"})
+      for (const std::string proj : {"attn_q", "attn_k", "attn_v", "ffn_down"}) {
+        const std::string w = "blk." + l + "." + proj + ".weight";
+        CAPTURE(w);
+        const auto A = rows_of(g, w + ".lora_a"), B = rows_of(g, w + ".lora_b");
+        const auto M = rows_of(gm, w), W0 = rows_of(gb, w);
+        REQUIRE(B.size() == M.size());
+        for (std::size_t r = 0; r < M.size(); ++r)
+          for (std::size_t k = 0; k < M[r].size(); ++k) {
+            double ab = 0;
+            for (std::size_t j = 0; j < 3; ++j) ab += B[r][j] * A[j][k];
+            worst = std::max(worst, std::abs(W0[r][k] + alpha / 3 * ab - M[r][k]));
+          }
+      }
+    MESSAGE(arch << ": base + (alpha / r) B A from the adapter file is the merged file within " << worst);
+    CHECK(worst < 1e-5);
+  }
+}
+
+TEST_CASE("write_lora_gguf F16 and float64: halves of the adapters; a float64 model writes its float32 rounding") {
+  ScratchDir dir("gguf");
+  nn::LmConfig c = small(257);
+  c.lora_rank = 2;
+  c.lora_scale = 0.5;
+  Tape<double> t64;
+  nn::Lm<double> m64(t64, c, 31, nn::Lm<double>::Train::lora);
+  randomize_adapters(t64, m64, 32, -1, 1);
+  Tape<float> t32;
+  nn::Lm<float> m32(t32, c, 31, nn::Lm<float>::Train::lora);
+  for (const auto& p : m64.adapters()) {
+    const auto from = t64.value(p.var).data;
+    const auto to = t32.leaf_value(m32.tensor(p.name));
+    for (std::size_t i = 0; i < from.size(); ++i) to[i] = static_cast<float>(from[i]);
+  }
+  for (const hf::GgufType type : {hf::GgufType::f32, hf::GgufType::f16}) {
+    REQUIRE(hf::write_lora_gguf(dir.file("d.gguf"), m64, {.type = type}).ok());
+    REQUIRE(hf::write_lora_gguf(dir.file("f.gguf"), m32, {.type = type}).ok());
+    CHECK(read_bytes(dir.file("d.gguf")) == read_bytes(dir.file("f.gguf")));
+  }
+  const Gguf g = read_gguf(dir.file("f.gguf"));  // the F16 one
+  CHECK(std::get<std::uint32_t>(g.kv.at("general.file_type")) == 1);
+  CHECK(std::get<float>(g.kv.at("adapter.lora.alpha")) == 1.0f);
+  CHECK(g.tensors.size() == 2 * 7 * 2);
+  const auto b = g.data<std::uint16_t>("blk.0.ffn_up.weight.lora_b");  // ne {2, 12}: row o, column j = grad [j, o]
+  const auto gb = t32.value(m32.tensor("layers.0.up.lora_b")).data;
+  CHECK(g.tensors.at("blk.0.ffn_up.weight.lora_b").type == 1);
+  for (std::size_t o = 0; o < 12; ++o)
+    for (std::size_t j = 0; j < 2; ++j) REQUIRE(b[o * 2 + j] == hf::f16_bits(gb[j * 12 + o]));
+}
+
+TEST_CASE("write_lora_gguf refuses a model without adapters, scale 0, bad tensors and values; nothing written") {
+  ScratchDir dir("gguf");
+  const std::string path = dir.file("bad.gguf");
+  auto refused = [&](const ModelFileResult& r, std::initializer_list<const char*> fragments) {
+    CAPTURE(r.error);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error.find("grad: LoRA GGUF '" + path + "': ") == 0);
+    CHECK(r.error.find("nothing written") != std::string::npos);
+    for (const char* f : fragments) CHECK(r.error.find(f) != std::string::npos);
+    CHECK(nothing_left(dir));
+  };
+  {
+    Tape<float> tp;
+    nn::Lm<float> plain(tp, small(257), 5);
+    refused(hf::write_lora_gguf(path, plain), {"no adapters (lora_rank 0"});
+  }
+  nn::LmConfig c = small(257);
+  c.lora_rank = 2;
+  c.lora_targets = nn::parse_projections("q,up");
+  for (const auto& [scale, fragment] :
+       {std::pair{0.0, "lora_scale is 0: llama.cpp reads adapter.lora.alpha 0 as no alpha"},
+        std::pair{2e38, "adapter.lora.alpha (lora_scale * lora_rank) 4e+38 is beyond float32's range"}}) {
+    nn::LmConfig s = c;
+    s.lora_scale = scale;
+    Tape<float> tp;
+    nn::Lm<float> m(tp, s, 5, nn::Lm<float>::Train::lora);
+    refused(hf::write_lora_gguf(path, m), {fragment});
+  }
+  Tape<float> tp;
+  nn::Lm<float> m(tp, c, 5, nn::Lm<float>::Train::lora);
+  randomize_adapters(tp, m, 6, -1, 1);
+  refused(hf::write_lora_gguf(path, m, {.type = hf::GgufType(7)}), {"tensor type 7 (expected f32 or f16"});
+  std::vector<hf::LmTensor> list;
+  for (const auto& p : m.adapters()) {
+    const View<float> v = tp.value(p.var);
+    list.push_back({p.name, std::vector<std::size_t>(v.shape.begin(), v.shape.end()), v.data});
+  }
+  REQUIRE(hf::write_lora_gguf(path, c, list).ok());
+  std::filesystem::remove(path);
+  auto named = [](std::vector<hf::LmTensor>& l, std::string_view name) {
+    return std::find_if(l.begin(), l.end(), [&](const hf::LmTensor& t) { return t.name == name; });
+  };
+  auto without = list;
+  without.erase(named(without, "layers.1.up.lora_b"));
+  refused(hf::write_lora_gguf(path, c, without),
+          {"tensor 'base_model.model.model.layers.1.mlp.up_proj.lora_B.weight' (grad's 'layers.1.up.lora_b'), [12, 2] "
+           "(grad's [2, 12]), is missing"});
+  auto misshapen = list;
+  named(misshapen, "layers.0.q.lora_a")->shape = {2, 8};
+  refused(hf::write_lora_gguf(path, c, misshapen),
+          {"(grad's 'layers.0.q.lora_a') is [2, 8] as grad holds it (expected [8, 2]: PEFT's [2, 8])"});
+  auto extra = list;
+  extra.push_back({"layers.0.k.lora_a", {8, 2}, list[0].values});  // k is not targeted
+  refused(hf::write_lora_gguf(path, c, extra), {"tensor 'layers.0.k.lora_a' is not an adapter of"});
+  auto twice = list;
+  twice.push_back(list[1]);
+  refused(hf::write_lora_gguf(path, c, twice), {"is given twice"});
+  auto no_adapters = c;
+  no_adapters.lora_rank = 0;
+  refused(hf::write_lora_gguf(path, no_adapters, list), {"no adapters"});
+  // A value: named as PEFT's [row][column] (grad's q.lora_b [2, 8] element 11 is its [1, 3]: lora_B [8, 2]'s [3][1]).
+  tp.leaf_value(m.tensor("layers.0.q.lora_b"))[11] = std::nanf("");
+  refused(hf::write_lora_gguf(path, m),
+          {"tensor 'base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight' [3][1] is nan"});
+  tp.leaf_value(m.tensor("layers.0.q.lora_b"))[11] = 1e5f;
+  refused(hf::write_lora_gguf(path, m, {.type = hf::GgufType::f16}), {"[3][1] is 100000, beyond F16's range"});
+  REQUIRE(hf::write_lora_gguf(path, m).ok());  // F32 holds it
+}

@@ -256,9 +256,12 @@ struct Metadata {
   }
 };
 
+// The ggml_type codes of the tensors written.
+enum class TensorType : std::uint32_t { f32 = 0, f16 = 1 };
+
 // One tensor to write: where its values are in grad's layout and how they go out.
 struct Planned {
-  std::string gguf_name, hf_name;  // hf_name: Hugging Face's, for messages
+  std::string gguf_name, hf_name;  // hf_name: Hugging Face's (PEFT's for an adapter), for messages
   std::vector<std::uint64_t> ne;   // GGUF order: ne[0] fastest
   const LmTensor* from = nullptr;  // null: zeros (a bias grad's block does not have)
   bool transpose = false;          // grad [in, out] -> rows of outputs
@@ -266,14 +269,13 @@ struct Planned {
   // pairs (j, j + w/2) to adjacent pairs (2j, 2j + 1), as llama.cpp's
   // converter permutes Llama's q and k for its interleaved RoPE.
   std::size_t heads = 0;
-  GgufType type = GgufType::f32;
+  TensorType type = TensorType::f32;
   std::size_t elements() const {
     std::size_t n = 1;
     for (std::uint64_t d : ne) n *= static_cast<std::size_t>(d);
     return n;
   }
 };
-
 std::string shape_text(std::span<const std::size_t> s) {
   std::string t = "[";
   for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
@@ -298,6 +300,116 @@ std::string float32_problem(double v) {
   return "";
 }
 
+// A block's projections as llama.cpp and Hugging Face name them, in nn::Proj's order.
+constexpr const char* gguf_proj[nn::proj_count] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
+                                                   "ffn_gate", "ffn_up", "ffn_down"};
+constexpr const char* hf_proj[nn::proj_count] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                 "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                                 "mlp.down_proj"};
+
+// Planned::heads for projection p's output rows: llama's q and k heads, else none.
+std::size_t permuted_heads(const nn::LmConfig& c, nn::Proj p) {
+  if (gguf_architecture(c) != "llama") return 0;
+  return p == nn::Proj::q ? c.heads : p == nn::Proj::k ? c.kv_heads : 0;
+}
+
+// The failure of a real that GGUF holds as float32, or "".
+std::string real_problem(const char* field, double v) {
+  const std::string why = float32_problem(v);
+  if (why.empty()) return "";
+  char number[32];
+  std::snprintf(number, sizeof number, "%.9g", v);
+  return std::string(field) + " " + number + " is " + why + ", and GGUF holds it as float32";
+}
+
+// "" or what is wrong with a value to be written: not finite, or beyond
+// F16's range where it becomes F16. An element is named as Hugging Face's
+// [row][column] (grad's [in, out] transposed), as GGUF's rows hold it.
+std::string check_values(std::span<const Planned> plan) {
+  for (const Planned& p : plan) {
+    if (!p.from) continue;
+    const std::span<const float> v = p.from->values;
+    auto element = [&](std::size_t i) {
+      char number[32];
+      std::snprintf(number, sizeof number, "%.9g", static_cast<double>(v[i]));
+      std::string at;
+      if (p.ne.size() == 1) {
+        at = "[" + std::to_string(i) + "]";
+      } else {
+        const std::size_t cols = p.from->shape[1];
+        const std::size_t r = i / cols, k = i % cols;  // grad's [r, k]
+        at = p.transpose ? "[" + std::to_string(k) + "][" + std::to_string(r) + "]"
+                         : "[" + std::to_string(r) + "][" + std::to_string(k) + "]";
+      }
+      return "tensor '" + p.hf_name + "' " + at + " is " + number;
+    };
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (!std::isfinite(v[i])) return element(i) + " (expected finite values)";
+      if (p.type == TensorType::f16 && std::isinf(round_to_f16(v[i])))
+        return element(i) + ", beyond F16's range (it would become infinite; write F32)";
+    }
+  }
+  return "";
+}
+
+// The bytes of one row of a tensor of `type`.
+std::size_t row_bytes(TensorType type, std::size_t n) { return n * (type == TensorType::f16 ? 2 : 4); }
+
+// The whole file: header, metadata, tensor infos, then each tensor's rows
+// (GGUF's rows: ne[0] values each) at a multiple of `alignment`.
+std::vector<unsigned char> assemble(std::span<const Planned> plan, const Metadata& m) {
+  Bytes f;
+  f.out.insert(f.out.end(), {'G', 'G', 'U', 'F'});
+  f.put(gguf_version);
+  f.put(static_cast<std::uint64_t>(plan.size()));
+  f.put(m.count);
+  f.out.insert(f.out.end(), m.b.out.begin(), m.b.out.end());
+  std::uint64_t offset = 0;  // from the start of the data section
+  for (const Planned& p : plan) {
+    f.put_string(p.gguf_name);
+    f.put(static_cast<std::uint32_t>(p.ne.size()));
+    for (std::uint64_t x : p.ne) f.put(x);
+    f.put(static_cast<std::uint32_t>(p.type));
+    f.put(offset);
+    const std::size_t cols = static_cast<std::size_t>(p.ne[0]);
+    const std::size_t bytes = p.elements() / cols * row_bytes(p.type, cols);
+    offset += (bytes + alignment - 1) / alignment * alignment;
+  }
+  f.pad_to(alignment);
+  f.out.reserve(f.out.size() + offset);
+  std::vector<float> row;
+  for (const Planned& p : plan) {
+    const std::size_t cols = static_cast<std::size_t>(p.ne[0]), rows = p.elements() / cols;
+    row.resize(cols);
+    for (std::size_t r = 0; r < rows; ++r) {
+      // Element (r, k) of the GGUF tensor: grad's [in, out] holds it at
+      // (k, r), at (k, source row) when its heads are permuted; a vector is
+      // one row, itself permuted when its heads are.
+      for (std::size_t k = 0; k < cols; ++k)
+        row[k] = !p.from            ? 0.0f
+                 : p.ne.size() == 1 ? p.from->values[source_row(k, cols, p.heads)]
+                 : p.transpose      ? p.from->values[k * rows + source_row(r, rows, p.heads)]
+                                    : p.from->values[r * cols + k];
+      for (const float x : row) {
+        if (p.type == TensorType::f16)
+          f.put(f16_bits(x));
+        else
+          f.put(x);
+      }
+    }
+    f.pad_to(alignment);
+  }
+  return f.out;
+}
+
+// Writes the file; the message when that fails.
+ModelFileResult write_file(const std::string& path, std::span<const Planned> plan, const Metadata& m) {
+  // (Not "nothing written": when only the directory's flush fails, the file is there.)
+  if (std::string err = grad::detail::write_atomically(path, assemble(plan, m), "GGUF file"); !err.empty())
+    return {"grad: GGUF '" + path + "': " + err};
+  return {};
+}
+
 }  // namespace
 
 ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::span<const LmTensor> tensors,
@@ -318,16 +430,9 @@ ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::
   const std::size_t d = c.d_model;
   const std::string arch(gguf_architecture(c));
   const bool llama = arch == "llama";
-  {
-    const std::pair<const char*, double> reals[] = {{"rope_base (config.json's rope_theta)", c.rope_base},
-                                                    {"eps (config.json's rms_norm_eps)", c.eps}};
-    for (const auto& [field, v] : reals)
-      if (std::string why = float32_problem(v); !why.empty()) {
-        char number[32];
-        std::snprintf(number, sizeof number, "%.9g", v);
-        return failed(std::string(field) + " " + number + " is " + why + ", and GGUF holds it as float32");
-      }
-  }
+  for (const auto& [field, v] : {std::pair{"rope_base (config.json's rope_theta)", c.rope_base},
+                                 std::pair{"eps (config.json's rms_norm_eps)", c.eps}})
+    if (std::string why = real_problem(field, v); !why.empty()) return failed(why);
 
   // ---- the tensors, by name, each with the shape grad gives it ----
   std::map<std::string_view, const LmTensor*> by_name;
@@ -372,16 +477,11 @@ ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::
           p.transpose ? std::vector<std::uint64_t>{shape[0], shape[1]} : std::vector<std::uint64_t>{shape[1], shape[0]};
     else
       p.ne = {shape[0]};
-    p.type = shape.size() == 2 ? options.type : GgufType::f32;
+    p.type = shape.size() == 2 && options.type == GgufType::f16 ? TensorType::f16 : TensorType::f32;
     plan.push_back(std::move(p));
     return "";
   };
   std::string why = add("embed", {c.vocab, d}, "token_embd.weight", "model.embed_tokens.weight", Missing::error);
-  static constexpr const char* gguf_proj[nn::proj_count] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
-                                                            "ffn_gate", "ffn_up", "ffn_down"};
-  static constexpr const char* hf_proj[nn::proj_count] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                                          "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
-                                                          "mlp.down_proj"};
   for (std::size_t l = 0; l < c.layers && why.empty(); ++l) {
     const std::string g = "layers." + std::to_string(l) + ".", blk = "blk." + std::to_string(l) + ".",
                       hf = "model.layers." + std::to_string(l) + ".";
@@ -389,10 +489,7 @@ ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::
     for (std::size_t p = 0; p < nn::proj_count && why.empty(); ++p) {
       const auto [in, out] = c.proj_shape(nn::Proj(p));
       const std::string name = g + std::string(nn::proj_names[p]);
-      const std::size_t heads = !llama                                       ? 0
-                                : p == static_cast<std::size_t>(nn::Proj::q) ? c.heads
-                                : p == static_cast<std::size_t>(nn::Proj::k) ? c.kv_heads
-                                                                             : 0;
+      const std::size_t heads = permuted_heads(c, nn::Proj(p));
       why = add(name, {in, out}, blk + gguf_proj[p] + ".weight", hf + hf_proj[p] + ".weight", Missing::error, heads);
       // llama.cpp's qwen2 reads q/k/v biases (zeros where the model has none:
       // LmConfig::qkv_bias off); its llama takes them when they are there.
@@ -411,29 +508,7 @@ ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::
       return failed("tensor '" + t.name + "' is not part of a " + arch + " model (an adapter? merge it first)");
 
   // ---- values: finite, and within F16's range where they become F16 ----
-  for (const Planned& p : plan) {
-    if (!p.from) continue;
-    const std::span<const float> v = p.from->values;
-    auto element = [&](std::size_t i) {  // named as Hugging Face's [row][column] (grad's [in, out] transposed)
-      char number[32];
-      std::snprintf(number, sizeof number, "%.9g", static_cast<double>(v[i]));
-      std::string at;
-      if (p.ne.size() == 1) {
-        at = "[" + std::to_string(i) + "]";
-      } else {
-        const std::size_t cols = p.from->shape[1];
-        const std::size_t r = i / cols, k = i % cols;  // grad's [r, k]
-        at = p.transpose ? "[" + std::to_string(k) + "][" + std::to_string(r) + "]"
-                         : "[" + std::to_string(r) + "][" + std::to_string(k) + "]";
-      }
-      return "tensor '" + p.hf_name + "' " + at + " is " + number;
-    };
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      if (!std::isfinite(v[i])) return failed(element(i) + " (expected finite values)");
-      if (p.type == GgufType::f16 && std::isinf(round_to_f16(v[i])))
-        return failed(element(i) + ", beyond F16's range (it would become infinite; write F32)");
-    }
-  }
+  if (std::string why = check_values(plan); !why.empty()) return failed(why);
 
   // ---- metadata ----
   Metadata m;
@@ -467,48 +542,91 @@ ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::
   if (vocab.pad) m.u32("tokenizer.ggml.padding_token_id", *vocab.pad);
   m.boolean("tokenizer.ggml.add_bos_token", vocab.add_bos);
 
-  // ---- header, metadata, tensor infos, data ----
-  Bytes f;
-  f.out.insert(f.out.end(), {'G', 'G', 'U', 'F'});
-  f.put(gguf_version);
-  f.put(static_cast<std::uint64_t>(plan.size()));
-  f.put(m.count);
-  f.out.insert(f.out.end(), m.b.out.begin(), m.b.out.end());
-  std::uint64_t offset = 0;  // from the start of the data section
-  for (const Planned& p : plan) {
-    f.put_string(p.gguf_name);
-    f.put(static_cast<std::uint32_t>(p.ne.size()));
-    for (std::uint64_t x : p.ne) f.put(x);
-    f.put(static_cast<std::uint32_t>(p.type));
-    f.put(offset);
-    const std::size_t bytes = p.elements() * (p.type == GgufType::f16 ? 2 : 4);
-    offset += (bytes + alignment - 1) / alignment * alignment;
-  }
-  f.pad_to(alignment);
-  f.out.reserve(f.out.size() + offset);
-  for (const Planned& p : plan) {
-    const std::size_t n = p.elements();
-    const std::size_t rows = p.transpose ? p.ne[1] : 1, cols = n / rows;  // output order: rows of ne[0] values
-    const std::size_t out_rows = p.ne.size() == 2 ? static_cast<std::size_t>(p.ne[1]) : n;  // vectors: one per "row"
-    for (std::size_t i = 0; i < n; ++i) {
-      // Output element i is (row r, column k) of the GGUF tensor; grad's
-      // [in, out] holds it at (k, r), at (k, source row) when its heads are permuted.
-      const std::size_t r = i / cols, k = i % cols;
-      const float x = !p.from            ? 0.0f
-                      : p.transpose      ? p.from->values[k * rows + source_row(r, rows, p.heads)]
-                      : p.ne.size() == 1 ? p.from->values[source_row(i, out_rows, p.heads)]
-                                         : p.from->values[i];
-      if (p.type == GgufType::f16)
-        f.put(f16_bits(x));
-      else
-        f.put(x);
+  return write_file(path, plan, m);
+}
+
+// ---- LoRA adapters ----
+
+ModelFileResult write_lora_gguf(const std::string& path, const nn::LmConfig& c, std::span<const LmTensor> adapters,
+                                const LoraGgufOptions& options) {
+  auto failed = [&](const std::string& why) {
+    return ModelFileResult{"grad: LoRA GGUF '" + path + "': " + why + "; nothing written"};
+  };
+  if (std::string why = c.check(); !why.empty()) return failed("bad model config: " + why);
+  if (c.lora_rank == 0) return failed("the config has no adapters (lora_rank 0: " + c.describe() + ")");
+  if (options.type != GgufType::f32 && options.type != GgufType::f16)
+    return failed("tensor type " + std::to_string(static_cast<std::uint32_t>(options.type)) +
+                  " (expected f32 or f16: llama.cpp adds the adapter's product in float)");
+  // llama.cpp scales an adapter's product by alpha / r (r: lora_b's ne[0]),
+  // or by 1 when alpha is 0 (its "no alpha"): grad's lora_scale times r,
+  // which must be a nonzero float32 (a scale of 0 would read as "no alpha").
+  const double alpha = c.lora_scale * static_cast<double>(c.lora_rank);
+  if (c.lora_scale == 0)
+    return failed(
+        "lora_scale is 0: llama.cpp reads adapter.lora.alpha 0 as no alpha and would scale by 1 "
+        "(an adapter that does nothing need not be exported)");
+  if (std::string why = real_problem("adapter.lora.alpha (lora_scale * lora_rank)", alpha); !why.empty())
+    return failed(why);
+
+  std::map<std::string_view, const LmTensor*> by_name;
+  for (const LmTensor& t : adapters)
+    if (!by_name.emplace(t.name, &t).second) return failed("tensor '" + t.name + "' is given twice");
+  const std::size_t r = c.lora_rank;
+  std::vector<Planned> plan;
+  std::unordered_set<std::string_view> used;
+  for (std::size_t l = 0; l < c.layers; ++l)
+    for (std::size_t p = 0; p < nn::proj_count; ++p) {
+      if (!c.has_adapter(nn::Proj(p))) continue;
+      const auto [in, out] = c.proj_shape(nn::Proj(p));
+      const std::string name = "layers." + std::to_string(l) + "." + std::string(nn::proj_names[p]);
+      const std::string gguf = "blk." + std::to_string(l) + "." + gguf_proj[p] + ".weight";
+      const std::string peft = "base_model.model.model.layers." + std::to_string(l) + "." + hf_proj[p];
+      // PEFT's lora_A [r, in] and lora_B [out, r] (rows of outputs, as every
+      // GGUF matrix): grad's lora_a [in, r] and lora_b [r, out] transposed.
+      // lora_b's rows are the projection's outputs: llama's q and k heads
+      // are permuted there as in the base matrix, so (A . B)'s columns land
+      // on the base's rows.
+      for (const bool b : {false, true}) {
+        const std::string grad_name = name + (b ? ".lora_b" : ".lora_a");
+        const std::vector<std::size_t> shape = b ? std::vector<std::size_t>{r, out} : std::vector<std::size_t>{in, r};
+        const std::vector<std::size_t> peft_shape = {shape[1], shape[0]};
+        Planned pl;
+        pl.gguf_name = gguf + (b ? ".lora_b" : ".lora_a");
+        pl.hf_name = peft + (b ? ".lora_B.weight" : ".lora_A.weight");
+        const std::string who = "tensor '" + pl.hf_name + "' (grad's '" + grad_name + "')";
+        const auto it = by_name.find(grad_name);
+        if (it == by_name.end())
+          return failed(who + ", " + shape_text(peft_shape) + " (grad's " + shape_text(shape) + "), is missing");
+        const LmTensor& t = *it->second;
+        if (t.shape != shape)
+          return failed(who + " is " + shape_text(t.shape) + " as grad holds it (expected " + shape_text(shape) +
+                        ": PEFT's " + shape_text(peft_shape) + ")");
+        if (t.values.size() != shape[0] * shape[1])
+          return failed(who + " has " + std::to_string(t.values.size()) + " values for " + shape_text(shape));
+        used.insert(t.name);
+        pl.from = &t;
+        pl.transpose = true;
+        pl.ne = {shape[0], shape[1]};
+        pl.heads = b ? permuted_heads(c, nn::Proj(p)) : 0;
+        pl.type = options.type == GgufType::f16 ? TensorType::f16 : TensorType::f32;
+        plan.push_back(std::move(pl));
+      }
     }
-    f.pad_to(alignment);
-  }
-  // (Not failed(): when only the directory's flush fails, the file is there.)
-  if (std::string err = grad::detail::write_atomically(path, f.out, "GGUF file"); !err.empty())
-    return {"grad: GGUF '" + path + "': " + err};
-  return {};
+  for (const LmTensor& t : adapters)
+    if (!used.contains(t.name))
+      return failed("tensor '" + t.name + "' is not an adapter of " + c.describe() +
+                    " (expected layers.N.<projection>.lora_a and .lora_b of the targeted projections)");
+  if (std::string why = check_values(plan); !why.empty()) return failed(why);
+
+  Metadata m;
+  m.string("general.architecture", gguf_architecture(c));  // llama.cpp refuses an adapter of another architecture
+  m.string("general.type", "adapter");
+  m.string("general.name", options.name);
+  m.u32("general.file_type", options.type == GgufType::f16 ? 1 : 0);
+  m.u32("general.alignment", alignment);
+  m.string("adapter.type", "lora");
+  m.f32("adapter.lora.alpha", static_cast<float>(alpha));
+  return write_file(path, plan, m);
 }
 
 }  // namespace grad::hf

@@ -3,12 +3,14 @@
 // round trip (test/llama_cpp/run.sh).
 //
 //   node decode.mjs --model M.gguf --prompt 72,101,108 --count 16 [--kv f32|f16] [--logits] [--tokenize TEXT]
+//                   [--lora ADAPTER.gguf [--lora-scale S]]
 //   node decode.mjs --probe      (loads llama.cpp only: exit 0 when it runs here)
 //
 // Prints a line per result, its name then its values: "tokens" (the count
 // greedy ids), "logprobs" (the first step's log-probability of every id, in
 // id order, when --logits), "tokenized" (llama.cpp's ids for TEXT, when
-// --tokenize). Exit 3 when the binary
+// --tokenize). --lora: a LoRA adapter GGUF applied to the model (llama.cpp's
+// --lora; its scale S, default 1, multiplies the file's alpha / r). Exit 3 when the binary
 // cannot run here (run.sh turns that into a skip), 1 on any other failure.
 //
 // No GPU is probed (gpu: false), nothing is built or downloaded (build:
@@ -33,6 +35,8 @@ function parse(argv) {
     else if (a === "--kv") o.kv = next();
     else if (a === "--logits") o.logits = true;
     else if (a === "--tokenize") o.tokenize = next();
+    else if (a === "--lora") o.lora = next();
+    else if (a === "--lora-scale") o.loraScale = Number(next());
     else if (a === "--probe") o.probe = true;
     else throw new Error(`unknown argument '${a}'`);
   }
@@ -40,6 +44,8 @@ function parse(argv) {
   if (!o.model || !o.prompt || o.prompt.length === 0) throw new Error("--model and --prompt are required");
   if (!Number.isInteger(o.count) || o.count < 0) throw new Error("--count: expected a whole number");
   if (o.kv !== "f32" && o.kv !== "f16") throw new Error("--kv: expected f32 or f16");
+  if (o.loraScale !== undefined && (!o.lora || !Number.isFinite(o.loraScale)))
+    throw new Error("--lora-scale: expected a number, with --lora");
   return o;
 }
 
@@ -68,6 +74,7 @@ try {
   const context = await model.createContext({
     contextSize: o.prompt.length + o.count + 1, sequences: 1, flashAttention: false, threads: 1,
     experimentalKvCacheKeyType: kvType, experimentalKvCacheValueType: kvType,
+    ...(o.lora ? { lora: { adapters: [{ filePath: o.lora, scale: o.loraScale ?? 1 }] } } : {}),
   });
   const sequence = context.getSequence();
   const greedy = { temperature: 0 };

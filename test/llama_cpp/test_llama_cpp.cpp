@@ -3,7 +3,9 @@
 // prebuilt CPU binary), must continue a prompt token for token as grad's own
 // KV-cache decoder does, with first-step log-probabilities close; in F32,
 // in F16 (grad decoding the F16-rounded weights), tied to the embedding,
-// for a LoRA-finetuned, merged model that recalls a text, and end to end
+// for a LoRA-finetuned, merged model that recalls a text (and for its base
+// with the adapters as llama.cpp's LoRA adapter file: hf::write_lora_gguf),
+// random adapters on qwen2 and llama bases, and end to end
 // from a Hugging Face directory (config.json, model.safetensors, a
 // tokenizer.json with learned merges) through LoRA, save_pretrained and the
 // tokenizer's vocabulary; a model whose heads have a width of their own
@@ -40,7 +42,7 @@ struct LlamaRun {
 
 // Runs decode.mjs on `gguf`; REQUIREs that it succeeds.
 LlamaRun llama_decode(const std::string& gguf, std::span<const int> prompt, std::size_t count,
-                      const std::string& kv = "f32", const std::string& tokenize = "") {
+                      const std::string& kv = "f32", const std::string& tokenize = "", const std::string& lora = "") {
   const char* script = std::getenv("GRAD_LLAMA_DECODE");
   REQUIRE_MESSAGE(script != nullptr, "GRAD_LLAMA_DECODE is not set: run this through test/llama_cpp/run.sh");
   std::string ids;
@@ -51,6 +53,7 @@ LlamaRun llama_decode(const std::string& gguf, std::span<const int> prompt, std:
   std::string command = "node '" + std::string(script) + "' --model '" + gguf + "' --prompt " + ids + " --count " +
                         std::to_string(count) + " --kv " + kv + " --logits";
   if (!tokenize.empty()) command += " --tokenize '" + tokenize + "'";  // the test's texts have no quote
+  if (!lora.empty()) command += " --lora '" + lora + "'";
   FILE* pipe = ::popen(command.c_str(), "r");
   REQUIRE(pipe != nullptr);
   std::string out;
@@ -257,8 +260,76 @@ TEST_CASE("a LoRA-finetuned, merged model recalls its text under llama.cpp as un
   const LlamaRun h = llama_decode(f16, all.first(prompt_bytes), rest.size(), "f16");
   CHECK_SAME_IDS(a.tokens, rest);
   CHECK_SAME_IDS(h.tokens, rest);
+  // Unmerged: the untouched base (the same seed) and the adapters as llama.cpp's LoRA adapter file.
+  Tape<float> tp3;
+  const nn::Lm<float> base(tp3, b, 31);
+  REQUIRE(recalled(base) != rest);
+  const std::string base_file = dir.file("recall_base.gguf"), adapter = dir.file("recall_adapter.gguf");
+  REQUIRE(hf::write_gguf(base_file, base, hf::byte_level_vocab({"<|endoftext|>"})).ok());
+  const ModelFileResult written = hf::write_lora_gguf(adapter, m);
+  REQUIRE_MESSAGE(written.ok(), written.error);
+  const LlamaRun with_adapter = llama_decode(base_file, all.first(prompt_bytes), rest.size(), "f32", "", adapter);
+  CHECK_SAME_IDS(with_adapter.tokens, rest);
   MESSAGE("recalled after " << step + 1 << " LoRA steps; llama.cpp's continuation of '" << text.substr(0, prompt_bytes)
-                            << "' checked from the F32 file and from the F16 file (F16 KV cache)");
+                            << "' checked from the F32 file, from the F16 file (F16 KV cache), and from the base "
+                               "file with the LoRA adapter file");
+}
+
+TEST_CASE("a LoRA adapter file on the base file: llama.cpp decodes as grad's LoRA model and as the merged file") {
+  // Random adapters on every projection, large enough to change what the
+  // model says; qwen2, and llama (heads of their own width: q's and k's
+  // lora_b rows permuted as the base's), adapters in F32 and F16.
+  for (const std::size_t head_width : {std::size_t{0}, std::size_t{32}}) {
+    CAPTURE(head_width);
+    nn::LmConfig c = random_config();
+    c.head_width = head_width;
+    c.lora_rank = 4;
+    c.lora_scale = 1.5;
+    Tape<float> tp;
+    nn::Lm<float> m(tp, c, 17, nn::Lm<float>::Train::lora);
+    randomize_adapters(tp, m, 18, -0.3, 0.3);
+    nn::LmConfig b = c;
+    b.lora_rank = 0;
+    Tape<float> tb, tm;
+    nn::Lm<float> base(tb, b, 17), merged(tm, b, 1);
+    nn::merge_lora(m, merged);
+    const auto [ours, our_logprobs] = grad_decode(m, prompt, steps);
+    REQUIRE(grad_decode(base, prompt, steps).first != ours);  // the adapters matter
+    ScratchDir dir("llama_cpp");
+    const std::string base_file = dir.file("base.gguf"), merged_file = dir.file("merged.gguf");
+    REQUIRE(hf::write_gguf(base_file, base, tiny_bpe()).ok());
+    REQUIRE(hf::write_gguf(merged_file, merged, tiny_bpe()).ok());
+    const LlamaRun from_merged = llama_decode(merged_file, prompt, steps);
+    CHECK_SAME_IDS(from_merged.tokens, ours);
+    for (const hf::GgufType type : {hf::GgufType::f32, hf::GgufType::f16}) {
+      const bool half = type == hf::GgufType::f16;
+      CAPTURE(half);
+      const std::string adapter = dir.file(half ? "adapter_f16.gguf" : "adapter.gguf");
+      const ModelFileResult written = hf::write_lora_gguf(adapter, m, {.type = type});
+      REQUIRE_MESSAGE(written.ok(), written.error);
+      std::vector<int> expected = ours;
+      std::vector<double> expected_logprobs = our_logprobs;
+      if (half) {  // grad on the F16-rounded adapters
+        Tape<float> th;
+        nn::Lm<float> rounded(th, c, 17, nn::Lm<float>::Train::lora);
+        for (const auto& p : m.adapters()) {
+          const auto from = tp.value(p.var).data;
+          const auto to = th.leaf_value(rounded.tensor(p.name));
+          for (std::size_t i = 0; i < from.size(); ++i) to[i] = hf::round_to_f16(from[i]);
+        }
+        std::tie(expected, expected_logprobs) = grad_decode(rounded, prompt, steps);
+      }
+      const LlamaRun llama = llama_decode(base_file, prompt, steps, "f32", "", adapter);
+      CHECK_SAME_IDS(llama.tokens, expected);
+      const double diff = max_logprob_diff(expected_logprobs, llama.logprobs);
+      MESSAGE(hf::gguf_architecture(c) << " base + " << (half ? "F16" : "F32") << " LoRA adapter (rank 4, scale 1.5), "
+                                       << steps << " greedy tokens: log-probabilities differ by at most " << diff
+                                       << " (merged file: " << max_logprob_diff(our_logprobs, from_merged.logprobs)
+                                       << ")");
+      // llama.cpp rounds the activations to F16 before an F16 matrix product (the F16 adapter's A x).
+      CHECK(diff < (half ? 1e-2 : 1e-4));
+    }
+  }
 }
 
 namespace {

@@ -201,6 +201,65 @@ ModelFileResult write_gguf(const std::string& path, const nn::Lm<T>& model, cons
   return write_gguf(path, model.config(), tensors, vocab, options);
 }
 
+// ---- LoRA adapters ----
+//
+// A model's adapters alone, as the GGUF adapter llama.cpp loads beside the
+// base written by write_gguf (llama-cli --lora, node-llama-cpp's
+// createContext({lora: ...}), scale 1):
+//
+//   hf::write_gguf("base.gguf", base_model, vocab);        // the base without adapters (same base weights)
+//   hf::write_lora_gguf("adapter.gguf", tuned);            // tuned: an nn::Lm with lora_rank > 0
+//
+// The file is llama.cpp's (its convert_lora_to_gguf.py's): general.type
+// "adapter", adapter.type "lora", general.architecture the base's
+// (gguf_architecture: llama.cpp refuses another), adapter.lora.alpha, and per
+// adapted projection two matrices named after the base's weight:
+//
+//   grad                        GGUF name                        GGUF dims     (PEFT's)
+//   layers.N.q.lora_a [in, r]   blk.N.attn_q.weight.lora_a       {in, r}       lora_A [r, in]
+//   layers.N.q.lora_b [r, out]  blk.N.attn_q.weight.lora_b       {r, out}      lora_B [out, r]
+//   (k, v, o, gate, up, down alike: attn_k ... ffn_down)
+//
+// llama.cpp adds (alpha / r) * B (A x) to the projection: alpha is written as
+// lora_scale * r, so its scale is grad's lora_scale (a user scale s given to
+// llama.cpp multiplies it). A llama-architecture base has its q and k rows
+// permuted within each head (see above); lora_b's rows are those outputs and
+// are permuted alike. Refused before a byte is written: a config without
+// adapters, lora_scale 0 (llama.cpp reads alpha 0 as "no alpha", scale 1),
+// an alpha float32 cannot hold, a missing, misshapen, unknown or non-finite
+// tensor; written atomically. Messages name a tensor by PEFT's name.
+struct LoraGgufOptions {
+  GgufType type = GgufType::f32;  // of lora_a and lora_b: f32 or f16
+  std::string name = "grad";      // general.name
+};
+
+// `adapters`: every "layers.N.<proj>.lora_a" / ".lora_b" of `config`'s
+// targeted projections (nn::Lm::adapters()), nothing else.
+ModelFileResult write_lora_gguf(const std::string& path, const nn::LmConfig& config, std::span<const LmTensor> adapters,
+                                const LoraGgufOptions& options = {});
+
+// The same from a model with adapters (float64 values rounded to float32).
+template <class T>
+ModelFileResult write_lora_gguf(const std::string& path, const nn::Lm<T>& model, const LoraGgufOptions& options = {}) {
+  const Tape<T>& tp = model.tape();
+  if (!tp.ok()) return {"grad: LoRA GGUF '" + path + "': the tape is poisoned (" + tp.error() + "); nothing written"};
+  std::vector<std::vector<float>> converted;  // float64 models; reserved: the spans must not move
+  converted.reserve(model.adapters().size());
+  std::vector<LmTensor> tensors;
+  for (const auto& p : model.adapters()) {
+    const View<T> v = tp.value(p.var);  // adapters are held natively (Lm's base_storage is the base's alone)
+    LmTensor t{p.name, std::vector<std::size_t>(v.shape.begin(), v.shape.end()), {}};
+    if constexpr (std::is_same_v<T, float>) {
+      t.values = v.data;
+    } else {
+      converted.emplace_back(v.data.begin(), v.data.end());
+      t.values = converted.back();
+    }
+    tensors.push_back(std::move(t));
+  }
+  return write_lora_gguf(path, model.config(), tensors, options);
+}
+
 // Rounds a model's matrices to F16 in place, as write_gguf with
 // GgufType::f16 stores them (vectors stay as they are): afterwards the
 // model computes what llama.cpp is given. A float64 model's values are
