@@ -10,6 +10,7 @@
 #include <grad/hf/gguf.hpp>
 #include <grad/lm.hpp>
 #include <map>
+#include <set>
 #include <variant>
 
 #include "support.hpp"
@@ -759,4 +760,213 @@ TEST_CASE("write_lora_gguf refuses a model without adapters, scale 0, bad tensor
   tp.leaf_value(m.tensor("layers.0.q.lora_b"))[11] = 1e5f;
   refused(hf::write_lora_gguf(path, m, {.type = hf::GgufType::f16}), {"[3][1] is 100000, beyond F16's range"});
   REQUIRE(hf::write_lora_gguf(path, m).ok());  // F32 holds it
+}
+
+// ---- quantized files ----
+
+TEST_CASE("gguf_tensor_type is llama.cpp's mix for Q8_0, Q4_0 and Q4_K_M, with its per-tensor fallbacks") {
+  using T = hf::GgmlType;
+  using F = hf::GgufType;
+  // Rows of whole Q4_K blocks: d_model 256, ffn 512; eight layers.
+  nn::LmConfig c;
+  c.vocab = 300;
+  c.d_model = 256;
+  c.layers = 8;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.ffn = 512;
+  // llama.cpp's use_more_bits(i, 8): i < 1, i >= 7, (i - 1) % 3 == 2.
+  const std::set<std::size_t> more = {0, 3, 6, 7};
+  for (std::size_t l = 0; l < 8; ++l) {
+    CAPTURE(l);
+    const std::string L = "layers." + std::to_string(l) + ".";
+    const T v_down = more.contains(l) ? T::q6_k : T::q4_k;
+    CHECK(hf::gguf_tensor_type(c, F::q4_k_m, L + "v") == v_down);
+    CHECK(hf::gguf_tensor_type(c, F::q4_k_m, L + "down") == v_down);
+    for (const char* p : {"q", "k", "o", "gate", "up"}) CHECK(hf::gguf_tensor_type(c, F::q4_k_m, L + p) == T::q4_k);
+    for (const char* p : {"q", "v", "down"}) {
+      CHECK(hf::gguf_tensor_type(c, F::q4_0, L + p) == T::q4_0);
+      CHECK(hf::gguf_tensor_type(c, F::q8_0, L + p) == T::q8_0);
+      CHECK(hf::gguf_tensor_type(c, F::f16, L + p) == T::f16);
+      CHECK(hf::gguf_tensor_type(c, F::f32, L + p) == T::f32);
+    }
+    for (const char* vec : {"attn_norm", "mlp_norm", "q_bias", "v_bias"})
+      CHECK(hf::gguf_tensor_type(c, F::q4_k_m, L + vec) == T::f32);
+  }
+  // The output (or the embedding standing in for it when tied) gets more bits.
+  CHECK(hf::gguf_tensor_type(c, F::q4_k_m, "head") == T::q6_k);
+  CHECK(hf::gguf_tensor_type(c, F::q4_k_m, "embed") == T::q4_k);
+  CHECK(hf::gguf_tensor_type(c, F::q4_k_m, "embed", true) == T::q6_k);
+  CHECK(hf::gguf_tensor_type(c, F::q4_0, "head") == T::q6_k);
+  CHECK(hf::gguf_tensor_type(c, F::q4_0, "embed") == T::q4_0);
+  CHECK(hf::gguf_tensor_type(c, F::q4_0, "embed", true) == T::q6_k);
+  CHECK(hf::gguf_tensor_type(c, F::q8_0, "head") == T::q8_0);
+  CHECK(hf::gguf_tensor_type(c, F::q8_0, "embed", true) == T::q8_0);
+  CHECK(hf::gguf_tensor_type(c, F::q4_k_m, "final_norm") == T::f32);
+  // A 32-layer model (Llama 2 7B's count): use_more_bits(i, 32).
+  c.layers = 32;
+  std::vector<std::size_t> six;
+  for (std::size_t l = 0; l < 32; ++l)
+    if (hf::gguf_tensor_type(c, F::q4_k_m, "layers." + std::to_string(l) + ".v") == T::q6_k) six.push_back(l);
+  CHECK(six == std::vector<std::size_t>{0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31});
+
+  // Rows that are not whole blocks: d_model 96 (3 blocks of 32, not of 256), ffn 80 (not of 32).
+  nn::LmConfig s = c;
+  s.d_model = 96;
+  s.heads = 2;
+  s.kv_heads = 1;
+  s.ffn = 80;
+  s.layers = 1;
+  CHECK(hf::gguf_tensor_type(s, F::q4_k_m, "layers.0.q") == T::q8_0);    // q4_K -> (llama.cpp: q5_0) q8_0
+  CHECK(hf::gguf_tensor_type(s, F::q4_k_m, "layers.0.v") == T::q8_0);    // q6_K (layer 0 of 1) -> q8_0
+  CHECK(hf::gguf_tensor_type(s, F::q4_k_m, "layers.0.up") == T::q8_0);   // rows of d_model
+  CHECK(hf::gguf_tensor_type(s, F::q4_k_m, "layers.0.down") == T::f16);  // rows of ffn 80: not blocks of 32
+  CHECK(hf::gguf_tensor_type(s, F::q4_k_m, "head") == T::q8_0);          // 96 % 256: q8_0 directly
+  CHECK(hf::gguf_tensor_type(s, F::q4_k_m, "embed") == T::q8_0);
+  CHECK(hf::gguf_tensor_type(s, F::q4_0, "head") == T::q8_0);  // q6_K -> q8_0
+  CHECK(hf::gguf_tensor_type(s, F::q4_0, "layers.0.gate") == T::q4_0);
+  CHECK(hf::gguf_tensor_type(s, F::q4_0, "layers.0.down") == T::f16);
+  CHECK(hf::gguf_tensor_type(s, F::q8_0, "layers.0.down") == T::f16);
+  CHECK(hf::gguf_tensor_type(s, F::q8_0, "layers.0.o") == T::q8_0);
+  CHECK(hf::gguf_tensor_type(small(257), F::q8_0, "layers.1.q") == T::f16);  // d_model 8
+
+  CHECK_THROWS_WITH_AS(hf::gguf_tensor_type(s, F::q8_0, "layers.1.q"), doctest::Contains("'layers.1.q' is no tensor"),
+                       std::invalid_argument);
+  CHECK_THROWS_AS(hf::gguf_tensor_type(s, F::q8_0, "layers.0.q.lora_a"), std::invalid_argument);
+  CHECK_THROWS_AS(hf::gguf_tensor_type(s, F::q8_0, "layers.0"), std::invalid_argument);
+  CHECK(hf::ggml_type_name(T::q4_k) == "q4_K");
+  CHECK(hf::ggml_type_name(T::f16) == "f16");
+  CHECK(hf::gguf_type_name(F::q4_k_m) == "q4_k_m");
+  CHECK(hf::gguf_type_name(F(3)) == "unknown");
+}
+
+namespace {
+
+// The grad tensor behind each GGUF name of a model of `c`.
+std::map<std::string, std::string> grad_names(const nn::LmConfig& c) {
+  std::map<std::string, std::string> m = {{"token_embd.weight", "embed"}, {"output.weight", "head"}};
+  const char* gguf[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+  for (std::size_t l = 0; l < c.layers; ++l)
+    for (std::size_t p = 0; p < nn::proj_count; ++p)
+      m["blk." + std::to_string(l) + "." + gguf[p] + ".weight"] =
+          "layers." + std::to_string(l) + "." + std::string(nn::proj_names[p]);
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "write_gguf q8_0, q4_0, q4_k_m: llama.cpp's mix, each row ggml's quantization of it; round_like_gguf agrees") {
+  // qwen2 with rows of whole Q4_K blocks (and ffn_down's not: 320), and
+  // llama (heads 128 wide: q's and k's rows permuted before quantizing).
+  for (const std::size_t head_width : {std::size_t{0}, std::size_t{128}}) {
+    CAPTURE(head_width);
+    nn::LmConfig c;
+    c.vocab = 261;
+    c.d_model = 256;
+    c.layers = 3;
+    c.heads = 4;
+    c.kv_heads = 2;
+    c.ffn = 320;
+    c.max_seq = 32;
+    c.head_width = head_width;
+    c.qkv_bias = true;
+    Tape<float> tp;
+    nn::Lm<float> m(tp, c, 41);
+    randomize_biases(tp, m, 42, -0.5, 0.5);
+    const std::map<std::string, std::string> names = grad_names(c);
+    for (const hf::GgufType type : {hf::GgufType::q8_0, hf::GgufType::q4_0, hf::GgufType::q4_k_m}) {
+      CAPTURE(hf::gguf_type_name(type));
+      ScratchDir dir("gguf");
+      const std::string path = dir.file("q.gguf");
+      const ModelFileResult written =
+          hf::write_gguf(path, m, hf::byte_level_vocab({"<s1>", "<s2>", "<s3>", "<s4>", "<s5>"}), {.type = type});
+      REQUIRE_MESSAGE(written.ok(), written.error);
+      const Gguf g = read_gguf(path);
+      CHECK(std::get<std::uint32_t>(g.kv.at("general.file_type")) == static_cast<std::uint32_t>(type));
+      CHECK(std::get<std::uint32_t>(g.kv.at("general.quantization_version")) == 2);
+      // The model as the file holds it: every matrix rounded in grad's layout.
+      Tape<float> tr;
+      nn::Lm<float> rounded(tr, c, 41);
+      randomize_biases(tr, rounded, 42, -0.5, 0.5);
+      hf::round_like_gguf(rounded, type);
+      std::map<std::string, std::size_t> counts;
+      for (const auto& [gguf, grad_name] : names) {
+        CAPTURE(gguf);
+        const TensorInfo& info = g.tensors.at(gguf);
+        const hf::GgmlType expected = hf::gguf_tensor_type(c, type, grad_name);
+        REQUIRE(info.type == static_cast<std::uint32_t>(expected));
+        ++counts[std::string(hf::ggml_type_name(expected))];
+        const auto q = hf::quant_format(expected);
+        REQUIRE(q);  // every matrix of these shapes is quantized
+        const std::size_t cols = info.ne[0], rows = info.ne[1], row_bytes = quant_bytes(*q, cols);
+        const auto w = tp.value(m.tensor(grad_name)).data;
+        const auto wr = tr.value(rounded.tensor(grad_name)).data;
+        const bool embd = grad_name == "embed";
+        const std::size_t heads = head_width == 0             ? 0
+                                  : grad_name.ends_with(".q") ? c.heads
+                                  : grad_name.ends_with(".k") ? c.kv_heads
+                                                              : 0;
+        std::vector<float> row(cols), back(cols);
+        std::vector<std::uint8_t> blocks(row_bytes);
+        for (std::size_t r = 0; r < rows; ++r) {
+          // GGUF row r is grad's column (row of the embedding) `from`; a
+          // permuted head's rows are whole rows moved, quantized as they are.
+          const std::size_t width = heads ? rows / heads : 1, j = r % width;
+          const std::size_t from = heads ? r / width * width + (j % 2) * (width / 2) + j / 2 : r;
+          for (std::size_t k = 0; k < cols; ++k) row[k] = embd ? w[from * cols + k] : w[k * rows + from];
+          quantize(*q, row.data(), blocks.data(), cols);
+          const unsigned char* at = g.bytes.data() + g.data_start + info.offset + r * row_bytes;
+          REQUIRE(std::memcmp(at, blocks.data(), row_bytes) == 0);
+          // round_like_gguf left the dequantized row in the model.
+          dequantize(*q, at, back.data(), cols);
+          for (std::size_t k = 0; k < cols; ++k)
+            REQUIRE(std::bit_cast<std::uint32_t>(embd ? wr[from * cols + k] : wr[k * rows + from]) ==
+                    std::bit_cast<std::uint32_t>(back[k]));
+        }
+      }
+      std::string mix;
+      for (const auto& [name, n] : counts) mix += " " + std::to_string(n) + " " + name;
+      MESSAGE(hf::gguf_architecture(c) << " " << hf::gguf_type_name(type) << ":" << mix << "; "
+                                       << read_bytes(path).size() << " bytes");
+      // Vectors stay F32 and exact.
+      CHECK(g.tensors.at("blk.0.attn_norm.weight").type == 0);
+      CHECK(g.tensors.at("blk.2.attn_v.bias").type == 0);
+    }
+  }
+}
+
+TEST_CASE("write_gguf refuses an unknown file type, and rows a quantized type's F16 scales cannot hold") {
+  ScratchDir dir("gguf");
+  const std::string path = dir.file("bad.gguf");
+  nn::LmConfig c = small(257);
+  c.d_model = 32;
+  c.heads = 2;
+  c.ffn = 64;
+  Tape<float> tp;
+  nn::Lm<float> m(tp, c, 5);
+  const hf::BpeVocab vocab = hf::byte_level_vocab({"<|endoftext|>"});
+  auto refused = [&](const ModelFileResult& r, std::initializer_list<const char*> fragments) {
+    CAPTURE(r.error);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.error.find("grad: GGUF '" + path + "': ") == 0);
+    for (const char* f : fragments) CHECK(r.error.find(f) != std::string::npos);
+    CHECK(nothing_left(dir));
+  };
+  refused(hf::write_gguf(path, m, vocab, {.type = hf::GgufType(3)}),
+          {"file type 3 (expected f32, f16, q8_0, q4_0 or q4_k_m)"});
+  // q8_0's scale is the row block's largest magnitude / 127, a half: 1e7 / 127 > 65504.
+  tp.leaf_value(m.tensor("layers.1.gate"))[64 * 3 + 5] = 1e7f;  // grad's [3, 5]: gate_proj [64, 32]'s row 5
+  refused(hf::write_gguf(path, m, vocab, {.type = hf::GgufType::q8_0}),
+          {"tensor 'model.layers.1.mlp.gate_proj.weight' row 5 (values up to 10000000 in magnitude) does not fit "
+           "q8_0's F16 scales (it would dequantize to"});
+  REQUIRE(hf::write_gguf(path, m, vocab).ok());  // F32 holds it
+  std::filesystem::remove(path);
+  tp.leaf_value(m.tensor("layers.1.gate"))[64 * 3 + 5] = std::nanf("");
+  refused(hf::write_gguf(path, m, vocab, {.type = hf::GgufType::q4_0}), {"[5][3] is nan", "finite"});
+  // round_like_gguf: names and counts checked.
+  std::vector<float> v(10);
+  CHECK_THROWS_WITH_AS(hf::round_like_gguf(c, hf::GgufType::q8_0, "layers.0.q", v, false),
+                       doctest::Contains("'layers.0.q' has 10 values (expected 1024)"), std::invalid_argument);
+  CHECK_THROWS_AS(hf::round_like_gguf(c, hf::GgufType::q8_0, "nonsense", v, false), std::invalid_argument);
 }

@@ -256,8 +256,8 @@ struct Metadata {
   }
 };
 
-// The ggml_type codes of the tensors written.
-enum class TensorType : std::uint32_t { f32 = 0, f16 = 1 };
+// What a matrix is to llama.cpp's choice of quantized types (its tensor_category).
+enum class Role { embed, output, attn_v, ffn_down, other };
 
 // One tensor to write: where its values are in grad's layout and how they go out.
 struct Planned {
@@ -269,7 +269,9 @@ struct Planned {
   // pairs (j, j + w/2) to adjacent pairs (2j, 2j + 1), as llama.cpp's
   // converter permutes Llama's q and k for its interleaved RoPE.
   std::size_t heads = 0;
-  TensorType type = TensorType::f32;
+  Role role = Role::other;
+  std::size_t layer = 0;
+  GgmlType type = GgmlType::f32;
   std::size_t elements() const {
     std::size_t n = 1;
     for (std::uint64_t d : ne) n *= static_cast<std::size_t>(d);
@@ -345,19 +347,86 @@ std::string check_values(std::span<const Planned> plan) {
     };
     for (std::size_t i = 0; i < v.size(); ++i) {
       if (!std::isfinite(v[i])) return element(i) + " (expected finite values)";
-      if (p.type == TensorType::f16 && std::isinf(round_to_f16(v[i])))
+      if (p.type == GgmlType::f16 && std::isinf(round_to_f16(v[i])))
         return element(i) + ", beyond F16's range (it would become infinite; write F32)";
     }
   }
   return "";
 }
 
-// The bytes of one row of a tensor of `type`.
-std::size_t row_bytes(TensorType type, std::size_t n) { return n * (type == TensorType::f16 ? 2 : 4); }
+// llama.cpp's use_more_bits: the layers (i of n) its Q4_K_M gives more bits.
+bool more_bits(std::size_t i, std::size_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
-// The whole file: header, metadata, tensor infos, then each tensor's rows
-// (GGUF's rows: ne[0] values each) at a multiple of `alignment`.
-std::vector<unsigned char> assemble(std::span<const Planned> plan, const Metadata& m) {
+std::size_t block_elements(GgmlType t) {
+  const std::optional<QuantFormat> q = quant_format(t);
+  return q ? quant_info(*q).block_elements : 1;
+}
+
+// The type of a matrix with rows of `cols` values in a file of `file`: see
+// gguf_tensor_type in the header, llama.cpp's llama_tensor_get_type.
+GgmlType matrix_type(GgufType file, Role role, std::size_t layer, std::size_t layers, std::size_t cols, bool tied) {
+  if (file == GgufType::f32) return GgmlType::f32;
+  if (file == GgufType::f16) return GgmlType::f16;
+  const GgmlType base = file == GgufType::q8_0   ? GgmlType::q8_0
+                        : file == GgufType::q4_0 ? GgmlType::q4_0
+                                                 : GgmlType::q4_k;
+  GgmlType t = base;
+  if (role == Role::output || (tied && role == Role::embed))
+    t = cols % block_elements(base) != 0 || base == GgmlType::q8_0 ? GgmlType::q8_0 : GgmlType::q6_k;
+  else if (file == GgufType::q4_k_m && (role == Role::attn_v || role == Role::ffn_down) && more_bits(layer, layers))
+    t = GgmlType::q6_k;
+  if (cols % block_elements(t) != 0) {  // llama.cpp's tensor_type_fallback
+    t = t == GgmlType::q4_k || t == GgmlType::q6_k ? GgmlType::q8_0 : GgmlType::f16;  // q4_K: llama.cpp's q5_0
+    if (cols % block_elements(t) != 0) t = GgmlType::f16;
+  }
+  return t;
+}
+
+// What a grad tensor is: its role, layer, GGUF row length and whether
+// GGUF's rows are grad's columns; nothing for a name that is no tensor of a
+// model of `c`; rank 1 for a vector.
+struct TensorPlace {
+  Role role = Role::other;
+  std::size_t layer = 0, rank = 2, in = 0, out = 0;  // grad's shape [in, out] ([in] for a vector)
+  bool transposed = true;
+};
+std::optional<TensorPlace> place_of(const nn::LmConfig& c, std::string_view name) {
+  if (name == "embed") return TensorPlace{Role::embed, 0, 2, c.vocab, c.d_model, false};
+  if (name == "head") return TensorPlace{Role::output, 0, 2, c.d_model, c.vocab, true};
+  if (name == "final_norm") return TensorPlace{Role::other, 0, 1, c.d_model, 0, false};
+  if (!name.starts_with("layers.")) return std::nullopt;
+  name.remove_prefix(7);
+  std::size_t layer = 0, digits = 0;
+  while (digits < name.size() && digits < 8 && name[digits] >= '0' && name[digits] <= '9')
+    layer = layer * 10 + static_cast<std::size_t>(name[digits++] - '0');
+  if (digits == 0 || digits >= name.size() || name[digits] != '.' || layer >= c.layers) return std::nullopt;
+  name.remove_prefix(digits + 1);
+  if (name == "attn_norm" || name == "mlp_norm") return TensorPlace{Role::other, layer, 1, c.d_model, 0, false};
+  for (std::size_t p = 0; p < nn::proj_count; ++p) {
+    const auto [in, out] = c.proj_shape(nn::Proj(p));
+    if (name == nn::proj_names[p]) {
+      const Role role = nn::Proj(p) == nn::Proj::v      ? Role::attn_v
+                        : nn::Proj(p) == nn::Proj::down ? Role::ffn_down
+                                                        : Role::other;
+      return TensorPlace{role, layer, 2, in, out, true};
+    }
+    if (p <= static_cast<std::size_t>(nn::Proj::v) && name == std::string(nn::proj_names[p]) + "_bias")
+      return TensorPlace{Role::other, layer, 1, out, 0, false};
+  }
+  return std::nullopt;
+}
+
+// The bytes of one row of `n` values of `type`.
+std::size_t row_bytes(GgmlType type, std::size_t n) {
+  if (const std::optional<QuantFormat> q = quant_format(type)) return quant_bytes(*q, n);
+  return n * (type == GgmlType::f16 ? 2 : 4);
+}
+
+// The whole file into `out`: header, metadata, tensor infos, then each
+// tensor's rows (GGUF's rows: ne[0] values each) at a multiple of
+// `alignment`. "" or why it cannot be: a quantized row whose scales are not
+// finite (values too large for the format's F16 scales).
+std::string assemble(std::span<const Planned> plan, const Metadata& m, std::vector<unsigned char>& out) {
   Bytes f;
   f.out.insert(f.out.end(), {'G', 'G', 'U', 'F'});
   f.put(gguf_version);
@@ -377,36 +446,58 @@ std::vector<unsigned char> assemble(std::span<const Planned> plan, const Metadat
   }
   f.pad_to(alignment);
   f.out.reserve(f.out.size() + offset);
-  std::vector<float> row;
+  std::vector<float> row, back;
   for (const Planned& p : plan) {
     const std::size_t cols = static_cast<std::size_t>(p.ne[0]), rows = p.elements() / cols;
+    const std::optional<QuantFormat> q = quant_format(p.type);
     row.resize(cols);
     for (std::size_t r = 0; r < rows; ++r) {
       // Element (r, k) of the GGUF tensor: grad's [in, out] holds it at
       // (k, r), at (k, source row) when its heads are permuted; a vector is
-      // one row, itself permuted when its heads are.
+      // one row, itself permuted when its heads are. A row is quantized on
+      // its own (whole blocks), so permuting rows commutes with quantizing.
       for (std::size_t k = 0; k < cols; ++k)
         row[k] = !p.from            ? 0.0f
                  : p.ne.size() == 1 ? p.from->values[source_row(k, cols, p.heads)]
                  : p.transpose      ? p.from->values[k * rows + source_row(r, rows, p.heads)]
                                     : p.from->values[r * cols + k];
-      for (const float x : row) {
-        if (p.type == TensorType::f16)
-          f.put(f16_bits(x));
-        else
-          f.put(x);
+      if (q) {
+        const std::size_t at = f.out.size();
+        f.out.resize(at + quant_bytes(*q, cols));
+        quantize(*q, row.data(), f.out.data() + at, cols);  // finite values: checked first
+        // ggml's scales are halves: values beyond what they reach quantize to inf or NaN.
+        back.resize(cols);
+        dequantize(*q, f.out.data() + at, back.data(), cols);
+        for (std::size_t k = 0; k < cols; ++k)
+          if (!std::isfinite(back[k])) {
+            float top = 0;
+            for (const float x : row) top = std::max(top, std::abs(x));
+            char number[32];
+            std::snprintf(number, sizeof number, "%.9g", static_cast<double>(top));
+            return "tensor '" + p.hf_name + "' row " + std::to_string(r) + " (values up to " + number +
+                   " in magnitude) does not fit " + std::string(ggml_type_name(p.type)) +
+                   "'s F16 scales (it would dequantize to " + (std::isnan(back[k]) ? "nan" : "inf") + "; write F32)";
+          }
+      } else {
+        for (const float x : row) {
+          if (p.type == GgmlType::f16)
+            f.put(f16_bits(x));
+          else
+            f.put(x);
+        }
       }
     }
     f.pad_to(alignment);
   }
-  return f.out;
+  out = std::move(f.out);
+  return "";
 }
 
-// Writes the file; the message when that fails.
-ModelFileResult write_file(const std::string& path, std::span<const Planned> plan, const Metadata& m) {
-  // (Not "nothing written": when only the directory's flush fails, the file is there.)
-  if (std::string err = grad::detail::write_atomically(path, assemble(plan, m), "GGUF file"); !err.empty())
-    return {"grad: GGUF '" + path + "': " + err};
+// Writes a file's bytes; the message when that fails. (Not "nothing
+// written": when only the directory's flush fails, the file is there.)
+ModelFileResult write_file(const std::string& path, const std::vector<unsigned char>& bytes, std::string_view what) {
+  if (std::string err = grad::detail::write_atomically(path, bytes, "GGUF file"); !err.empty())
+    return {"grad: " + std::string(what) + " '" + path + "': " + err};
   return {};
 }
 
@@ -420,8 +511,17 @@ ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::
   if (std::string why = c.check(); !why.empty()) return failed("bad model config: " + why);
   if (c.lora_rank > 0)
     return failed("the config has LoRA adapters (" + c.describe() + "): fold them in first (nn::merge_lora)");
-  if (options.type != GgufType::f32 && options.type != GgufType::f16)
-    return failed("tensor type " + std::to_string(static_cast<std::uint32_t>(options.type)) + " (expected f32 or f16)");
+  switch (options.type) {
+    case GgufType::f32:
+    case GgufType::f16:
+    case GgufType::q8_0:
+    case GgufType::q4_0:
+    case GgufType::q4_k_m:
+      break;
+    default:
+      return failed("file type " + std::to_string(static_cast<std::uint32_t>(options.type)) +
+                    " (expected f32, f16, q8_0, q4_0 or q4_k_m)");
+  }
   if (std::string why = check_vocab(vocab, c.vocab); !why.empty()) return failed("tokenizer: " + why);
 
   // llama.cpp's qwen2 makes q [d, d]: a model whose heads are not d wide
@@ -477,7 +577,9 @@ ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::
           p.transpose ? std::vector<std::uint64_t>{shape[0], shape[1]} : std::vector<std::uint64_t>{shape[1], shape[0]};
     else
       p.ne = {shape[0]};
-    p.type = shape.size() == 2 && options.type == GgufType::f16 ? TensorType::f16 : TensorType::f32;
+    const std::optional<TensorPlace> place = place_of(c, grad_name);
+    p.role = place ? place->role : Role::other;  // (always there: the names are the table's)
+    p.layer = place ? place->layer : 0;
     plan.push_back(std::move(p));
     return "";
   };
@@ -507,6 +609,11 @@ ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::
     if (!used.contains(t.name))
       return failed("tensor '" + t.name + "' is not part of a " + arch + " model (an adapter? merge it first)");
 
+  // ---- each matrix's type: llama.cpp's mix for the file type (tied: no output.weight) ----
+  const bool tied = std::none_of(plan.begin(), plan.end(), [](const Planned& p) { return p.role == Role::output; });
+  for (Planned& p : plan)
+    if (p.ne.size() == 2) p.type = matrix_type(options.type, p.role, p.layer, c.layers, p.ne[0], tied);
+
   // ---- values: finite, and within F16's range where they become F16 ----
   if (std::string why = check_values(plan); !why.empty()) return failed(why);
 
@@ -514,7 +621,9 @@ ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::
   Metadata m;
   m.string("general.architecture", arch);
   m.string("general.name", options.name);
-  m.u32("general.file_type", options.type == GgufType::f16 ? 1 : 0);  // llama_ftype: ALL_F32, MOSTLY_F16
+  m.u32("general.file_type", static_cast<std::uint32_t>(options.type));  // llama_ftype
+  if (options.type != GgufType::f32 && options.type != GgufType::f16)
+    m.u32("general.quantization_version", 2);  // GGML_QNT_VERSION, as llama.cpp's quantize writes it
   m.u32("general.alignment", alignment);
   auto u32 = [](std::size_t v) { return static_cast<std::uint32_t>(v); };  // check() bounds every size by 2^24
   m.u32(arch + ".context_length", u32(c.max_seq));
@@ -542,7 +651,9 @@ ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::
   if (vocab.pad) m.u32("tokenizer.ggml.padding_token_id", *vocab.pad);
   m.boolean("tokenizer.ggml.add_bos_token", vocab.add_bos);
 
-  return write_file(path, plan, m);
+  std::vector<unsigned char> bytes;
+  if (std::string why = assemble(plan, m, bytes); !why.empty()) return failed(why);
+  return write_file(path, bytes, "GGUF");
 }
 
 // ---- LoRA adapters ----
@@ -608,7 +719,7 @@ ModelFileResult write_lora_gguf(const std::string& path, const nn::LmConfig& c, 
         pl.transpose = true;
         pl.ne = {shape[0], shape[1]};
         pl.heads = b ? permuted_heads(c, nn::Proj(p)) : 0;
-        pl.type = options.type == GgufType::f16 ? TensorType::f16 : TensorType::f32;
+        pl.type = options.type == GgufType::f16 ? GgmlType::f16 : GgmlType::f32;
         plan.push_back(std::move(pl));
       }
     }
@@ -626,7 +737,90 @@ ModelFileResult write_lora_gguf(const std::string& path, const nn::LmConfig& c, 
   m.u32("general.alignment", alignment);
   m.string("adapter.type", "lora");
   m.f32("adapter.lora.alpha", static_cast<float>(alpha));
-  return write_file(path, plan, m);
+  std::vector<unsigned char> bytes;
+  if (std::string why = assemble(plan, m, bytes); !why.empty()) return failed(why);
+  return write_file(path, bytes, "LoRA GGUF");
+}
+
+// ---- tensor types ----
+
+std::string_view gguf_type_name(GgufType type) {
+  switch (type) {
+    case GgufType::f32:
+      return "f32";
+    case GgufType::f16:
+      return "f16";
+    case GgufType::q8_0:
+      return "q8_0";
+    case GgufType::q4_0:
+      return "q4_0";
+    case GgufType::q4_k_m:
+      return "q4_k_m";
+  }
+  return "unknown";
+}
+
+std::string_view ggml_type_name(GgmlType type) {
+  switch (type) {
+    case GgmlType::f32:
+      return "f32";
+    case GgmlType::f16:
+      return "f16";
+    default:
+      break;
+  }
+  if (const std::optional<QuantFormat> q = quant_format(type)) return quant_info(*q).name;
+  return "unknown";
+}
+
+std::optional<QuantFormat> quant_format(GgmlType type) {
+  return quant_format_from_ggml(static_cast<std::uint32_t>(type));
+}
+
+namespace {
+TensorPlace place_or_throw(const nn::LmConfig& c, std::string_view name, const char* who) {
+  const std::optional<TensorPlace> place = place_of(c, name);
+  if (!place)
+    throw std::invalid_argument(std::string("grad::hf::") + who + ": '" + std::string(name) +
+                                "' is no tensor of a model of " + c.describe() +
+                                " (expected embed, head, final_norm or layers.N.<attn_norm, mlp_norm, q, k, v, o, "
+                                "gate, up, down, q_bias, k_bias, v_bias>)");
+  return *place;
+}
+}  // namespace
+
+GgmlType gguf_tensor_type(const nn::LmConfig& c, GgufType type, std::string_view grad_name, bool tied) {
+  const TensorPlace place = place_or_throw(c, grad_name, "gguf_tensor_type");
+  if (place.rank == 1) return GgmlType::f32;
+  const std::size_t cols = place.transposed ? place.in : place.out;  // GGUF's row: a projection's input
+  return matrix_type(type, place.role, place.layer, c.layers, cols, tied);
+}
+
+void round_like_gguf(const nn::LmConfig& c, GgufType type, std::string_view grad_name, std::span<float> values,
+                     bool tied) {
+  const TensorPlace place = place_or_throw(c, grad_name, "round_like_gguf");
+  const std::size_t count = place.rank == 1 ? place.in : place.in * place.out;
+  if (values.size() != count)
+    throw std::invalid_argument("grad::hf::round_like_gguf: '" + std::string(grad_name) + "' has " +
+                                std::to_string(values.size()) + " values (expected " + std::to_string(count) + ")");
+  const GgmlType t = gguf_tensor_type(c, type, grad_name, tied);
+  if (t == GgmlType::f32) return;
+  if (t == GgmlType::f16) {
+    for (float& x : values) x = round_to_f16(x);
+    return;
+  }
+  // GGUF's rows: grad's columns of a transposed [in, out], grad's rows of the embedding.
+  const QuantFormat q = *quant_format(t);
+  const std::size_t rows = place.transposed ? place.out : place.in, cols = place.transposed ? place.in : place.out;
+  const std::size_t stride = place.transposed ? place.out : 1, step = place.transposed ? 1 : cols;
+  std::vector<float> row(cols);
+  std::vector<std::uint8_t> blocks(quant_bytes(q, cols));
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t k = 0; k < cols; ++k) row[k] = values[r * step + k * stride];
+    quantize(q, row.data(), blocks.data(), cols);
+    dequantize(q, blocks.data(), row.data(), cols);
+    for (std::size_t k = 0; k < cols; ++k) values[r * step + k * stride] = row[k];
+  }
 }
 
 }  // namespace grad::hf

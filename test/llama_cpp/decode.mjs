@@ -3,15 +3,18 @@
 // round trip (test/llama_cpp/run.sh).
 //
 //   node decode.mjs --model M.gguf --prompt 72,101,108 --count 16 [--kv f32|f16] [--logits] [--tokenize TEXT]
-//                   [--lora ADAPTER.gguf [--lora-scale S]]
+//                   [--lora ADAPTER.gguf [--lora-scale S]] [--every-position]
 //   node decode.mjs --probe      (loads llama.cpp only: exit 0 when it runs here)
 //
 // Prints a line per result, its name then its values: "tokens" (the count
 // greedy ids), "logprobs" (the first step's log-probability of every id, in
 // id order, when --logits), "tokenized" (llama.cpp's ids for TEXT, when
-// --tokenize). --lora: a LoRA adapter GGUF applied to the model (llama.cpp's
-// --lora; its scale S, default 1, multiplies the file's alpha / r). Exit 3 when the binary
-// cannot run here (run.sh turns that into a skip), 1 on any other failure.
+// --tokenize), "logprobs_at" (with --every-position: a line per prompt
+// position, its index then the log-probability of every id after it: the
+// prompt's teacher-forced distributions). --lora: a LoRA adapter GGUF
+// applied to the model (llama.cpp's --lora; its scale S, default 1,
+// multiplies the file's alpha / r). Exit 3 when the binary cannot run here
+// (run.sh turns that into a skip), 1 on any other failure.
 //
 // No GPU is probed (gpu: false), nothing is built or downloaded (build:
 // "never"). One thread: the models are tiny, and llama.cpp's threads wait
@@ -35,6 +38,7 @@ function parse(argv) {
     else if (a === "--kv") o.kv = next();
     else if (a === "--logits") o.logits = true;
     else if (a === "--tokenize") o.tokenize = next();
+    else if (a === "--every-position") o.everyPosition = true;
     else if (a === "--lora") o.lora = next();
     else if (a === "--lora-scale") o.loraScale = Number(next());
     else if (a === "--probe") o.probe = true;
@@ -44,6 +48,7 @@ function parse(argv) {
   if (!o.model || !o.prompt || o.prompt.length === 0) throw new Error("--model and --prompt are required");
   if (!Number.isInteger(o.count) || o.count < 0) throw new Error("--count: expected a whole number");
   if (o.kv !== "f32" && o.kv !== "f16") throw new Error("--kv: expected f32 or f16");
+  if (o.everyPosition && o.count < 1) throw new Error("--every-position: needs --count 1 or more");
   if (o.loraScale !== undefined && (!o.lora || !Number.isFinite(o.loraScale)))
     throw new Error("--lora-scale: expected a number, with --lora");
   return o;
@@ -82,25 +87,36 @@ try {
   const tokens = [];
   // The prompt in one batch, the next token sampled after its last
   // position; then one token at a time through the KV cache.
+  // With --every-position each prompt position's distribution too (no token drawn there).
   let input = o.prompt.map((t, i) =>
-    i + 1 < o.prompt.length ? t : [t, { generateNext: { token: true, probabilities: o.logits, options: greedy } }]);
+    i + 1 === o.prompt.length ? [t, { generateNext: { token: true, probabilities: o.logits || o.everyPosition,
+                                                       options: greedy } }]
+    : o.everyPosition ? [t, { generateNext: { probabilities: true, options: greedy } }]
+    : t);
+  const logprobs = p => Array.from({ length: p.size }, (_, id) => {
+    if (!p.has(id)) throw new Error(`no probability for token ${id}`);
+    return Math.log(p.get(id));
+  });
+  const at = [];
   for (let n = 0; n < o.count; n++) {
     const results = await sequence.controlledEvaluate(input);
     const next = results[results.length - 1]?.next;
     if (next?.token == null) throw new Error(`no token at step ${n}`);
-    if (n === 0 && o.logits) {  // the probabilities of every id (softmax of the raw logits: greedy changes none)
-      const p = next.probabilities;
-      out.logprobs = Array.from({ length: p.size }, (_, id) => {
-        if (!p.has(id)) throw new Error(`no probability for token ${id}`);
-        return Math.log(p.get(id));
-      });
-    }
+    // The probabilities of every id (softmax of the raw logits: greedy changes none).
+    if (n === 0 && o.logits) out.logprobs = logprobs(next.probabilities);
+    if (n === 0 && o.everyPosition)
+      for (let i = 0; i < o.prompt.length; i++) {
+        const p = results[i]?.next?.probabilities;
+        if (p == null) throw new Error(`no probabilities at prompt position ${i}`);
+        at.push([i, ...logprobs(p)]);
+      }
     tokens.push(next.token);
     input = [[next.token, { generateNext: { token: true, options: greedy } }]];
   }
   out.tokens = tokens;
   if (o.tokenize !== undefined) out.tokenized = Array.from(model.tokenize(o.tokenize, false));
   for (const [name, values] of Object.entries(out)) console.log(`${name} ${values.join(" ")}`);
+  for (const values of at) console.log(`logprobs_at ${values.join(" ")}`);
   await context.dispose();
   await model.dispose();
 } catch (e) {

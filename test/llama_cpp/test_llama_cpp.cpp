@@ -37,12 +37,14 @@ namespace {
 
 struct LlamaRun {
   std::vector<int> tokens, tokenized;
-  std::vector<double> logprobs;  // the first step's, by id
+  std::vector<double> logprobs;               // the first step's, by id
+  std::vector<std::vector<double>> position;  // every_position: after each prompt position, by id
 };
 
 // Runs decode.mjs on `gguf`; REQUIREs that it succeeds.
 LlamaRun llama_decode(const std::string& gguf, std::span<const int> prompt, std::size_t count,
-                      const std::string& kv = "f32", const std::string& tokenize = "", const std::string& lora = "") {
+                      const std::string& kv = "f32", const std::string& tokenize = "", const std::string& lora = "",
+                      bool every_position = false) {
   const char* script = std::getenv("GRAD_LLAMA_DECODE");
   REQUIRE_MESSAGE(script != nullptr, "GRAD_LLAMA_DECODE is not set: run this through test/llama_cpp/run.sh");
   std::string ids;
@@ -54,6 +56,7 @@ LlamaRun llama_decode(const std::string& gguf, std::span<const int> prompt, std:
                         std::to_string(count) + " --kv " + kv + " --logits";
   if (!tokenize.empty()) command += " --tokenize '" + tokenize + "'";  // the test's texts have no quote
   if (!lora.empty()) command += " --lora '" + lora + "'";
+  if (every_position) command += " --every-position";
   FILE* pipe = ::popen(command.c_str(), "r");
   REQUIRE(pipe != nullptr);
   std::string out;
@@ -68,9 +71,17 @@ LlamaRun llama_decode(const std::string& gguf, std::span<const int> prompt, std:
     std::istringstream words(line);
     std::string name, word;
     words >> name;
+    if (name == "logprobs_at") {  // "logprobs_at <position> <logprobs...>", positions in order
+      std::size_t position = 0;
+      words >> position;
+      REQUIRE(position == r.position.size());
+      r.position.emplace_back();
+    }
     while (words >> word) {
       if (name == "logprobs")
         r.logprobs.push_back(std::strtod(word.c_str(), nullptr));  // "-Infinity" included
+      else if (name == "logprobs_at")                              // after the position's index (read below)
+        r.position.back().push_back(std::strtod(word.c_str(), nullptr));
       else if (name == "tokens")
         r.tokens.push_back(std::stoi(word));
       else if (name == "tokenized")
@@ -330,6 +341,125 @@ TEST_CASE("a LoRA adapter file on the base file: llama.cpp decodes as grad's LoR
       CHECK(diff < (half ? 1e-2 : 1e-4));
     }
   }
+}
+
+namespace {
+
+// grad's log-softmax after every position of `tokens` (teacher-forced).
+template <class T>
+std::vector<std::vector<double>> grad_position_logprobs(const nn::Lm<T>& model, std::span<const int> tokens) {
+  nn::KvDecoder<T> dec(model);
+  std::vector<std::vector<double>> out;
+  for (int t : tokens) {
+    const std::span<const T> logits = dec.step(t);
+    double top = -INFINITY, sum = 0;
+    for (T x : logits) top = std::max(top, static_cast<double>(x));
+    for (T x : logits) sum += std::exp(static_cast<double>(x) - top);
+    std::vector<double>& lp = out.emplace_back();
+    for (T x : logits) lp.push_back(static_cast<double>(x) - top - std::log(sum));
+  }
+  return out;
+}
+
+// The largest difference over every position (max_logprob_diff's ids).
+double max_position_diff(const std::vector<std::vector<double>>& ours, const std::vector<std::vector<double>>& theirs) {
+  REQUIRE(ours.size() == theirs.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < ours.size(); ++i) worst = std::max(worst, max_logprob_diff(ours[i], theirs[i]));
+  return worst;
+}
+
+// How many greedy tokens agree before the first that does not.
+std::size_t agreeing(const std::vector<int>& a, const std::vector<int>& b) {
+  std::size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("quantized files: llama.cpp serves q8_0, q4_0 and q4_k_m as grad computes on the dequantized weights") {
+  // Rows of whole Q4_K blocks (d_model 256, ffn 512), three layers: the
+  // Q4_K_M mix has q4_K, q6_K (head, layer 2's attn_v and ffn_down).
+  nn::LmConfig c = random_config();
+  c.d_model = 256;
+  c.ffn = 512;
+  c.layers = 3;
+  c.qkv_bias = true;
+  Tape<float> tp;
+  nn::Lm<float> m(tp, c, 51);
+  randomize_biases(tp, m, 52, -0.5, 0.5);
+  // Teacher-forced over a text, then 24 greedy tokens after it.
+  const std::vector<int> text = nn::ByteTokenizer::encode("grad -> GGUF, quantized: q8_0 q4_0 q4_K_M");
+  const auto f32_positions = grad_position_logprobs(m, text);
+  const std::vector<int> f32_tokens = grad_decode(m, text, steps).first;
+  ScratchDir dir("llama_cpp");
+  {  // the unquantized file: llama.cpp computes what grad does
+    const std::string path = dir.file("f32.gguf");
+    REQUIRE(hf::write_gguf(path, m, tiny_bpe()).ok());
+    const LlamaRun llama = llama_decode(path, text, steps, "f32", "", "", true);
+    CHECK_SAME_IDS(llama.tokens, f32_tokens);
+    MESSAGE("F32 (d_model 256): teacher-forced log-probabilities over "
+            << text.size() << " positions differ by at most " << max_position_diff(f32_positions, llama.position));
+  }
+  for (const hf::GgufType type : {hf::GgufType::q8_0, hf::GgufType::q4_0, hf::GgufType::q4_k_m}) {
+    const std::string name(hf::gguf_type_name(type));
+    CAPTURE(name);
+    const std::string path = dir.file(name + ".gguf");
+    const ModelFileResult written = hf::write_gguf(path, m, tiny_bpe(), {.type = type});
+    REQUIRE_MESSAGE(written.ok(), written.error);
+    // grad on the file's weights: each matrix quantized and dequantized exactly.
+    Tape<float> tq;
+    nn::Lm<float> q(tq, c, 51);
+    randomize_biases(tq, q, 52, -0.5, 0.5);
+    hf::round_like_gguf(q, type);
+    const auto q_positions = grad_position_logprobs(q, text);
+    const std::vector<int> q_tokens = grad_decode(q, text, steps).first;
+    const LlamaRun llama = llama_decode(path, text, steps, "f32", "", "", true);
+    // llama.cpp rounds the activations too (to Q8_0 or Q8_K blocks in its
+    // quantized dot products): close to grad on the dequantized weights, not
+    // the same bits; the weights' own rounding is the larger difference.
+    const double to_dequantized = max_position_diff(q_positions, llama.position);
+    const double to_f32 = max_position_diff(f32_positions, llama.position);
+    const double weights = max_position_diff(f32_positions, q_positions);
+    MESSAGE(name << " (" << std::filesystem::file_size(path) << " bytes): teacher-forced log-probabilities over "
+                 << text.size() << " positions: llama.cpp vs grad on the dequantized weights " << to_dequantized
+                 << ", vs grad's F32 model " << to_f32 << " (grad dequantized vs F32: " << weights
+                 << "); greedy tokens agreeing with grad dequantized " << agreeing(llama.tokens, q_tokens) << " of "
+                 << steps << ", with grad F32 " << agreeing(llama.tokens, f32_tokens));
+    CHECK(to_dequantized < 0.1);
+    if (type != hf::GgufType::q8_0) CHECK(to_dequantized < to_f32);  // q4: the weights' rounding dominates
+  }
+}
+
+TEST_CASE("a quantized llama file (q and k rows permuted, then quantized) is served as grad computes it") {
+  nn::LmConfig c = random_config();
+  c.d_model = 256;
+  c.ffn = 512;
+  c.layers = 2;
+  c.head_width = 128;  // 4 heads of 128 over d_model 256: llama.cpp's llama
+  Tape<float> tp;
+  nn::Lm<float> m(tp, c, 53);
+  ScratchDir dir("llama_cpp");
+  const std::string path = dir.file("llama_q4_k_m.gguf");
+  const ModelFileResult written = hf::write_gguf(path, m, tiny_bpe(), {.type = hf::GgufType::q4_k_m});
+  REQUIRE_MESSAGE(written.ok(), written.error);
+  REQUIRE(hf::gguf_architecture(c) == "llama");
+  const std::vector<int> f32_tokens = grad_decode(m, prompt, steps).first;
+  const auto f32_positions = grad_position_logprobs(m, prompt);
+  hf::round_like_gguf(m, hf::GgufType::q4_k_m);
+  const std::vector<int> q_tokens = grad_decode(m, prompt, steps).first;
+  const auto q_positions = grad_position_logprobs(m, prompt);
+  const LlamaRun llama = llama_decode(path, prompt, steps, "f32", "", "", true);
+  const double to_dequantized = max_position_diff(q_positions, llama.position);
+  const double to_f32 = max_position_diff(f32_positions, llama.position);
+  MESSAGE("llama q4_k_m: teacher-forced log-probabilities over "
+          << prompt.size() << " positions: llama.cpp vs grad "
+          << "on the dequantized weights " << to_dequantized << ", vs grad's F32 model " << to_f32
+          << "; greedy tokens agreeing with grad dequantized " << agreeing(llama.tokens, q_tokens) << " of " << steps
+          << ", with grad F32 " << agreeing(llama.tokens, f32_tokens));
+  CHECK(to_dequantized < 0.1);
+  CHECK(to_dequantized < to_f32);
 }
 
 namespace {

@@ -57,6 +57,7 @@
 #include "grad/hf/tokenizer.hpp"
 #include "grad/lm/model.hpp"
 #include "grad/model_file.hpp"
+#include "grad/numerics/quant.hpp"
 
 namespace grad::hf {
 
@@ -135,7 +136,22 @@ std::string check_vocab(const BpeVocab& v, std::size_t vocab);
 
 // ---- the model ----
 
-enum class GgufType : std::uint32_t { f32 = 0, f16 = 1 };  // the ggml_type codes
+// What a file holds: llama.cpp's llama_ftype codes (general.file_type;
+// f32 and f16 are also the ggml_type of their matrices). q8_0, q4_0 and
+// q4_k_m quantize the matrices with ggml's reference quantizers
+// (grad/numerics/quant.hpp) in the mix llama.cpp's quantize tool chooses
+// for that file type (gguf_tensor_type); vectors stay F32.
+enum class GgufType : std::uint32_t { f32 = 0, f16 = 1, q4_0 = 2, q8_0 = 7, q4_k_m = 15 };
+
+// "f32", "f16", "q8_0", "q4_0", "q4_k_m" (llama.cpp's quantize tool's names, lower case); "unknown".
+std::string_view gguf_type_name(GgufType type);
+
+// A tensor's type in the file (ggml's ggml_type codes).
+enum class GgmlType : std::uint32_t { f32 = 0, f16 = 1, q4_0 = 2, q8_0 = 8, q4_k = 12, q5_k = 13, q6_k = 14 };
+// ggml's name for it: "f32", "f16", "q4_0", "q8_0", "q4_K", "q5_K", "q6_K".
+std::string_view ggml_type_name(GgmlType type);
+// Its block format, or nothing for f32 and f16.
+std::optional<QuantFormat> quant_format(GgmlType type);
 
 // The llama.cpp architecture write_gguf describes a model of `config` as:
 // "qwen2", or "llama" when its heads are not d_model wide between them.
@@ -144,9 +160,36 @@ inline std::string_view gguf_architecture(const nn::LmConfig& config) {
 }
 
 struct GgufOptions {
-  GgufType type = GgufType::f32;  // of the matrices; vectors are always F32
+  GgufType type = GgufType::f32;  // of the matrices (gguf_tensor_type); vectors are always F32
   std::string name = "grad";      // general.name
 };
+
+// The type the tensor `grad_name` (nn::Lm::named()'s names: "embed",
+// "layers.N.q", ...) of a model of `config` has in a file of `type`, its
+// output tied to the embedding (no head) or not. f32 for the vectors (norms,
+// biases) in every file; in an f32 or f16 file every matrix is f32 or f16. A
+// quantized file follows llama.cpp's llama_tensor_get_type (src/llama-quant.cpp)
+// for LLAMA_FTYPE_MOSTLY_Q8_0, _Q4_0 and _Q4_K_M, a row being GGUF's (ne[0]
+// values: a projection's `in`, d_model for the embedding and the head):
+//
+//   the file's type      q8_0, q4_0, q4_K (q4_k_m)
+//   output.weight        q6_K, or q8_0 when its rows are not whole blocks of
+//   (the embedding         the file's type, and in a q8_0 file
+//    when tied)
+//   q4_k_m: attn_v and   q6_K in llama.cpp's "use_more_bits" layers: layer i
+//   ffn_down               of n with i < n/8, i >= 7n/8 or (i - n/8) % 3 == 2
+//
+// then, where a row is not whole blocks of that type, llama.cpp's
+// per-tensor fallback: q6_K -> q8_0; q4_K -> q5_0 in llama.cpp, q8_0 here
+// (grad does not write q5_0: 8.5 bits a weight instead of 5.5, and no
+// rounding beyond q8_0's); and f16 when a row is not whole blocks of 32
+// (llama.cpp's rule for its k-quants; its quantize tool refuses such a model
+// for q8_0 and q4_0, grad writes those matrices f16 too). Throws
+// std::invalid_argument for a name that is no tensor of such a model.
+GgmlType gguf_tensor_type(const nn::LmConfig& config, GgufType type, std::string_view grad_name, bool tied);
+inline GgmlType gguf_tensor_type(const nn::LmConfig& config, GgufType type, std::string_view grad_name) {
+  return gguf_tensor_type(config, type, grad_name, config.tied_embeddings);
+}
 
 // One of a model's tensors as grad holds it: its grad name (nn::Lm::named()),
 // its grad shape, its values in row-major order.
@@ -260,20 +303,28 @@ ModelFileResult write_lora_gguf(const std::string& path, const nn::Lm<T>& model,
   return write_lora_gguf(path, model.config(), tensors, options);
 }
 
-// Rounds a model's matrices to F16 in place, as write_gguf with
-// GgufType::f16 stores them (vectors stay as they are): afterwards the
-// model computes what llama.cpp is given. A float64 model's values are
-// rounded to float32 first.
+// Rounds the values of tensor `grad_name` (grad's layout and shape, as
+// gguf_tensor_type names it) in place to what a file of `type` holds: F16's
+// nearest, or each GGUF row quantized with ggml's reference quantizer and
+// dequantized exactly (grad/numerics/quant.hpp); f32 leaves them. Throws
+// std::invalid_argument for a name that is no tensor of the model or values
+// that are not its shape's count, or for a non-finite value in a quantized matrix.
+void round_like_gguf(const nn::LmConfig& config, GgufType type, std::string_view grad_name, std::span<float> values,
+                     bool tied);
+
+// Rounds a model's matrices in place as write_gguf with `type` stores them
+// (vectors stay as they are): afterwards the model computes with the weights
+// llama.cpp is given. A float64 model's values are rounded to float32 first.
+// A matrix held 16-bit (Lm's base_storage) is left as it is.
 template <class T>
 void round_like_gguf(nn::Lm<T>& model, GgufType type) {
   Tape<T>& tp = model.tape();
+  std::vector<float> f;
   for (const auto& p : model.base()) {
     const std::span<T> w = tp.leaf_value(p.var);  // empty for a 16-bit-held matrix: left as it is
-    const bool matrix = tp.dims(p.var).rank == 2;
-    for (T& x : w) {
-      const float f = static_cast<float>(x);
-      x = static_cast<T>(type == GgufType::f16 && matrix ? round_to_f16(f) : f);
-    }
+    f.assign(w.begin(), w.end());                 // float64: rounded to float32
+    round_like_gguf(model.config(), type, p.name, f, model.config().tied_embeddings);
+    std::copy(f.begin(), f.end(), w.begin());
   }
 }
 
