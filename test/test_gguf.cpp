@@ -7,10 +7,12 @@
 #include <doctest/doctest.h>
 #include <sys/stat.h>
 
+#include <fstream>
 #include <grad/hf/gguf.hpp>
 #include <grad/lm.hpp>
 #include <map>
 #include <set>
+#include <sstream>
 #include <variant>
 
 #include "support.hpp"
@@ -969,4 +971,90 @@ TEST_CASE("write_gguf refuses an unknown file type, and rows a quantized type's 
   CHECK_THROWS_WITH_AS(hf::round_like_gguf(c, hf::GgufType::q8_0, "layers.0.q", v, false),
                        doctest::Contains("'layers.0.q' has 10 values (expected 1024)"), std::invalid_argument);
   CHECK_THROWS_AS(hf::round_like_gguf(c, hf::GgufType::q8_0, "nonsense", v, false), std::invalid_argument);
+}
+
+TEST_CASE("write_gguf's quantized files are llama.cpp's quantize's: the same types and bytes (test/gguf's fixture)") {
+  // test/gguf/README.md: llama.cpp's own quantize of these models' F32
+  // files, each quantized tensor's type and the FNV-1a 64 hash of its bytes.
+  const char* fixtures = std::getenv("GRAD_GGUF_FIXTURES");
+  REQUIRE_MESSAGE(fixtures != nullptr, "GRAD_GGUF_FIXTURES is not set: run this through meson test");
+  struct Row {
+    std::string tensor;
+    std::uint32_t type = 0;
+    std::size_t bytes = 0;
+    std::uint64_t hash = 0;
+  };
+  std::map<std::pair<std::string, std::string>, std::vector<Row>> expected;  // (case, file type) -> rows
+  {
+    std::ifstream in(std::string(fixtures) + "/llama_cpp_quantize.txt");
+    REQUIRE(in);
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty() || line[0] == '#') continue;
+      std::istringstream words(line);
+      std::string name, type, hash;
+      Row r;
+      words >> name >> type >> r.tensor >> r.type >> r.bytes >> hash;
+      REQUIRE_MESSAGE(words, line);
+      r.hash = std::stoull(hash, nullptr, 16);
+      expected[{name, type}].push_back(r);
+    }
+  }
+  auto fnv1a64 = [](const unsigned char* p, std::size_t n) {
+    std::uint64_t h = 0xcbf29ce484222325u;
+    for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3u;
+    return h;
+  };
+  struct Case {
+    const char* name;
+    std::size_t d_model, layers, ffn, head_width;
+    bool tied;
+  };
+  std::size_t same = 0, q5_0 = 0;
+  for (const Case& k :
+       {Case{"qwen2_d256_l8", 256, 8, 512, 0, false}, Case{"llama_tied_d256_l3", 256, 3, 512, 128, true},
+        Case{"qwen2_d96_ffn80", 96, 2, 80, 0, false}}) {
+    CAPTURE(k.name);
+    nn::LmConfig c;  // test/gguf/grad_files.cpp's
+    c.vocab = 257;
+    c.d_model = k.d_model;
+    c.layers = k.layers;
+    c.heads = 4;
+    c.kv_heads = 2;
+    c.ffn = k.ffn;
+    c.max_seq = 64;
+    c.head_width = k.head_width;
+    c.tied_embeddings = k.tied;
+    Tape<float> tp;
+    nn::Lm<float> m(tp, c, 77);
+    ScratchDir dir("gguf");
+    for (const hf::GgufType type : {hf::GgufType::q8_0, hf::GgufType::q4_0, hf::GgufType::q4_k_m}) {
+      const std::string type_name(hf::gguf_type_name(type));
+      CAPTURE(type_name);
+      const std::vector<Row>& rows = expected[{k.name, type_name}];
+      REQUIRE(!rows.empty());
+      const std::string path = dir.file(type_name + ".gguf");
+      REQUIRE(hf::write_gguf(path, m, hf::byte_level_vocab({"<|endoftext|>"}), {.type = type}).ok());
+      const Gguf g = read_gguf(path);
+      std::size_t matrices = 0;
+      for (const auto& [name, info] : g.tensors) matrices += info.type != 0;
+      CHECK(matrices == rows.size());  // the same tensors quantized (or f16), the vectors F32
+      for (const Row& r : rows) {
+        CAPTURE(r.tensor);
+        REQUIRE(g.tensors.contains(r.tensor));
+        const TensorInfo& info = g.tensors.at(r.tensor);
+        if (r.type == 6) {  // llama.cpp's q5_0 fallback for q4_K: grad writes q8_0
+          CHECK(info.type == 8);
+          ++q5_0;
+          continue;
+        }
+        REQUIRE(info.type == r.type);
+        REQUIRE(g.data_start + info.offset + r.bytes <= g.bytes.size());
+        CHECK(fnv1a64(g.bytes.data() + g.data_start + info.offset, r.bytes) == r.hash);
+        ++same;
+      }
+    }
+  }
+  MESSAGE(same << " matrices (quantized, or f16 where a row is not whole blocks) byte-identical to llama.cpp's "
+               << "quantize's; " << q5_0 << " that llama.cpp writes q5_0 are q8_0");
+  CHECK(q5_0 == 12);
 }

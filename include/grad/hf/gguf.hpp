@@ -183,8 +183,10 @@ struct GgufOptions {
 // per-tensor fallback: q6_K -> q8_0; q4_K -> q5_0 in llama.cpp, q8_0 here
 // (grad does not write q5_0: 8.5 bits a weight instead of 5.5, and no
 // rounding beyond q8_0's); and f16 when a row is not whole blocks of 32
-// (llama.cpp's rule for its k-quants; its quantize tool refuses such a model
-// for q8_0 and q4_0, grad writes those matrices f16 too). Throws
+// (as llama.cpp release v0.4.0, node-llama-cpp 3.21.1's, writes it for
+// every file type; llama.cpp's current source refuses q8_0 and q4_0 files
+// then). test/gguf's fixture holds llama.cpp's own quantize of three models:
+// grad's files have its types and bytes, but for q5_0. Throws
 // std::invalid_argument for a name that is no tensor of such a model.
 GgmlType gguf_tensor_type(const nn::LmConfig& config, GgufType type, std::string_view grad_name, bool tied);
 inline GgmlType gguf_tensor_type(const nn::LmConfig& config, GgufType type, std::string_view grad_name) {
