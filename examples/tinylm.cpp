@@ -7,7 +7,7 @@
 //                   [--count N] [--temperature 0] [--top-k 0] [--seed 1]
 //   tinylm all      train (with its options), then the other three on its model
 //   tinylm bench    training and generation tokens/s at the default size (bench/peer_torch_lm.py)
-//   tinylm export   [--in tinylm_merged.model | --in HF_DIR] [--gguf FILE [--f16]] [--hf DIR]
+//   tinylm export   [--in tinylm_merged.model | --in HF_DIR] [--gguf FILE [--f16 | --type q4_k_m]] [--hf DIR]
 //
 // A Hugging Face model directory (Qwen2ForCausalLM or LlamaForCausalLM:
 // config.json, model.safetensors, tokenizer.json) goes through the same
@@ -29,6 +29,7 @@
 // `tinylm COMMAND --help` lists each command's options with their defaults
 // and ranges. --from and export need grad_hf (meson defines GRAD_TINYLM_HF
 // when -Dhf found nlohmann-json and PCRE2); without it they say so and exit 2.
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -224,9 +225,12 @@ void add_options(CLI::App& c, BenchOptions& o) {
 }
 
 struct ExportOptions {
-  std::string in = "tinylm_merged.model", gguf, hf;
+  std::string in = "tinylm_merged.model", gguf, hf, type;
   bool f16 = false;
 };
+
+// The GGUF file types --type takes (llama.cpp's quantize tool's names, lower case).
+constexpr const char* gguf_types[] = {"f32", "f16", "q8_0", "q4_0", "q4_k_m"};
 
 void add_options(CLI::App& c, ExportOptions& o) {
   c.add_option("--in", o.in, "a model without adapters: grad's model file (tinylm merge) or a Hugging Face directory")
@@ -235,7 +239,17 @@ void add_options(CLI::App& c, ExportOptions& o) {
                "write a GGUF file for llama.cpp (qwen2, or llama for a head_dim of its own; the vocabulary: bytes, "
                "or the directory's tokenizer.json, whose pre-tokenizer must be GPT-2's, Qwen2's or Llama 3's)")
       ->check(cli::output_file);
-  c.add_flag("--f16", o.f16, "GGUF matrices in F16 (norms and biases stay F32)");
+  c.add_flag("--f16", o.f16, "GGUF matrices in F16 (norms and biases stay F32; --type f16)");
+  c.add_option("--type", o.type,
+               "the GGUF file's type: f32, f16, or quantized as llama.cpp's quantize tool would (q8_0, q4_0, q4_k_m: "
+               "its mix of types per tensor; norms and biases stay F32)")
+      ->check(CLI::Validator(
+          [](const std::string& t) {
+            for (const char* name : gguf_types)
+              if (t == name) return std::string();
+            return "'" + t + "' is not a GGUF file type (expected f32, f16, q8_0, q4_0 or q4_k_m)";
+          },
+          "TYPE", "GGUF_TYPE"));
   c.add_option("--hf", o.hf,
                "write a Hugging Face directory (config.json, model.safetensors, F32; the tokenizer files, or for "
                "grad's model file a byte-level tokenizer.json)")
@@ -709,7 +723,11 @@ int export_model([[maybe_unused]] const ExportOptions& o) {
   require_hf("tinylm export");
   if (o.gguf.empty() && o.hf.empty())
     throw cli::UsageError("--gguf, --hf: nothing to write (name a GGUF file, a Hugging Face directory, or both)");
-  if (o.f16 && o.gguf.empty()) throw cli::UsageError("--f16: it is the GGUF file's type; name one with --gguf");
+  if ((o.f16 || !o.type.empty()) && o.gguf.empty())
+    throw cli::UsageError(std::string(o.f16 ? "--f16" : "--type") +
+                          ": it is the GGUF file's type; name one with --gguf");
+  if (o.f16 && !o.type.empty() && o.type != "f16")
+    throw cli::UsageError("--f16, --type " + o.type + ": two GGUF file types (give one)");
   if (!o.gguf.empty()) cli::check_output_file("--gguf", o.gguf, true);
   if (!o.hf.empty()) check_output_dir("--hf", o.hf);
 #ifdef GRAD_TINYLM_HF
@@ -734,10 +752,16 @@ int export_model([[maybe_unused]] const ExportOptions& o) {
     const hf::BpeVocab vocab =
         from_hf ? hf::bpe_vocab(hf::Tokenizer::from_file(o.in + "/tokenizer.json", {.assume_nfc = true}), c.vocab)
                 : hf::byte_level_vocab();
-    check_saved(hf::write_gguf(o.gguf, model, vocab, {.type = o.f16 ? hf::GgufType::f16 : hf::GgufType::f32}));
+    hf::GgufType type = o.f16 ? hf::GgufType::f16 : hf::GgufType::f32;
+    for (const hf::GgufType t :
+         {hf::GgufType::f32, hf::GgufType::f16, hf::GgufType::q8_0, hf::GgufType::q4_0, hf::GgufType::q4_k_m})
+      if (o.type == hf::gguf_type_name(t)) type = t;
+    check_saved(hf::write_gguf(o.gguf, model, vocab, {.type = type}));
+    std::string type_name(hf::gguf_type_name(type));
+    for (char& ch : type_name) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
     std::printf("tinylm export: %s (%s) -> %s (GGUF, %s, %s, %zu tokens, pre-tokenizer %s)\n", o.in.c_str(),
-                c.describe().c_str(), o.gguf.c_str(), std::string(hf::gguf_architecture(c)).c_str(),
-                o.f16 ? "F16" : "F32", vocab.tokens.size(), vocab.pre.c_str());
+                c.describe().c_str(), o.gguf.c_str(), std::string(hf::gguf_architecture(c)).c_str(), type_name.c_str(),
+                vocab.tokens.size(), vocab.pre.c_str());
   }
   if (!o.hf.empty()) {
     hf::SaveOptions save;

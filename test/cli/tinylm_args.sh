@@ -147,6 +147,10 @@ else
   expect 0 "the tokenizer files copied" merge --from tinyhf --in adapter --out merged
   expect 0 "reproduced exactly" generate --from merged --prompt-file note.txt
   expect 0 "(GGUF, qwen2, F16, 256 tokens, pre-tokenizer gpt-2)" export --in merged --gguf merged.gguf --f16
+  expect 0 "(GGUF, qwen2, Q4_K_M, 256 tokens" export --in merged --gguf merged_q.gguf --type q4_k_m
+  expect 2 "'q5_1' is not a GGUF file type" export --in merged --gguf x.gguf --type q5_1
+  expect 2 "--f16, --type q8_0: two GGUF file types" export --in merged --gguf x.gguf --f16 --type q8_0
+  expect 2 "--type: it is the GGUF file's type; name one with --gguf" export --in merged --hf y --type q8_0
   expect 1 "fold them in first" export --in small_lora.model --gguf x.gguf
   expect 2 "--gguf, --hf: nothing to write" export --in merged
   expect 2 "--base" finetune --from tinyhf --base small.model

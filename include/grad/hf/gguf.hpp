@@ -3,6 +3,8 @@
 //   nn::Lm<float> merged(tp, base_config, 1);  nn::merge_lora(tuned, merged);
 //   const hf::BpeVocab vocab = hf::byte_level_vocab({"<|endoftext|>"});  // 256 bytes + 1 (config.vocab 257)
 //   if (auto r = hf::write_gguf("model.gguf", merged, vocab, {.type = hf::GgufType::f16}); !r) ... r.error
+//   hf::write_gguf("model-q4_k_m.gguf", merged, vocab, {.type = hf::GgufType::q4_k_m});  // llama.cpp's mix
+//   hf::write_lora_gguf("adapter.gguf", tuned);  // or the adapters alone, beside the unmerged base's file
 //
 // The file is GGUF version 3 (llama.cpp's ggml/docs/gguf.md): a header, the
 // metadata as typed key/value pairs, one info record per tensor (name,
@@ -32,7 +34,12 @@
 // grad stores a projection as [in, out] (x . w); llama.cpp, like Hugging
 // Face, as [out, in] rows, which GGUF writes with ne = {in, out}: so every
 // matrix but the embedding is written transposed. Norm weights and biases
-// stay F32 in an F16 file (as llama.cpp's converter writes them).
+// stay F32 in an F16 or quantized file (as llama.cpp's converter and its
+// quantize tool write them). A quantized file (q8_0, q4_0, q4_k_m) holds
+// each matrix in the type llama.cpp's quantize tool would choose
+// (gguf_tensor_type), each GGUF row quantized on its own by ggml's reference
+// quantizer (grad/numerics/quant.hpp): Llama's permuted q and k rows are
+// whole rows moved, so they are quantized as they are.
 //
 // The tokenizer goes in as GGUF's `gpt2` model (byte-level BPE): the token
 // texts in GPT-2's byte-to-unicode alphabet, their types, the merges, the
@@ -40,7 +47,8 @@
 // even when it is empty, unique token texts, and a token for "\n".
 //
 // Everything is checked before a byte is written (names, shapes, finite
-// values, F16 range, rope_base and eps as float32, the vocabulary), and the
+// values, F16 range, rope_base and eps as float32, the vocabulary, a
+// quantized row's F16 scales), and the
 // file is written atomically (temporary file, fsync, rename), so a failed
 // export leaves nothing behind. Messages name a tensor by its Hugging Face
 // name (grad's beside it) and an element as Hugging Face's [row][column].
