@@ -345,6 +345,11 @@ TEST_CASE("write_gguf from a 16-bit base writes the file of the float model hold
       REQUIRE(hf::write_gguf(dir.file("f.gguf"), as_float, vocab, {.type = type}).ok());
       CHECK(read_bytes(dir.file("h.gguf")) == read_bytes(dir.file("f.gguf")));
     }
+    // round_like_gguf leaves the 16-bit-held matrices as they are (and the rest rounded as ever).
+    const std::vector<std::uint16_t> before(th.leaf_bits(held.embed()).begin(), th.leaf_bits(held.embed()).end());
+    REQUIRE(!before.empty());
+    hf::round_like_gguf(held, hf::GgufType::q4_0);
+    CHECK(std::equal(before.begin(), before.end(), th.leaf_bits(held.embed()).begin()));
   }
 }
 

@@ -129,6 +129,37 @@ double max_logprob_diff(const std::vector<double>& ours, const std::vector<doubl
   return worst;
 }
 
+// grad's log-softmax after every position of `tokens` (teacher-forced).
+template <class T>
+std::vector<std::vector<double>> grad_position_logprobs(const nn::Lm<T>& model, std::span<const int> tokens) {
+  nn::KvDecoder<T> dec(model);
+  std::vector<std::vector<double>> out;
+  for (int t : tokens) {
+    const std::span<const T> logits = dec.step(t);
+    double top = -INFINITY, sum = 0;
+    for (T x : logits) top = std::max(top, static_cast<double>(x));
+    for (T x : logits) sum += std::exp(static_cast<double>(x) - top);
+    std::vector<double>& lp = out.emplace_back();
+    for (T x : logits) lp.push_back(static_cast<double>(x) - top - std::log(sum));
+  }
+  return out;
+}
+
+// The largest difference over every position (max_logprob_diff's ids).
+double max_position_diff(const std::vector<std::vector<double>>& ours, const std::vector<std::vector<double>>& theirs) {
+  REQUIRE(ours.size() == theirs.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < ours.size(); ++i) worst = std::max(worst, max_logprob_diff(ours[i], theirs[i]));
+  return worst;
+}
+
+// How many greedy tokens agree before the first that does not.
+std::size_t agreeing(const std::vector<int>& a, const std::vector<int>& b) {
+  std::size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+
 // A tiny byte-level BPE: the 256 bytes, four merged tokens, an end-of-text.
 hf::BpeVocab tiny_bpe() {
   hf::BpeVocab v = hf::byte_level_vocab();
@@ -289,7 +320,8 @@ TEST_CASE("a LoRA-finetuned, merged model recalls its text under llama.cpp as un
 TEST_CASE("a LoRA adapter file on the base file: llama.cpp decodes as grad's LoRA model and as the merged file") {
   // Random adapters on every projection, large enough to change what the
   // model says; qwen2, and llama (heads of their own width: q's and k's
-  // lora_b rows permuted as the base's), adapters in F32 and F16.
+  // lora_b rows permuted as the base's), adapters in F32 and F16, and the
+  // F32 adapter on a Q4_0 base.
   for (const std::size_t head_width : {std::size_t{0}, std::size_t{32}}) {
     CAPTURE(head_width);
     nn::LmConfig c = random_config();
@@ -340,43 +372,26 @@ TEST_CASE("a LoRA adapter file on the base file: llama.cpp decodes as grad's LoR
       // llama.cpp rounds the activations to F16 before an F16 matrix product (the F16 adapter's A x).
       CHECK(diff < (half ? 1e-2 : 1e-4));
     }
+    // A quantized base (Q4_0) under the F32 adapter: grad's LoRA model on
+    // the dequantized base (llama.cpp rounds activations too: close, not the same bits).
+    const std::string q_base = dir.file("base_q4_0.gguf"), adapter = dir.file("adapter.gguf");
+    REQUIRE(hf::write_gguf(q_base, base, tiny_bpe(), {.type = hf::GgufType::q4_0}).ok());
+    const auto f32_positions = grad_position_logprobs(m, prompt);
+    hf::round_like_gguf(m, hf::GgufType::q4_0);  // the base's matrices; the adapters are no base tensors
+    const auto q_positions = grad_position_logprobs(m, prompt);
+    const std::vector<int> q_tokens = grad_decode(m, prompt, steps).first;
+    const LlamaRun llama = llama_decode(q_base, prompt, steps, "f32", "", adapter, true);
+    const double to_dequantized = max_position_diff(q_positions, llama.position);
+    const double to_f32 = max_position_diff(f32_positions, llama.position);
+    MESSAGE(hf::gguf_architecture(c) << " Q4_0 base + F32 LoRA adapter: teacher-forced log-probabilities over "
+                                     << prompt.size() << " positions: llama.cpp vs grad on the dequantized base "
+                                     << to_dequantized << ", vs grad's F32 base " << to_f32
+                                     << "; greedy tokens agreeing " << agreeing(llama.tokens, q_tokens) << " of "
+                                     << steps);
+    CHECK(to_dequantized < 0.1);
+    CHECK(to_dequantized < to_f32);
   }
 }
-
-namespace {
-
-// grad's log-softmax after every position of `tokens` (teacher-forced).
-template <class T>
-std::vector<std::vector<double>> grad_position_logprobs(const nn::Lm<T>& model, std::span<const int> tokens) {
-  nn::KvDecoder<T> dec(model);
-  std::vector<std::vector<double>> out;
-  for (int t : tokens) {
-    const std::span<const T> logits = dec.step(t);
-    double top = -INFINITY, sum = 0;
-    for (T x : logits) top = std::max(top, static_cast<double>(x));
-    for (T x : logits) sum += std::exp(static_cast<double>(x) - top);
-    std::vector<double>& lp = out.emplace_back();
-    for (T x : logits) lp.push_back(static_cast<double>(x) - top - std::log(sum));
-  }
-  return out;
-}
-
-// The largest difference over every position (max_logprob_diff's ids).
-double max_position_diff(const std::vector<std::vector<double>>& ours, const std::vector<std::vector<double>>& theirs) {
-  REQUIRE(ours.size() == theirs.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < ours.size(); ++i) worst = std::max(worst, max_logprob_diff(ours[i], theirs[i]));
-  return worst;
-}
-
-// How many greedy tokens agree before the first that does not.
-std::size_t agreeing(const std::vector<int>& a, const std::vector<int>& b) {
-  std::size_t n = 0;
-  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
-  return n;
-}
-
-}  // namespace
 
 TEST_CASE("quantized files: llama.cpp serves q8_0, q4_0 and q4_k_m as grad computes on the dequantized weights") {
   // Rows of whole Q4_K blocks (d_model 256, ffn 512), three layers: the

@@ -331,8 +331,9 @@ void round_like_gguf(nn::Lm<T>& model, GgufType type) {
   Tape<T>& tp = model.tape();
   std::vector<float> f;
   for (const auto& p : model.base()) {
-    const std::span<T> w = tp.leaf_value(p.var);  // empty for a 16-bit-held matrix: left as it is
-    f.assign(w.begin(), w.end());                 // float64: rounded to float32
+    const std::span<T> w = tp.leaf_value(p.var);
+    if (w.empty()) continue;       // a 16-bit-held matrix: left as it is
+    f.assign(w.begin(), w.end());  // float64: rounded to float32
     round_like_gguf(model.config(), type, p.name, f, model.config().tied_embeddings);
     std::copy(f.begin(), f.end(), w.begin());
   }
