@@ -455,9 +455,12 @@ inline void quantize_k_scales(const float* x, std::uint8_t* block, int nmax, flo
 }  // namespace quant_detail
 
 // One block of 32 or 256 weights, as ggml's quantize_row_*_ref writes it.
-// The input must be finite (quantize checks; this does not).
+// The input must be finite (quantize checks; this does not). Never inlined:
+// GCC applies a caller's -ffp-contract to what it inlines, so the block is
+// compiled as its own function under the pragma above (clang's pragma holds
+// through inlining).
 template <QuantFormat F>
-inline void quantize_block(const float* x, std::uint8_t* block) {
+[[gnu::noinline]] inline void quantize_block(const float* x, std::uint8_t* block) {
   using namespace quant_detail;
   if constexpr (F == QuantFormat::q8_0) {
     float amax = 0;
