@@ -1,7 +1,9 @@
 /* The inputs behind the fixtures in test/quant/, recomputed by test_quant.cpp and by the
  * oracle that wrote the fixtures (make_fixtures.c): plain C, integer
  * arithmetic and IEEE + - * on floats only (no libm), so both compute the
- * same bits. Compile without contraction (-ffp-contract=off), as grad is. */
+ * same bits. Every product that an addition takes is exact (a power of two
+ * times a float, or an integer times 2^-24), so even a compiler that fuses
+ * a*b+c (test_quant_fma) computes the same inputs. */
 #ifndef GRAD_TEST_QUANT_INPUTS_H
 #define GRAD_TEST_QUANT_INPUTS_H
 
@@ -55,10 +57,10 @@ static inline void quant_block_inputs(uint32_t n, uint32_t b, float* x) {
       case 3: v = g * 1e-6f * scale; break;          /* scales below half's range: d rounds to 0 or a subnormal half */
       case 4: v = g * 2000.0f * scale; break;        /* up to ~3e5: large scales, still finite halves */
       case 5: v = (rep & 1) ? -scale * 0.7f : scale * 1.3f; break;
-      case 6: v = 0.01f * scale * g + (u < 0.04f ? (u < 0.02f ? 50.0f : -80.0f) * scale : 0.0f); break;
-      case 7: v = -(scale * (g < 0 ? -g : g)) - 0.5f * scale; break;
-      case 8: v = scale * (g < 0 ? -g : g) + 2.0f * scale; break;
-      case 9: v = g * quant_pow2((int)(i / 32) % 8 - 4) * scale + ((i / 16) % 3 == 0 ? scale : 0.0f); break;
+      case 6: v = u < 0.04f ? (u < 0.02f ? 50.0f : -80.0f) * scale : 0.01f * scale * g; break;
+      case 7: v = -(scale * ((g < 0 ? -g : g) + 0.5f)); break;
+      case 8: v = scale * ((g < 0 ? -g : g) + 2.0f); break;
+      case 9: v = scale * (g * quant_pow2((int)(i / 32) % 8 - 4) + ((i / 16) % 3 == 0 ? 1.0f : 0.0f)); break;
       case 10: v = 0.5f * (float)((int)(u * 33.0f) - 16) * scale; break; /* halves of integers: rounding ties */
       case 11: v = g * quant_pow2(-140 + rep % 8); break;               /* subnormal and near-subnormal floats */
       case 12: v = u < 0.1f ? scale * g * 4.0f : 0.0f; break;

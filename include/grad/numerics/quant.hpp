@@ -263,7 +263,9 @@ inline void dequantize(QuantFormat f, const std::uint8_t* blocks, float* out, st
 #pragma clang fp contract(off)
 #elif defined(__GNUC__)
 #pragma GCC push_options
+#if !defined(__CUDACC__)  // nvcc knows no optimize pragma (#1675-D): -Xcompiler=-ffp-contract=off
 #pragma GCC optimize("fp-contract=off")
+#endif
 #endif
 
 namespace grad {
