@@ -29,6 +29,10 @@
 //         scale scales[(128h + l + 32k) / 16].
 //         y = (d * sc) * q   (the product d * sc first, as ggml writes d * sc[is] * q)
 //
+// llama.cpp's llama-quantize without an importance matrix calls these same
+// reference quantizers (quantize_q4_K etc. fall back to quantize_row_*_ref
+// when given no weights), so its bytes for these types are grad's.
+//
 // Why exact: every dequantized weight is one float computed by a fixed
 // sequence of IEEE operations on the block's bits (no reduction, nothing
 // reordered), so it has the same bits on every ISA, at every optimisation
@@ -69,6 +73,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -123,6 +128,9 @@ inline void quant_check(QuantFormat f, std::size_t n, std::string_view who) {
     throw std::invalid_argument(std::string(who) + ": " + std::string(q.name) + ": n = " + std::to_string(n) +
                                 " elements is not a multiple of the block size " + std::to_string(q.block_elements) +
                                 " (expected whole blocks of " + std::to_string(q.block_bytes) + " bytes)");
+  if (n / q.block_elements > std::numeric_limits<std::size_t>::max() / q.block_bytes)
+    throw std::invalid_argument(std::string(who) + ": " + std::string(q.name) + ": n = " + std::to_string(n) +
+                                " elements: their bytes overflow size_t");
 }
 
 namespace quant_detail {
