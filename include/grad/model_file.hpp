@@ -199,6 +199,11 @@ ModelFileResult load_model(const std::string& path, Tape<T>& tp, std::span<const
   std::vector<const Entry*> match(params.size(), nullptr);
   for (std::size_t i = 0; i < params.size(); ++i) {
     const bool writable = !tp.leaf_value(params[i].var).empty() || !tp.leaf_bits(params[i].var).empty();
+    if (quantized(tp.storage(params[i].var)))
+      return failed("model parameter '" + params[i].name + "' is held " +
+                    std::string(storage_name(tp.storage(params[i].var))) +
+                    " (quantized blocks: rounding the file's values again would not give them back); load the "
+                    "model native, bf16 or f16, or load its base from the GGUF it came from; nothing loaded");
     if (!writable) return failed("model parameter '" + params[i].name + "' is not a live parameter of this tape");
     const std::span<const std::size_t> have_shape = tp.dims(params[i].var).span();
     for (Entry& e : entries)

@@ -93,8 +93,17 @@ class Tape {
   // values; any other op refuses it (poisons the tape), as do the device
   // engine and grad::emit. value() and leaf_value() read it as empty:
   // widened_value() copies it out as T, leaf_bits() writes its bits.
-  Var<T> constant(const Tensor<T>& t, Storage storage) {
-    return storage == Storage::native ? leaf<Const>(t) : leaf<Const>(t, storage);
+  //
+  // Quantized (Storage::q8_0 ... q6_k, llama.cpp's blocks: numerics/quant.hpp)
+  // a matrix is rounded as ggml's reference quantizers round it, each memory
+  // row into whole blocks (the rows' length a multiple of 32 or 256), and
+  // read by the same ops (matmul's and matmul_nt's b, embedding's table,
+  // linear_cross_entropy's weights), dequantized exactly. `transposed` holds
+  // the matrix [in, out] as its transpose, llama.cpp's [out, in]: one row of
+  // blocks per output (quantized matrices only). leaf_blocks() writes the
+  // blocks of a file as they are.
+  Var<T> constant(const Tensor<T>& t, Storage storage, bool transposed = false) {
+    return storage == Storage::native && !transposed ? leaf<Const>(t) : leaf<Const>(t, storage, transposed);
   }
 
   // Gradients of `loss` (one element) with respect to every node; previous
@@ -142,12 +151,17 @@ class Tape {
   T scalar(Var<T> v) const {
     const Node<T>* n = find(v);
     if (!n || n->transient) return std::numeric_limits<T>::quiet_NaN();
-    return narrow(n->storage) ? widen<T>(n->storage, *reinterpret_cast<const std::uint16_t*>(n->value)) : n->value[0];
+    return n->value_at(0);
   }
   // How v's value is held (native for an invalid, foreign or dropped Var).
   Storage storage(Var<T> v) const {
     const Node<T>* n = find(v);
     return n ? n->storage : Storage::native;
+  }
+  // Whether v is a quantized matrix held as its transpose (constant(t, s, true)).
+  bool transposed(Var<T> v) const {
+    const Node<T>* n = find(v);
+    return n && n->transposed;
   }
   // v's value as a tensor of T: a copy of what value() reads, or a 16-bit
   // constant's values widened (exactly). Empty where value() is.
@@ -155,8 +169,10 @@ class Tape {
     const Node<T>* n = find(v);
     if (!n || n->transient) return {};
     Tensor<T> t(Shape(n->dims.span().begin(), n->dims.span().end()));
-    if (narrow(n->storage))
-      widen_run(n->storage, reinterpret_cast<const std::uint16_t*>(n->value), t.data().data(), t.size());
+    if (n->transposed)
+      for (std::size_t k = 0; k < t.size(); ++k) t[k] = n->value_at(k);
+    else if (narrow(n->storage))
+      read_held(n->storage, n->value, 0, t.size(), t.data().data());
     else
       std::copy_n(n->value, t.size(), t.data().begin());
     return t;
@@ -165,8 +181,32 @@ class Tape {
   // tensors as they are); empty for any other node.
   std::span<std::uint16_t> leaf_bits(Var<T> v) {
     const Node<T>* n = find(v);
-    if (!n || !narrow(n->storage)) return {};
+    if (!n || !sixteen_bit(n->storage)) return {};
     return {reinterpret_cast<std::uint16_t*>(n->value), n->dims.size()};
+  }
+  // A quantized constant's blocks rounded again from `values` in memory
+  // order (its transpose's, row-major, when transposed(v)): "" or why not,
+  // the blocks then unchanged. Loading a checkpoint's values into a
+  // quantized base.
+  std::string store_held(Var<T> v, std::span<const T> values) {
+    const Node<T>* n = find(v);
+    if (!n || !quantized(n->storage)) return "store_held: not a quantized constant of this tape";
+    if (values.size() != n->dims.size())
+      return "store_held: " + std::to_string(values.size()) + " values for " + shape_string(n->dims);
+    const std::span<std::uint8_t> blocks = leaf_blocks(v);
+    const std::vector<std::uint8_t> before(blocks.begin(), blocks.end());
+    const std::size_t row = n->transposed ? n->dims.d[0] : n->dims.back();
+    std::string why = quantize_rows(*n, [&](std::size_t r, std::size_t c) { return values[r * row + c]; });
+    if (!why.empty()) std::copy(before.begin(), before.end(), blocks.begin());
+    return why;
+  }
+  // Writable blocks of a quantized constant, in memory order (its
+  // transpose's rows when transposed(v)): loading a GGUF's tensor as it is.
+  // Empty for any other node.
+  std::span<std::uint8_t> leaf_blocks(Var<T> v) {
+    const Node<T>* n = find(v);
+    if (!n || !quantized(n->storage)) return {};
+    return {reinterpret_cast<std::uint8_t*>(n->value), held_bytes(n->storage, n->dims.size(), sizeof(T))};
   }
   // Was v recorded by op Op? (False for an invalid, foreign or dropped Var.)
   template <class Op>
@@ -447,8 +487,8 @@ class Tape {
   }
   NodeArgs<T> args(const Node<T>& n) const {
     NodeArgs<T> x;
-    if (n.a != no_node) x.a = {nodes_[n.a].value, nodes_[n.a].dims, nodes_[n.a].storage};
-    if (n.b != no_node) x.b = {nodes_[n.b].value, nodes_[n.b].dims, nodes_[n.b].storage};
+    if (n.a != no_node) x.a = {nodes_[n.a].value, nodes_[n.a].dims, nodes_[n.a].storage, nodes_[n.a].transposed};
+    if (n.b != no_node) x.b = {nodes_[n.b].value, nodes_[n.b].dims, nodes_[n.b].storage, nodes_[n.b].transposed};
     x.out = n.dims;
     x.scalar = n.scalar;
     x.axis = n.axis;
@@ -458,7 +498,7 @@ class Tape {
 
  private:
   template <class Op>
-  Var<T> leaf(const Tensor<T>& t, Storage storage = Storage::native) {
+  Var<T> leaf(const Tensor<T>& t, Storage storage = Storage::native, bool transposed = false) {
     if (!ok()) return rejected();
     std::string op(Op::name);
     if (t.rank() > max_rank)
@@ -470,9 +510,24 @@ class Tape {
     n.dims = t.rank() == 0 ? Dims::of(std::array<std::size_t, 1>{1}) : Dims::of(t.shape());
     n.requires_grad = std::is_same_v<Op, Param>;
     n.storage = storage;
+    n.transposed = transposed;
+    if (transposed && (!quantized(storage) || t.rank() != 2))
+      return invalid(op + ": only a quantized matrix may be held transposed, not a " +
+                     std::string(storage_name(storage)) + " tensor of shape " + shape_string(t.shape()));
+    if (quantized(storage)) {
+      const std::size_t row = t.rank() == 0 ? 1 : transposed ? t.shape()[0] : t.shape().back();
+      if (std::string why = held_row_refusal(storage, row); !why.empty())
+        return invalid(op + ": a " + std::string(storage_name(storage)) + " constant of shape " +
+                       shape_string(t.shape()) + (transposed ? " held transposed" : "") + ": " + why);
+    }
     const auto values_at = values_.position();
     if (!allocate(n, Op::name, false)) return rejected();  // a leaf's value is kept, inside a recompute scope too
-    if (narrow(storage)) {
+    if (quantized(storage)) {
+      if (std::string why = quantize_leaf(t, n); !why.empty()) {
+        values_.rewind(values_at);
+        return invalid(op + ": " + why);
+      }
+    } else if (narrow(storage)) {
       auto* bits = reinterpret_cast<std::uint16_t*>(n.value);
       for (std::size_t i = 0; i < t.size(); ++i) {
         bits[i] = round_to(storage, t.data()[i]);
@@ -492,6 +547,47 @@ class Tape {
     if (watch_ & inspect_detail::watch_anomalies) [[unlikely]]
       return check_leaf(push(n));
     return push(n);
+  }
+
+  // A quantized node's blocks from values in memory order (at(r, c): memory
+  // row r's element c), rounded to float first, row by row with ggml's
+  // reference quantizer; "" or why not (a value not finite, a block whose
+  // scale is beyond a half's range), the node's blocks then half written.
+  template <class At>
+  static std::string quantize_rows(const Node<T>& n, At at) {
+    const QuantFormat f = quant_format(n.storage);
+    const std::size_t size = n.dims.size(), row = n.transposed ? n.dims.d[0] : n.dims.back(), rows = size / row;
+    const std::size_t row_bytes = held_bytes(n.storage, row, sizeof(T));
+    std::vector<float> values(row);
+    auto* blocks = reinterpret_cast<std::uint8_t*>(n.value);
+    // The element's row-major index in the tensor's own shape, for messages.
+    auto element = [&](std::size_t r, std::size_t c) { return n.transposed ? c * rows + r : r * row + c; };
+    for (std::size_t r = 0; r < rows; ++r) {
+      for (std::size_t c = 0; c < row; ++c) {
+        const T x = at(r, c);
+        if (!std::isfinite(x) || !std::isfinite(static_cast<float>(x))) {
+          char number[32];
+          std::snprintf(number, sizeof number, "%.17g", static_cast<double>(x));
+          return "element " + std::to_string(element(r, c)) + " of " + shape_string(n.dims) + " (" + number +
+                 ") has no " + std::string(storage_name(n.storage)) + " value (quantized weights are finite floats)";
+        }
+        values[c] = static_cast<float>(x);
+      }
+      std::uint8_t* out = blocks + r * row_bytes;
+      quantize(f, values.data(), out, row);
+      dequantize(f, out, values.data(), row);
+      for (std::size_t c = 0; c < row; ++c)
+        if (!std::isfinite(values[c]))
+          return "element " + std::to_string(element(r, c)) + " of " + shape_string(n.dims) + " is beyond " +
+                 std::string(storage_name(n.storage)) +
+                 "'s range (its block's scale would be infinite as a half); hold this tensor native";
+    }
+    return {};
+  }
+  static std::string quantize_leaf(const Tensor<T>& t, const Node<T>& n) {
+    const std::size_t cols = n.dims.back();
+    if (n.transposed) return quantize_rows(n, [&](std::size_t r, std::size_t c) { return t[c * cols + r]; });
+    return quantize_rows(n, [&](std::size_t r, std::size_t c) { return t[r * cols + c]; });
   }
 
   // Why Op may not read a 16-bit operand ("" when it may): only the tags
@@ -530,9 +626,8 @@ class Tape {
   // gives each gradient memory for its lifetime only (replay).
   bool allocate(Node<T>& n, std::string_view op, bool scoped) {
     const std::size_t elements = n.dims.size();
-    // A 16-bit constant's value takes whole elements of T, rounded up.
-    const std::size_t bytes = storage_bytes(n.storage, sizeof(T));
-    const std::size_t size = n.storage == Storage::native ? elements : (elements * bytes + sizeof(T) - 1) / sizeof(T);
+    // A 16-bit or quantized constant's value takes whole elements of T, rounded up.
+    const std::size_t size = (held_bytes(n.storage, elements, sizeof(T)) + sizeof(T) - 1) / sizeof(T);
     Arena<T>& values = scoped ? scope_memory_ : values_;
     const bool with_grad = n.requires_grad && !scoped;
     const auto values_at = values.position(), grads_at = grads_.position();

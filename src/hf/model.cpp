@@ -165,9 +165,9 @@ void load_mapped(const std::string& where, const std::vector<std::unique_ptr<Saf
   for (std::size_t i = 0; i < wanted.size(); ++i) {
     const Located& l = found[i];
     const Storage storage = tp.storage(wanted[i].var);
-    const bool can_refuse = narrow(storage) ? storage_for(l.info->dtype) != storage
+    const bool can_refuse = sixteen_bit(storage) ? storage_for(l.info->dtype) != storage
                                             : std::is_same_v<T, float> && l.info->dtype == Dtype::f64;
-    if (can_refuse) l.file->check_read(*l.info, storage);
+    if (can_refuse) l.file->check_read(*l.info, quantized(storage) ? Storage::native : storage);
   }
   for (const auto& f : files)
     for (const TensorInfo& t : f->tensors()) {
@@ -190,6 +190,22 @@ void load_mapped(const std::string& where, const std::vector<std::unique_ptr<Saf
       const std::size_t rows = info.shape[0], cols = info.shape[1];
       for (std::size_t r = 0; r < rows; ++r)
         for (std::size_t c = 0; c < cols; ++c) bits[c * rows + r] = staging_bits[r * cols + c];
+      continue;
+    }
+    if (quantized(tp.storage(wanted[i].var))) {  // a quantized base: rounded from the file's values
+      staging.resize(info.elements);
+      found[i].file->read(info, std::span<T>(staging));
+      // Held in the file's order when both are transposed (a projection held
+      // as llama.cpp holds it is Hugging Face's [out, in]) or neither is.
+      if (wanted[i].transposed != tp.transposed(wanted[i].var)) {
+        std::vector<T> memory(staging.size());
+        const std::size_t rows = info.shape[0], cols = info.shape[1];
+        for (std::size_t r = 0; r < rows; ++r)
+          for (std::size_t c = 0; c < cols; ++c) memory[c * rows + r] = staging[r * cols + c];
+        staging.swap(memory);
+      }
+      if (std::string why = tp.store_held(wanted[i].var, staging); !why.empty())
+        throw Error("grad::hf: '" + found[i].file->path() + "': tensor '" + wanted[i].hf_name + "': " + why);
       continue;
     }
     const std::span<T> to = tp.leaf_value(wanted[i].var);

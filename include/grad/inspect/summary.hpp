@@ -71,7 +71,7 @@ Summary summarize_nodes(const Tape<T>& tp) {
     const std::size_t size = n.dims.size();
     ++r.nodes;
     r.output_shape = shape_string(n.dims);
-    r.value_bytes += size * storage_bytes(n.storage, sizeof(T));
+    r.value_bytes += held_bytes(n.storage, size, sizeof(T));
     if (n.grad) r.grad_bytes += size * sizeof(T);
     if (n.op == op_code<Param>) r.trainable += size;
     else if (n.op == op_code<Const> && sc != 0) r.frozen += size;  // a constant inside a layer: a frozen weight

@@ -195,9 +195,8 @@ Var<T> Tape<T>::check_leaf(Var<T> v) {
   std::size_t bad = 0;
   T value = T(0);
   if (narrow(n.storage)) {  // its widened values
-    const auto* bits = reinterpret_cast<const std::uint16_t*>(n.value);
-    while (bad < size && std::isfinite(widen<T>(n.storage, bits[bad]))) ++bad;
-    if (bad < size) value = widen<T>(n.storage, bits[bad]);
+    while (bad < size && std::isfinite(n.value_at(bad))) ++bad;
+    if (bad < size) value = n.value_at(bad);
   } else {
     bad = inspect_detail::first_non_finite(n.value, size);
     if (bad < size) value = n.value[bad];

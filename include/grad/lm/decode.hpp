@@ -163,7 +163,7 @@ class KvDecoder {
   // A base matrix as the ops read it: where the tape holds it, as it is held (16-bit included).
   Operand<T> weight(Var<T> v) const {
     const Node<T>& n = m_->tape().nodes()[v.index()];
-    return {n.value, n.dims, n.storage};
+    return {n.value, n.dims, n.storage, n.transposed};
   }
   T* key(std::size_t l, std::size_t j, std::size_t s) {
     return keys_.data() + ((l * c_.kv_heads + j) * c_.max_seq + s) * c_.head_dim();

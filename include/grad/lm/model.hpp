@@ -300,6 +300,12 @@ class Lm {
   // op that reads them widens them exactly, so the model gives the bits of a
   // native one holding the widened values. The norms, biases and adapters
   // stay T.
+  //
+  // A quantized base_storage (Storage::q8_0 ... q6_k, llama.cpp's blocks)
+  // holds each projection and the head as llama.cpp holds them, [out, in]
+  // rows of blocks (Tape::constant's `transposed`), the embedding as its
+  // [vocab, d] rows: every such row must be whole blocks (32 or 256
+  // weights). The initial values are rounded by ggml's reference quantizer.
   Lm(Tape<T>& tp, const LmConfig& config, std::uint64_t seed, Train train = Train::full,
      Storage base_storage = Storage::native)
       : tp_(&tp), c_(config), train_(train), base_storage_(base_storage) {
@@ -310,6 +316,16 @@ class Lm {
       throw std::invalid_argument("nn::Lm: a " + std::string(storage_name(base_storage)) +
                                   " base is a frozen one: it needs Train::lora or Train::none (Train::full trains "
                                   "every tensor in T)");
+    if (quantized(base_storage)) {
+      // Every matrix's memory rows: the embedding's d, each projection's in.
+      std::vector<std::pair<std::string, std::size_t>> rows{{"the embedding's width (d_model)", c_.d_model}};
+      for (std::size_t p = 0; p < proj_count; ++p)
+        rows.push_back({std::string(proj_names[p]) + "'s input width", c_.proj_shape(Proj(p))[0]});
+      for (const auto& [what, row] : rows)
+        if (std::string why = held_row_refusal(base_storage, row); !why.empty())
+          throw std::invalid_argument("nn::Lm: a " + std::string(storage_name(base_storage)) + " base for " +
+                                      c_.describe() + ": " + what + " " + std::to_string(row) + ": " + why);
+    }
     // check() bounds the count; this machine's memory may hold less.
     const std::size_t bytes = *c_.parameter_count() * sizeof(T);
     if (const std::size_t memory = physical_memory_bytes(); memory != 0 && bytes > memory)
@@ -327,10 +343,14 @@ class Lm {
       return t;
     };
     auto leaf = [&](std::string name, const Tensor<T>& init, ParamKind kind, bool adapter) {
-      // Only the base's matrices may be held 16-bit: their readers widen them.
-      const Storage storage = init.rank() == 2 ? base_storage : Storage::native;
+      // Only the base's matrices may be held 16-bit or quantized: their readers widen them.
+      // (A frozen adapter, under Train::none, follows a 16-bit base; quantized, its rank-wide rows would not be
+      // whole blocks.)
+      const Storage storage = init.rank() == 2 && !(adapter && quantized(base_storage)) ? base_storage : Storage::native;
+      // Quantized, the projections and the head are held as llama.cpp holds them ([out, in]).
+      const bool transposed = quantized(storage) && name != "embed";
       const bool trained = train == Train::full || (adapter && train == Train::lora);
-      const Var<T> v = trained ? tp.param(init) : tp.constant(init, storage);
+      const Var<T> v = trained ? tp.param(init) : tp.constant(init, storage, transposed);
       named_.push_back({std::move(name), v, kind});
       (adapter ? adapter_names_ : base_names_).push_back(named_.back());
       return v;

@@ -21,8 +21,9 @@
 //   - a single output row (a decoding step's x . W or x . W^T) skips the
 //     packing and reads b where it lies (multiply_row, multiply_row_transposed);
 //   - a b held in 16 bits (a frozen base, Storage::bf16 or f16) is widened
-//     while it is packed, or (one row) as it is loaded: exact, so the
-//     product's bits are those over the widened b.
+//     while it is packed, or (one row) as it is loaded; a quantized b
+//     (Storage::q8_0 ... q6_k) is dequantized block by block while it is
+//     packed: exact, so the product's bits are those over the widened b.
 // So the blocked kernels equal grad::reference::gemm_* bit for bit, on any
 // instruction set and thread count (test_gemm checks it over many shapes).
 //
@@ -61,18 +62,25 @@ namespace grad {
 // reference loops (gemm/reference.hpp).
 
 // C[m,n] = A[m,k] B[k,n]; B may be held in 16 bits (b_storage: bf16 or f16;
-// B then points at its 16-bit elements), widened exactly as it is read.
+// B then points at its 16-bit elements) or quantized (B points at its
+// blocks; b_transposed: the blocks hold B's transpose, [n, k] in memory),
+// widened exactly as it is read.
 template <class T>
 inline void gemm_nn(const T* A, const T* B, T* C, std::size_t m, std::size_t k, std::size_t n,
-                    Storage b_storage = Storage::native) {
-  gemm_detail::multiply<T>(gemm_detail::best_isa(), {{A, k, 1}, {B, n, 1, b_storage}, C, m, n, k});
+                    Storage b_storage = Storage::native, bool b_transposed = false) {
+  const gemm_detail::Strided<T> b = b_transposed ? gemm_detail::Strided<T>{B, 1, k, b_storage}
+                                                 : gemm_detail::Strided<T>{B, n, 1, b_storage};
+  gemm_detail::multiply<T>(gemm_detail::best_isa(), {{A, k, 1}, b, C, m, n, k});
 }
 
 // C[m,k] = G[m,n] B[k,n]^T (C[i,p] sums over j); B as gemm_nn's
+// (b_transposed: B's transpose [n, k] in memory)
 template <class T>
 inline void gemm_nt(const T* G, const T* B, T* C, std::size_t m, std::size_t n, std::size_t k,
-                    Storage b_storage = Storage::native) {
-  gemm_detail::multiply<T>(gemm_detail::best_isa(), {{G, n, 1}, {B, 1, n, b_storage}, C, m, k, n});
+                    Storage b_storage = Storage::native, bool b_transposed = false) {
+  const gemm_detail::Strided<T> b = b_transposed ? gemm_detail::Strided<T>{B, k, 1, b_storage}
+                                                 : gemm_detail::Strided<T>{B, 1, n, b_storage};
+  gemm_detail::multiply<T>(gemm_detail::best_isa(), {{G, n, 1}, b, C, m, k, n});
 }
 
 // C[k,n] = A[m,k]^T G[m,n] (C[p,j] sums over i)

@@ -22,15 +22,35 @@ enum class Storage : std::uint8_t {
   native,  // T itself
   bf16,    // bfloat16: 1 sign, 8 exponent, 7 fraction bits (a frozen constant only)
   f16,     // IEEE half: 1 sign, 5 exponent, 10 fraction bits (a frozen constant only)
+  // llama.cpp's quantized blocks (numerics/quant.hpp: the layouts and the
+  // exact value of every weight), a frozen matrix only: 32 or 256 weights of
+  // a row per block, so a matrix's rows are whole blocks.
+  q8_0,
+  q4_0,
+  q4_k,
+  q5_k,
+  q6_k,
 };
 
-// Held in 16 bits (bf16 or f16)?
+// Held in anything but T (16 bits or quantized blocks): a frozen constant
+// that only the ops whose host loops widen it read.
 inline constexpr bool narrow(Storage s) { return s != Storage::native; }
+// Held in 16 bits, one value per element (bf16 or f16)?
+inline constexpr bool sixteen_bit(Storage s) { return s == Storage::bf16 || s == Storage::f16; }
+// Held in quantized blocks?
+inline constexpr bool quantized(Storage s) { return narrow(s) && !sixteen_bit(s); }
 inline constexpr std::string_view storage_name(Storage s) {
-  return s == Storage::bf16 ? "bf16" : s == Storage::f16 ? "f16" : "native";
-}
-inline constexpr std::size_t storage_bytes(Storage s, std::size_t native_bytes) {
-  return narrow(s) ? 2 : native_bytes;
+  switch (s) {
+    case Storage::native: return "native";
+    case Storage::bf16: return "bf16";
+    case Storage::f16: return "f16";
+    case Storage::q8_0: return "q8_0";
+    case Storage::q4_0: return "q4_0";
+    case Storage::q4_k: return "q4_K";
+    case Storage::q5_k: return "q5_K";
+    case Storage::q6_k: return "q6_K";
+  }
+  return "?";
 }
 
 // The two 16-bit formats: a value's bits widened to float (exact), one at a
@@ -125,6 +145,7 @@ template <class T>
 GRAD_HD inline T widen_f16(std::uint16_t bits) {
   return static_cast<T>(F16::widen(bits));
 }
+// (s is bf16 or f16)
 template <class T>
 GRAD_HD inline T widen(Storage s, std::uint16_t bits) {
   return s == Storage::f16 ? widen_f16<T>(bits) : widen_bf16<T>(bits);
@@ -144,7 +165,7 @@ inline std::uint16_t round_to(Storage s, T x) {
   return s == Storage::f16 ? F16::round(x) : Bf16::round(x);
 }
 
-// n values of a 16-bit storage widened to T (loops the compiler vectorises).
+// n values of a 16-bit storage (bf16 or f16) widened to T (loops the compiler vectorises).
 template <class T>
 inline void widen_run(Storage s, const std::uint16_t* src, T* dst, std::size_t n) {
   if (s == Storage::f16)

@@ -21,8 +21,12 @@ struct Operand {
   const T* data = nullptr;
   Dims dims;
   // bf16, f16: data points at 16-bit floats (a frozen constant), which only
-  // the tags that say so read (reads_narrow below), widening them exactly.
+  // the tags that say so read (reads_narrow below), widening them exactly;
+  // q8_0 ... q6_k: data points at quantized blocks (numerics/held.hpp).
   Storage storage = Storage::native;
+  // A quantized matrix whose memory holds its transpose (a projection
+  // [in, out] as llama.cpp holds it, [out, in]); false for everything else.
+  bool transposed = false;
 };
 
 // Everything an op's kernels read besides the output and gradient buffers.

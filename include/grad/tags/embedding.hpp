@@ -24,6 +24,7 @@
 #include <string>
 #include <string_view>
 
+#include "grad/numerics/held.hpp"
 #include "grad/tags/family.hpp"
 
 namespace grad {
@@ -121,8 +122,10 @@ struct Embedding {
     const std::size_t vocab = x.a.dims[0], d = x.a.dims[1], n = x.b.dims.size();
     for (std::size_t p = 0; p < n; ++p) {
       const std::size_t v = row_of(x.b.data[p], vocab);
-      if (v < vocab && narrow(x.a.storage))
-        widen_run(x.a.storage, reinterpret_cast<const std::uint16_t*>(x.a.data) + v * d, y + p * d, d);
+      if (v < vocab && narrow(x.a.storage) && !x.a.transposed)
+        read_held(x.a.storage, x.a.data, v * d, d, y + p * d);
+      else if (v < vocab && narrow(x.a.storage))  // a table held transposed: row v is its memory's column v
+        for (std::size_t c = 0; c < d; ++c) y[p * d + c] = held_value<T>(x.a.storage, x.a.data, c * vocab + v);
       else if (v < vocab)
         std::memcpy(y + p * d, x.a.data + v * d, d * sizeof(T));
       else

@@ -67,7 +67,7 @@ struct MatrixProduct {
     const std::size_t m = x.a.dims.back(1), k = x.a.dims.back(), n = x.b.dims.back();
     const std::size_t batches = x.out.size() / (m * n == 0 ? 1 : m * n);
     for (std::size_t s = 0; s < batches; ++s)
-      gemm_nn(x.a.data + s * m * k, x.b.data + s * k * n, y + s * m * n, m, k, n, x.b.storage);
+      gemm_nn(x.a.data + s * m * k, x.b.data + s * k * n, y + s * m * n, m, k, n, x.b.storage, x.b.transposed);
   }
   template <int In, class T>
   static void backward_tensor(const NodeArgs<T>& x, const T*, const T* g, T* dx) {
@@ -75,7 +75,7 @@ struct MatrixProduct {
     const std::size_t batches = x.out.size() / (m * n == 0 ? 1 : m * n);
     for (std::size_t s = 0; s < batches; ++s) {
       if constexpr (In == 0)
-        gemm_nt(g + s * m * n, x.b.data + s * k * n, dx + s * m * k, m, n, k, x.b.storage);
+        gemm_nt(g + s * m * n, x.b.data + s * k * n, dx + s * m * k, m, n, k, x.b.storage, x.b.transposed);
       else
         gemm_tn(x.a.data + s * m * k, g + s * m * n, dx + s * k * n, m, k, n);
     }
@@ -171,13 +171,13 @@ struct MatmulNt {
   template <class T>
   static void forward_tensor(const NodeArgs<T>& x, T* y) {
     const auto [rows, k, n] = sizes(x);
-    gemm_nt(x.a.data, x.b.data, y, rows, k, n, x.b.storage);
+    gemm_nt(x.a.data, x.b.data, y, rows, k, n, x.b.storage, x.b.transposed);
   }
   template <int In, class T>
   static void backward_tensor(const NodeArgs<T>& x, const T*, const T* g, T* dx) {
     const auto [rows, k, n] = sizes(x);
     if constexpr (In == 0)
-      gemm_nn(g, x.b.data, dx, rows, n, k, x.b.storage);
+      gemm_nn(g, x.b.data, dx, rows, n, k, x.b.storage, x.b.transposed);
     else
       gemm_tn(g, x.a.data, dx, rows, n, k);
   }

@@ -248,9 +248,9 @@ struct LinearCrossEntropy {
   static void chunk_logits(const NodeArgs<T>& x, std::size_t r0, std::size_t m, T* logits) {
     const auto [rows, d, classes] = sizes(x);
     if (stored_nt(x))
-      gemm_nt(x.a.data + r0 * d, x.b.data, logits, m, d, classes, x.b.storage);
+      gemm_nt(x.a.data + r0 * d, x.b.data, logits, m, d, classes, x.b.storage, x.b.transposed);
     else
-      gemm_nn(x.a.data + r0 * d, x.b.data, logits, m, d, classes, x.b.storage);
+      gemm_nn(x.a.data + r0 * d, x.b.data, logits, m, d, classes, x.b.storage, x.b.transposed);
   }
   // Calls chunk(r0, m, logits) over the rows in ascending chunks, the
   // chunk's logits computed: in the scratch the tape lends when it is large
@@ -305,9 +305,9 @@ struct LinearCrossEntropy {
   static void chunk_dh(const NodeArgs<T>& x, std::size_t r0, std::size_t m, const T* dlogits, T* dh) {
     const auto [rows, d, classes] = sizes(x);
     if (stored_nt(x))
-      gemm_nn(dlogits, x.b.data, dh + r0 * d, m, classes, d, x.b.storage);
+      gemm_nn(dlogits, x.b.data, dh + r0 * d, m, classes, d, x.b.storage, x.b.transposed);
     else
-      gemm_nt(dlogits, x.b.data, dh + r0 * d, m, classes, d, x.b.storage);
+      gemm_nt(dlogits, x.b.data, dh + r0 * d, m, classes, d, x.b.storage, x.b.transposed);
   }
 
   template <class T>

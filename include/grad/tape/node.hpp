@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "grad/config.hpp"
+#include "grad/numerics/held.hpp"
 #include "grad/numerics/storage.hpp"
 #include "grad/tensor.hpp"
 
@@ -63,7 +64,10 @@ struct Node {
   // outputs: value and gradient live in memory the next scope reuses, so
   // the reverse walk computes the value again before it needs it.
   bool transient = false;
-  Storage storage = Storage::native;  // bf16, f16: a constant whose value holds 16-bit floats (Tape::constant)
+  // bf16, f16: a constant whose value holds 16-bit floats; q8_0 ... q6_k:
+  // quantized blocks (Tape::constant, numerics/held.hpp)
+  Storage storage = Storage::native;
+  bool transposed = false;  // a quantized matrix whose memory holds its transpose (Operand::transposed)
   std::uint32_t a = no_node, b = no_node;
   std::uint32_t axis = 0;
   std::uint32_t extra = no_node;  // offset of per-axis parameters in the tape's index pool
@@ -73,9 +77,15 @@ struct Node {
   T* grad = nullptr;  // null when !requires_grad
   std::uint64_t serial = 0;
 
-  // Value element k as T (a 16-bit constant's widened, exactly).
+  // Value element k (row-major) as T (a 16-bit or quantized constant's
+  // widened, exactly).
   T value_at(std::size_t k) const {
-    return narrow(storage) ? widen<T>(storage, reinterpret_cast<const std::uint16_t*>(value)[k]) : value[k];
+    if (!narrow(storage)) return value[k];
+    if (transposed) {  // element (i, j) of [rows, cols] lies at j * rows + i
+      const std::size_t rows = dims.d[0], cols = dims.d[1];
+      k = k % cols * rows + k / cols;
+    }
+    return held_value<T>(storage, value, k);
   }
 };
 

@@ -30,6 +30,12 @@ template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
       case Storage::bf16: done = multiply_one_row<T, Lanes, NV, Bf16>(pr, i0, j0, j1); break;
       case Storage::f16: done = multiply_one_row<T, Lanes, NV, F16>(pr, i0, j0, j1); break;
       case Storage::native: done = multiply_one_row<T, Lanes, NV, T>(pr, i0, j0, j1); break;
+      default:  // quantized: held in columns (decoding), or packed like any block (pack_b_quantized)
+        if (pr.b.rs == 1) {
+          multiply_row_quantized<T, Lanes>(pr, i0, j0, j1);
+          done = true;
+        }
+        break;
     }
     if (done) return;
   }

@@ -10,6 +10,7 @@
 #include "grad/numerics/gemm/micro_kernel.hpp"
 #include "grad/numerics/gemm/problem.hpp"
 #include "grad/numerics/gemm/terms.hpp"
+#include "grad/numerics/held.hpp"
 #include "grad/numerics/simd.hpp"
 
 namespace grad {
@@ -139,6 +140,36 @@ template <class T, std::size_t Lanes, class Format = T>
     T acc = pr.continued ? c[j] : T(0);
     for (std::size_t p = 0; p < pr.k; ++p) acc = fma_hd(a[p * pr.a.cs], E::one(bp + j * pr.b.cs + p), acc);
     c[j] = acc;
+  }
+}
+
+// One output row against a quantized b whose memory rows are b's columns
+// (rs == 1: a projection held as llama.cpp holds it, [out, in], or a tied
+// head's [vocab, d] embedding): Lanes columns at a time, a chunk of their
+// terms dequantized (exactly) into a small buffer that stays in L1, then
+// multiply_row_transposed's squares over it, each chunk continuing the
+// sums where the last one stored them (unchanged). So each element's sum is
+// the blocked kernel's, ascending p from zero, over the dequantized values.
+template <class T, std::size_t Lanes>
+[[gnu::always_inline]] inline void multiply_row_quantized(const Problem<T>& pr, std::size_t i, std::size_t j0,
+                                                          std::size_t j1) {
+  constexpr std::size_t chunk = 256;  // terms per pass: a whole number of every format's blocks
+  alignas(64) T values[Lanes * chunk];
+  const void* held = pr.b.p;
+  for (std::size_t j = j0; j < j1; j += Lanes) {
+    const std::size_t width = std::min(Lanes, j1 - j);
+    for (std::size_t p0 = 0; p0 < pr.k; p0 += chunk) {
+      const std::size_t kc = std::min(chunk, pr.k - p0);
+      for (std::size_t l = 0; l < width; ++l) read_held(pr.b.storage, held, (j + l) * pr.b.cs + p0, kc, values + l * kc);
+      Problem<T> part{{pr.a.p + i * pr.a.rs + p0 * pr.a.cs, 0, pr.a.cs},
+                      {values, 1, kc},
+                      pr.c + i * pr.n + j,
+                      1,
+                      width,
+                      kc,
+                      p0 > 0 || pr.continued};
+      multiply_row_transposed<T, Lanes, T>(part, 0, 0, width);
+    }
   }
 }
 

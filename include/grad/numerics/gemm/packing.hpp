@@ -10,6 +10,7 @@
 #include "grad/numerics/gemm/micro_kernel.hpp"  // strip_width, tail_unit
 #include "grad/numerics/gemm/problem.hpp"
 #include "grad/numerics/gemm/terms.hpp"
+#include "grad/numerics/held.hpp"
 #include "grad/numerics/storage.hpp"
 
 namespace grad {
@@ -75,6 +76,26 @@ template <class T, std::size_t Lanes, std::size_t NV, class Format>
     jr += width;
   }
 }
+// A quantized b's block: its values dequantized (exactly, numerics/held.hpp)
+// into a per-thread buffer laid out as b lies (rows or columns contiguous:
+// a quantized matrix's memory rows are whole blocks), then packed from there
+// as a T matrix. The terms are the same values either way, so the bits are
+// those of the product over the dequantized b.
+template <class T, std::size_t Lanes, std::size_t NV>
+inline void pack_b_quantized(const Strided<T>& b, std::size_t p0, std::size_t kc, std::size_t j0, std::size_t nc,
+                             T* out) {
+  thread_local std::vector<T> values;
+  if (values.size() < kc * nc) values.resize(kc * nc);
+  const void* held = b.p;
+  if (b.cs == 1) {  // b's rows in memory: kc runs of nc
+    for (std::size_t p = 0; p < kc; ++p) read_held(b.storage, held, (p0 + p) * b.rs + j0, nc, values.data() + p * nc);
+    pack_b_from<T, Lanes, NV, T>(Strided<T>{values.data(), nc, 1}, 0, kc, 0, nc, out);
+  } else {  // b's columns in memory (rs == 1): nc runs of kc
+    for (std::size_t j = 0; j < nc; ++j) read_held(b.storage, held, (j0 + j) * b.cs + p0, kc, values.data() + j * kc);
+    pack_b_from<T, Lanes, NV, T>(Strided<T>{values.data(), 1, kc}, 0, kc, 0, nc, out);
+  }
+}
+
 template <class T, std::size_t Lanes, std::size_t NV>
 [[gnu::always_inline]] inline void pack_b(const Strided<T>& b, std::size_t p0, std::size_t kc, std::size_t j0,
                                           std::size_t nc, T* out) {
@@ -82,6 +103,7 @@ template <class T, std::size_t Lanes, std::size_t NV>
     case Storage::bf16: return pack_b_from<T, Lanes, NV, Bf16>(b, p0, kc, j0, nc, out);
     case Storage::f16: return pack_b_from<T, Lanes, NV, F16>(b, p0, kc, j0, nc, out);
     case Storage::native: break;
+    default: return pack_b_quantized<T, Lanes, NV>(b, p0, kc, j0, nc, out);
   }
   pack_b_from<T, Lanes, NV, T>(b, p0, kc, j0, nc, out);
 }

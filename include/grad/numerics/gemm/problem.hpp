@@ -15,7 +15,9 @@ namespace gemm_detail {
 
 // Element (r, c) of a matrix operand lives at p[r * rs + c * cs]; the three
 // layouts differ only in these strides. b may be held in 16 bits (storage):
-// p then points at its 16-bit elements, which only Terms reads (widened).
+// p then points at its 16-bit elements, which only Terms reads (widened);
+// or quantized: p points at its blocks, element p * rs + c * cs counted as
+// numerics/held.hpp counts them, which only pack_b_quantized reads.
 template <class T>
 struct Strided {
   const T* p;

@@ -1,0 +1,277 @@
+// A frozen base held quantized (llama.cpp's blocks, Storage::q8_0 ... q6_k):
+// every op that reads it dequantizes it exactly, so the products, the LM's
+// loss, its adapters' gradients and the decoder give the bits of the same
+// computation over a native base holding the dequantized values, on every
+// instruction set and thread count; and what cannot be held so is refused
+// by name.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "grad/grad.hpp"
+#include "grad/numerics/gemm.hpp"
+#include "grad/numerics/held.hpp"
+#include "support.hpp"
+
+using namespace grad;
+using namespace grad::testing;
+
+namespace {
+
+constexpr Storage all_quantized[] = {Storage::q8_0, Storage::q4_0, Storage::q4_k, Storage::q5_k, Storage::q6_k};
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+template <class T>
+bool same_bits(std::span<const T> a, std::span<const T> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// Blocks for `rows` memory rows of `row` weights, quantized from values of
+// varied scale per row (so blocks differ in their scales), and the exact
+// values they hold.
+struct Held {
+  std::vector<std::uint8_t> blocks;
+  std::vector<float> values;
+};
+Held make_held(Storage s, std::size_t rows, std::size_t row, std::uint64_t seed) {
+  Rng rng(seed);
+  const QuantFormat f = quant_format(s);
+  Held h{std::vector<std::uint8_t>(held_bytes(s, rows * row, 4)), std::vector<float>(rows * row)};
+  std::vector<float> x(row);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const double scale = std::ldexp(1.0, static_cast<int>(r % 7) - 3);
+    for (float& v : x) v = static_cast<float>(rng.uniform(-scale, scale));
+    quantize(f, x.data(), h.blocks.data() + r * held_bytes(s, row, 4), row);
+  }
+  dequantize(f, h.blocks.data(), h.values.data(), rows * row);
+  return h;
+}
+
+struct Dims3 {
+  std::size_t m, k, n;
+};
+
+}  // namespace
+
+// b [k, n] held quantized with its rows in memory (blocks along n) or as its
+// transpose (blocks along k, llama.cpp's projection layout): gemm_nn and
+// gemm_nt over it give the reference's bits over the dequantized values, one
+// row (a decoding step) and many, on every instruction set, 1 and 3 threads.
+TEST_CASE_TEMPLATE("a quantized b gives the bits of the product over its dequantized values", T, float, double) {
+  Rng rng(7);
+  for (const Storage s : all_quantized) {
+    const std::size_t B = block_elements(s);
+    for (const std::size_t threads : {1, 3}) {
+      set_num_threads(threads);
+      for (Isa isa : {Isa::baseline, Isa::avx2, Isa::avx512}) {
+        if (!gemm_detail::supported(isa)) continue;
+        // One row (the decoder's) and many; k past one cache run (KC, 256 here) where blocks are short; a
+        // column count that is no whole block (rows of b's transpose only).
+        const std::size_t wide = B == 32 ? 130 : 19;
+        for (const Dims3& d : {Dims3{1, 2 * B, 3 * B}, Dims3{3, B, 2 * B}, Dims3{wide, 2 * B, 2 * B},
+                               Dims3{5, 1024 / B * B, B}, Dims3{1, 3 * B, 40}, Dims3{7, 2 * B, 2 * B}}) {
+          const std::size_t m = d.m, k = d.k, n = d.n;
+          INFO(storage_name(s), " isa ", static_cast<int>(isa), " m ", m, " k ", k, " n ", n, " threads ", threads);
+          std::vector<T> A(m * k);
+          for (T& x : A) x = static_cast<T>(rng.uniform(-1, 1));
+          for (const bool transposed : {false, true}) {
+            CAPTURE(transposed);
+            // Memory rows: n long (b's rows) or k long (b's columns, transposed).
+            const std::size_t rows = transposed ? n : k, row = transposed ? k : n;
+            if (row % B != 0) continue;
+            const Held h = make_held(s, rows, row, 100 + m + k + n);
+            std::vector<T> b(k * n);  // b [k, n] row-major, the dequantized values
+            for (std::size_t p = 0; p < k; ++p)
+              for (std::size_t j = 0; j < n; ++j)
+                b[p * n + j] = static_cast<T>(transposed ? h.values[j * k + p] : h.values[p * n + j]);
+            const T* held = reinterpret_cast<const T*>(h.blocks.data());
+            std::vector<T> want(m * n, T(0)), got(m * n, std::numeric_limits<T>::quiet_NaN());
+            reference::gemm_nn(A.data(), b.data(), want.data(), m, k, n);
+            const gemm_detail::Strided<T> nn =
+                transposed ? gemm_detail::Strided<T>{held, 1, k, s} : gemm_detail::Strided<T>{held, n, 1, s};
+            gemm_detail::multiply<T>(isa, {{A.data(), k, 1}, nn, got.data(), m, n, k});
+            CHECK(same_bits(want, got));
+            // dA = G b^T: the nt product over the same held b (G [m, n], C [m, k]).
+            std::vector<T> G(m * n), want_t(m * k, T(0)), got_t(m * k, std::numeric_limits<T>::quiet_NaN());
+            for (T& x : G) x = static_cast<T>(rng.uniform(-1, 1));
+            reference::gemm_nt(G.data(), b.data(), want_t.data(), m, n, k);
+            const gemm_detail::Strided<T> nt =
+                transposed ? gemm_detail::Strided<T>{held, k, 1, s} : gemm_detail::Strided<T>{held, 1, n, s};
+            gemm_detail::multiply<T>(isa, {{G.data(), n, 1}, nt, got_t.data(), m, k, n});
+            CHECK(same_bits(want_t, got_t));
+          }
+        }
+      }
+    }
+  }
+  set_num_threads(1);
+}
+
+TEST_CASE_TEMPLATE("a quantized constant: its values, its matmul, and what is refused", T, float, double) {
+  for (const Storage s : all_quantized) {
+    CAPTURE(storage_name(s));
+    const std::size_t B = block_elements(s), in = 2 * B, out = 3;
+    Rng rng(11);
+    Tensor<T> w({in, out});
+    for (T& x : w.data()) x = static_cast<T>(rng.uniform(-1, 1));
+    Tape<T> tp;
+    const Var<T> held = tp.constant(w, s, true);  // [in, out] held as [out, in] rows of blocks
+    REQUIRE_MESSAGE(tp.ok(), tp.error());
+    CHECK(tp.storage(held) == s);
+    CHECK(tp.transposed(held));
+    CHECK(tp.value(held).empty());
+    CHECK(tp.leaf_blocks(held).size() == held_bytes(s, in * out, sizeof(T)));
+    // Its values: each output's weights, rounded as ggml's reference rounds a row.
+    const Tensor<T> widened = tp.widened_value(held);
+    for (std::size_t j = 0; j < out; ++j) {
+      std::vector<float> row(in), back(in);
+      for (std::size_t p = 0; p < in; ++p) row[p] = static_cast<float>(w[p * out + j]);
+      std::vector<std::uint8_t> blocks(held_bytes(s, in, 4));
+      quantize(quant_format(s), row.data(), blocks.data(), in);
+      dequantize(quant_format(s), blocks.data(), back.data(), in);
+      for (std::size_t p = 0; p < in; ++p) CHECK(widened[p * out + j] == static_cast<T>(back[p]));
+    }
+    CHECK(tp.scalar(held) == widened[0]);
+    // matmul over it: the bits of matmul over a native constant holding those values, and dA's too.
+    Tensor<T> x({5, in});
+    for (T& v : x.data()) v = static_cast<T>(rng.uniform(-1, 1));
+    const Var<T> xv = tp.param(x), native = tp.constant(widened);
+    const Var<T> y1 = matmul(xv, held), y2 = matmul(xv, native);
+    REQUIRE_MESSAGE(tp.ok(), tp.error());
+    CHECK(same_bits(tp.value(y1).data, tp.value(y2).data));
+    const Var<T> loss = sum(y1 * y1);
+    REQUIRE(tp.backward(loss));
+    const std::vector<T> g1(tp.grad(xv).begin(), tp.grad(xv).end());
+    REQUIRE(tp.backward(sum(y2 * y2)));
+    CHECK(same_bits(g1, std::vector<T>(tp.grad(xv).begin(), tp.grad(xv).end())));
+    // Refusals, by name: rows that are not whole blocks, a transposed 16-bit or vector constant, an op that
+    // does not read quantized operands.
+    {
+      Tape<T> t2;
+      t2.constant(Tensor<T>({B + 1, 4}), s, true);
+      CHECK(!t2.ok());
+      CHECK(t2.error().find("not whole " + std::string(storage_name(s)) + " blocks") != std::string::npos);
+    }
+    {
+      Tape<T> t2;
+      t2.constant(Tensor<T>({4, B}), Storage::bf16, true);
+      CHECK(t2.error().find("only a quantized matrix may be held transposed") != std::string::npos);
+    }
+    {
+      Tape<T> t2;
+      const Var<T> q = t2.constant(Tensor<T>({2, B}), s);
+      REQUIRE(t2.ok());
+      exp(q);
+      CHECK(t2.error().find(std::string(storage_name(s)) + " constant") != std::string::npos);
+    }
+    {
+      Tape<T> t2;
+      Tensor<T> bad({1, B});
+      bad[3] = std::numeric_limits<T>::infinity();
+      t2.constant(bad, s);
+      CHECK(t2.error().find("quantized weights are finite") != std::string::npos);
+    }
+  }
+}
+
+namespace {
+
+nn::LmConfig quantizable_config(std::size_t block) {
+  nn::LmConfig c;
+  c.vocab = 96;
+  c.d_model = block;  // every projection's input width a whole number of blocks
+  c.layers = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.ffn = 2 * block;
+  c.max_seq = 12;
+  c.lora_rank = 4;
+  c.lora_scale = 0.5;
+  return c;
+}
+
+}  // namespace
+
+// The LM over a quantized base: the loss, every adapter's gradient and the
+// decoder's logits are the bits of a native base holding the dequantized
+// values (tied and untied head, recompute on and off, 1 and 3 threads).
+TEST_CASE_TEMPLATE("an Lm whose frozen base is quantized gives the bits of a native base holding its values", T,
+                   float, double) {
+  const std::size_t t = 6, Bt = 2;
+  std::vector<int> in(Bt * t), out(Bt * t);
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    in[i] = static_cast<int>((i * 37 + 5) % 96);
+    out[i] = static_cast<int>((i * 53 + 11) % 96);
+  }
+  for (const Storage s : all_quantized)
+    for (bool tied : {false, true})
+      for (std::size_t threads : {1, 3}) {
+        CAPTURE(storage_name(s));
+        CAPTURE(tied);
+        CAPTURE(threads);
+        set_num_threads(threads);
+        nn::LmConfig c = quantizable_config(block_elements(s) == 32 ? 64 : 256);
+        c.tied_embeddings = tied;
+        Tape<T> th, tn;
+        using Lm = nn::Lm<T>;
+        Lm held(th, c, 5, Lm::Train::lora, s), native(tn, c, 5, Lm::Train::lora);
+        REQUIRE_MESSAGE(th.ok(), th.error());
+        CHECK(held.base_storage() == s);
+        Rng rng(3);
+        for (std::size_t k = 0; k < held.adapters().size(); ++k)
+          for (std::size_t i = 0; i < th.leaf_value(held.adapters()[k].var).size(); ++i)
+            th.leaf_value(held.adapters()[k].var)[i] = tn.leaf_value(native.adapters()[k].var)[i] =
+                static_cast<T>(rng.uniform(-0.3, 0.3));
+        for (const auto& p : native.base()) {
+          const Var<T> h = held.tensor(p.name);
+          const Tensor<T> w = th.widened_value(h);
+          std::copy(w.data().begin(), w.data().end(), tn.leaf_value(p.var).begin());
+          CHECK(th.storage(h) == (w.rank() == 2 ? s : Storage::native));
+          CHECK(th.transposed(h) == (w.rank() == 2 && p.name != "embed"));
+        }
+        for (bool recompute : {false, true}) {
+          CAPTURE(recompute);
+          held.set_recompute(recompute);
+          native.set_recompute(recompute);
+          const auto mh = th.mark(), mn = tn.mark();
+          const Var<T> lh = held.forward_loss(held.ids(in, Bt, t), held.ids(out, Bt * t, 0));
+          const Var<T> ln = native.forward_loss(native.ids(in, Bt, t), native.ids(out, Bt * t, 0));
+          REQUIRE_MESSAGE(th.backward(lh), th.error());
+          REQUIRE(tn.backward(ln));
+          const T a = th.scalar(lh), b = tn.scalar(ln);
+          CHECK(std::memcmp(&a, &b, sizeof(T)) == 0);
+          for (std::size_t k = 0; k < held.adapters().size(); ++k) {
+            CAPTURE(held.adapters()[k].name);
+            CHECK(same_bits(th.grad(held.adapters()[k].var).data, tn.grad(native.adapters()[k].var).data));
+          }
+          th.reset_to(mh);
+          tn.reset_to(mn);
+        }
+        nn::KvDecoder<T> dh(held), dn(native);
+        for (std::size_t p = 0; p < t; ++p) {
+          const std::span<const T> step = dh.step(in[p]);
+          const std::vector<T> a_logits(step.begin(), step.end());
+          const std::span<const T> other = dn.step(in[p]);
+          CHECK(same_bits(a_logits, std::vector<T>(other.begin(), other.end())));
+        }
+      }
+  set_num_threads(1);
+  // What cannot be held so: rows that are not whole blocks (d_model 48 for q8_0's 32; 64 for q4_K's 256).
+  Tape<T> tp;
+  nn::LmConfig c = quantizable_config(64);
+  c.d_model = 48;
+  c.heads = 3;
+  c.kv_heads = 1;
+  CHECK_THROWS_WITH_AS(nn::Lm<T>(tp, c, 1, nn::Lm<T>::Train::lora, Storage::q8_0),
+                       doctest::Contains("the embedding's width (d_model) 48"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(nn::Lm<T>(tp, quantizable_config(64), 1, nn::Lm<T>::Train::lora, Storage::q4_k),
+                       doctest::Contains("not whole q4_K blocks of 256"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(nn::Lm<T>(tp, quantizable_config(64), 1, nn::Lm<T>::Train::full, Storage::q8_0),
+                       doctest::Contains("needs Train::lora"), std::invalid_argument);
+}
