@@ -1063,3 +1063,106 @@ TEST_CASE("write_gguf's quantized files are llama.cpp's quantize's: the same typ
                << "quantize's; " << q5_0 << " that llama.cpp writes q5_0 are q8_0");
   CHECK(q5_0 == 12);
 }
+
+TEST_CASE("write_gguf from a quantized base: its blocks as they are where the file's type is theirs, checked") {
+  // Storage::q4_k holds the projections and the head as llama.cpp's [out,
+  // in] rows of blocks, the embedding as its rows: a Q4_K_M file takes the
+  // q4_K matrices' blocks unchanged (Llama's q and k rows moved whole) and
+  // quantizes the rest (q6_K) from their exact values.
+  for (const std::size_t head_width : {std::size_t{0}, std::size_t{128}}) {
+    CAPTURE(head_width);
+    nn::LmConfig c;
+    c.vocab = 257;
+    c.d_model = 256;
+    c.layers = 2;
+    c.heads = 4;
+    c.kv_heads = 2;
+    c.ffn = 512;
+    c.max_seq = 32;
+    c.head_width = head_width;
+    Tape<float> tp;
+    nn::Lm<float> held(tp, c, 61, nn::Lm<float>::Train::none, Storage::q4_k);
+    ScratchDir dir("gguf");
+    const std::string path = dir.file("held.gguf");
+    const ModelFileResult written =
+        hf::write_gguf(path, held, hf::byte_level_vocab({"<|endoftext|>"}), {.type = hf::GgufType::q4_k_m});
+    REQUIRE_MESSAGE(written.ok(), written.error);
+    const Gguf g = read_gguf(path);
+    std::size_t copied = 0, quantized_again = 0, would_differ = 0;
+    for (const auto& [gguf, grad_name] : grad_names(c)) {
+      CAPTURE(gguf);
+      const TensorInfo& info = g.tensors.at(gguf);
+      const auto q = hf::quant_format(hf::GgmlType(info.type));
+      REQUIRE(q);
+      const std::size_t cols = info.ne[0], rows = info.ne[1], row_bytes = quant_bytes(*q, cols);
+      const Var<float> v = held.tensor(grad_name);
+      REQUIRE(tp.storage(v) == Storage::q4_k);
+      const std::span<const std::uint8_t> blocks = tp.leaf_blocks(v);
+      const Tensor<float> values = tp.widened_value(v);
+      const std::size_t heads = head_width == 0             ? 0
+                                : grad_name.ends_with(".q") ? c.heads
+                                : grad_name.ends_with(".k") ? c.kv_heads
+                                                            : 0;
+      std::vector<float> row(cols);
+      std::vector<std::uint8_t> again(row_bytes);
+      for (std::size_t r = 0; r < rows; ++r) {
+        const std::size_t width = heads ? rows / heads : 1, j = r % width;
+        const std::size_t from = heads ? r / width * width + (j % 2) * (width / 2) + j / 2 : r;
+        const unsigned char* at = g.bytes.data() + g.data_start + info.offset + r * row_bytes;
+        for (std::size_t k = 0; k < cols; ++k)
+          row[k] = grad_name == "embed" ? values[from * cols + k] : values[k * rows + from];
+        quantize(*q, row.data(), again.data(), cols);
+        if (*q == QuantFormat::q4_k) {
+          REQUIRE(std::memcmp(at, blocks.data() + from * row_bytes, row_bytes) == 0);
+          would_differ += std::memcmp(again.data(), blocks.data() + from * row_bytes, row_bytes) != 0;
+          ++copied;
+        } else {
+          REQUIRE(std::memcmp(at, again.data(), row_bytes) == 0);  // from the q4_K values
+          ++quantized_again;
+        }
+      }
+    }
+    MESSAGE(hf::gguf_architecture(c) << " q4_K base as Q4_K_M: " << copied << " rows' blocks copied (" << would_differ
+                                     << " of them quantized again from their values would differ), " << quantized_again
+                                     << " rows quantized to q6_K");
+    CHECK(copied > 0);
+    CHECK(quantized_again > 0);
+  }
+
+  // Blocks that do not hold the values (another tensor's, or not in GGUF's rows) are refused.
+  nn::LmConfig c = small(257);
+  c.d_model = 32;
+  c.heads = 2;
+  c.ffn = 64;
+  Tape<float> tp;
+  nn::Lm<float> held(tp, c, 62, nn::Lm<float>::Train::none, Storage::q8_0);
+  std::vector<Tensor<float>> values;
+  values.reserve(held.base().size());
+  std::vector<hf::LmTensor> list;
+  for (const auto& p : held.base()) {
+    values.push_back(tp.widened_value(p.var));
+    hf::LmTensor t{p.name, std::vector<std::size_t>(tp.dims(p.var).span().begin(), tp.dims(p.var).span().end()),
+                   values.back().data()};
+    if (quantized(tp.storage(p.var))) t.format = QuantFormat::q8_0, t.blocks = tp.leaf_blocks(p.var);
+    list.push_back(t);
+  }
+  ScratchDir dir("gguf");
+  const std::string path = dir.file("bad.gguf");
+  const auto vocab = hf::byte_level_vocab({"<|endoftext|>"});
+  REQUIRE(hf::write_gguf(path, c, list, vocab, {.type = hf::GgufType::q8_0}).ok());
+  std::filesystem::remove(path);
+  auto named = [&](std::string_view name) {
+    return std::find_if(list.begin(), list.end(), [&](const hf::LmTensor& t) { return t.name == name; });
+  };
+  const auto good = named("layers.0.gate")->blocks;
+  named("layers.0.gate")->blocks = named("layers.0.up")->blocks;  // the same shape, other weights
+  ModelFileResult r = hf::write_gguf(path, c, list, vocab, {.type = hf::GgufType::q8_0});
+  CAPTURE(r.error);
+  CHECK_FALSE(r.ok());
+  CHECK(r.error.find("tensor 'model.layers.0.mlp.gate_proj.weight': its q8_0 blocks' row 0 does not dequantize to its "
+                     "values") != std::string::npos);
+  named("layers.0.gate")->blocks = good.first(good.size() - 34);  // a block short
+  r = hf::write_gguf(path, c, list, vocab, {.type = hf::GgufType::q8_0});
+  CHECK(r.error.find("has 2142 bytes of q8_0 blocks (expected 64 rows of 34)") != std::string::npos);
+  CHECK(nothing_left(dir));
+}

@@ -461,7 +461,25 @@ std::string assemble(std::span<const Planned> plan, const Metadata& m, std::vect
                  : p.ne.size() == 1 ? p.from->values[source_row(k, cols, p.heads)]
                  : p.transpose      ? p.from->values[k * rows + source_row(r, rows, p.heads)]
                                     : p.from->values[r * cols + k];
-      if (q) {
+      if (q && p.from && p.from->format == *q) {
+        // Held in this format: the row's blocks as they are (GGUF row r is
+        // held row source_row(r): Llama's q and k rows move whole), which
+        // must dequantize to the row's values.
+        const std::size_t bytes = quant_bytes(*q, cols), held = p.transpose ? source_row(r, rows, p.heads) : r;
+        if (r == 0 && p.from->blocks.size() != rows * bytes)
+          return "tensor '" + p.hf_name + "' has " + std::to_string(p.from->blocks.size()) + " bytes of " +
+                 std::string(ggml_type_name(p.type)) + " blocks (expected " + std::to_string(rows) + " rows of " +
+                 std::to_string(bytes) + ")";
+        const std::uint8_t* from = p.from->blocks.data() + held * bytes;
+        back.resize(cols);
+        dequantize(*q, from, back.data(), cols);
+        for (std::size_t k = 0; k < cols; ++k)
+          if (std::bit_cast<std::uint32_t>(back[k]) != std::bit_cast<std::uint32_t>(row[k]))
+            return "tensor '" + p.hf_name + "': its " + std::string(ggml_type_name(p.type)) + " blocks' row " +
+                   std::to_string(held) + " does not dequantize to its values (element " + std::to_string(k) +
+                   "; expected the blocks in GGUF's rows: [out, in] for a projection or the head)";
+        f.out.insert(f.out.end(), from, from + bytes);
+      } else if (q) {
         const std::size_t at = f.out.size();
         f.out.resize(at + quant_bytes(*q, cols));
         quantize(*q, row.data(), f.out.data() + at, cols);  // finite values: checked first

@@ -393,6 +393,36 @@ TEST_CASE("a LoRA adapter file on the base file: llama.cpp decodes as grad's LoR
   }
 }
 
+TEST_CASE("LoRA on a quantized base (Storage::q8_0): the held blocks as the base file, the adapters beside it") {
+  // grad trains adapters over a base held in llama.cpp's Q8_0 blocks; the
+  // base file copies those blocks, so llama.cpp's weights are grad's
+  // (llama.cpp still rounds activations to Q8_0 in its products).
+  nn::LmConfig c = random_config();
+  c.lora_rank = 4;
+  c.lora_scale = 1.5;
+  Tape<float> tp;
+  nn::Lm<float> m(tp, c, 19, nn::Lm<float>::Train::lora, Storage::q8_0);
+  randomize_adapters(tp, m, 20, -0.3, 0.3);
+  nn::LmConfig b = c;
+  b.lora_rank = 0;
+  Tape<float> tb;
+  const nn::Lm<float> base(tb, b, 19, nn::Lm<float>::Train::none, Storage::q8_0);  // the same blocks
+  REQUIRE(std::ranges::equal(tb.leaf_blocks(base.tensor("layers.1.v")), tp.leaf_blocks(m.tensor("layers.1.v"))));
+  ScratchDir dir("llama_cpp");
+  const std::string base_file = dir.file("base_q8_0.gguf"), adapter = dir.file("adapter.gguf");
+  REQUIRE(hf::write_gguf(base_file, base, tiny_bpe(), {.type = hf::GgufType::q8_0}).ok());
+  REQUIRE(hf::write_lora_gguf(adapter, m).ok());
+  const auto ours = grad_position_logprobs(m, prompt);
+  const std::vector<int> our_tokens = grad_decode(m, prompt, steps).first;
+  REQUIRE(grad_decode(base, prompt, steps).first != our_tokens);  // the adapters matter
+  const LlamaRun llama = llama_decode(base_file, prompt, steps, "f32", "", adapter, true);
+  const double diff = max_position_diff(ours, llama.position);
+  MESSAGE("Q8_0-held base + F32 LoRA adapter: teacher-forced log-probabilities over "
+          << prompt.size() << " positions differ by at most " << diff << "; greedy tokens agreeing "
+          << agreeing(llama.tokens, our_tokens) << " of " << steps);
+  CHECK(diff < 0.1);
+}
+
 TEST_CASE("quantized files: llama.cpp serves q8_0, q4_0 and q4_k_m as grad computes on the dequantized weights") {
   // Rows of whole Q4_K blocks (d_model 256, ffn 512), three layers: the
   // Q4_K_M mix has q4_K, q6_K (head, layer 2's attn_v and ffn_down).

@@ -65,6 +65,7 @@
 #include "grad/hf/tokenizer.hpp"
 #include "grad/lm/model.hpp"
 #include "grad/model_file.hpp"
+#include "grad/numerics/held.hpp"
 #include "grad/numerics/quant.hpp"
 
 namespace grad::hf {
@@ -207,6 +208,15 @@ struct LmTensor {
   std::string name;
   std::vector<std::size_t> shape;
   std::span<const float> values;
+  // A matrix also held in llama.cpp's blocks (a quantized base: nn::Lm's
+  // base_storage Storage::q8_0 ... q6_k) gives them here, in GGUF's rows
+  // (the [out, in] rows of a projection or the head, the embedding's rows;
+  // Llama's q and k rows in grad's order): where the file holds the matrix
+  // in that format, write_gguf copies them as they are (a K-quant quantized
+  // again from its own values need not give its bytes back) after checking
+  // that they dequantize to `values`; elsewhere it quantizes `values`.
+  std::optional<QuantFormat> format = std::nullopt;
+  std::span<const std::uint8_t> blocks = {};
 };
 
 // Writes `tensors` (a model of `config`, without adapters: merge them first,
@@ -230,9 +240,9 @@ ModelFileResult write_gguf(const std::string& path, const nn::Lm<T>& model, cons
   if (model.config().lora_rank > 0)
     return {"grad: GGUF '" + path + "': the model has LoRA adapters (" + model.config().describe() +
             "): fold them in first (nn::merge_lora into a model without adapters); nothing written"};
-  const Tape<T>& tp = model.tape();
+  Tape<T>& tp = model.tape();  // (not changed: leaf_blocks is a writable view of the blocks)
   if (!tp.ok()) return {"grad: GGUF '" + path + "': the tape is poisoned (" + tp.error() + "); nothing written"};
-  // float64 models and 16-bit-held matrices only; reserved: the spans must not move
+  // float64 models, 16-bit-held and quantized matrices only; reserved: the spans must not move
   std::vector<std::vector<float>> converted;
   converted.reserve(model.base().size());
   std::vector<LmTensor> tensors;
@@ -248,6 +258,10 @@ ModelFileResult write_gguf(const std::string& path, const nn::Lm<T>& model, cons
       const Tensor<T> v = tp.widened_value(p.var);
       converted.emplace_back(v.data().begin(), v.data().end());
       t.values = converted.back();
+    }
+    if (quantized(tp.storage(p.var))) {  // held as llama.cpp holds it (Lm: the embedding's rows, else [out, in])
+      t.format = grad::quant_format(tp.storage(p.var));
+      t.blocks = tp.leaf_blocks(p.var);
     }
     tensors.push_back(std::move(t));
   }
@@ -296,16 +310,20 @@ template <class T>
 ModelFileResult write_lora_gguf(const std::string& path, const nn::Lm<T>& model, const LoraGgufOptions& options = {}) {
   const Tape<T>& tp = model.tape();
   if (!tp.ok()) return {"grad: LoRA GGUF '" + path + "': the tape is poisoned (" + tp.error() + "); nothing written"};
-  std::vector<std::vector<float>> converted;  // float64 models; reserved: the spans must not move
+  std::vector<std::vector<float>> converted;  // reserved: the spans must not move
   converted.reserve(model.adapters().size());
   std::vector<LmTensor> tensors;
   for (const auto& p : model.adapters()) {
-    const View<T> v = tp.value(p.var);  // adapters are held natively (Lm's base_storage is the base's alone)
-    LmTensor t{p.name, std::vector<std::size_t>(v.shape.begin(), v.shape.end()), {}};
+    const std::span<const std::size_t> dims = tp.dims(p.var).span();
+    LmTensor t{p.name, std::vector<std::size_t>(dims.begin(), dims.end()), {}};
+    bool in_place = false;
     if constexpr (std::is_same_v<T, float>) {
-      t.values = v.data;
-    } else {
-      converted.emplace_back(v.data.begin(), v.data.end());
+      in_place = tp.storage(p.var) == Storage::native;
+      if (in_place) t.values = tp.value(p.var).data;
+    }
+    if (!in_place) {  // float64, or frozen 16-bit adapters (Train::none over a 16-bit base)
+      const Tensor<T> v = tp.widened_value(p.var);
+      converted.emplace_back(v.data().begin(), v.data().end());
       t.values = converted.back();
     }
     tensors.push_back(std::move(t));
@@ -325,7 +343,9 @@ void round_like_gguf(const nn::LmConfig& config, GgufType type, std::string_view
 // Rounds a model's matrices in place as write_gguf with `type` stores them
 // (vectors stay as they are): afterwards the model computes with the weights
 // llama.cpp is given. A float64 model's values are rounded to float32 first.
-// A matrix held 16-bit (Lm's base_storage) is left as it is.
+// A matrix held 16-bit or quantized (Lm's base_storage) is left as it is:
+// a quantized one is what the file holds where the file's type for it is
+// its format (write_gguf copies its blocks), not where it is quantized again.
 template <class T>
 void round_like_gguf(nn::Lm<T>& model, GgufType type) {
   Tape<T>& tp = model.tape();
