@@ -7,6 +7,7 @@
 
 #include <grad/hf/gguf_load.hpp>
 #include <grad/lm.hpp>
+#include <grad/numerics/quant.hpp>
 #include <nlohmann/json.hpp>
 
 #include "support.hpp"
@@ -673,4 +674,118 @@ TEST_CASE("load_gguf on a file truncated anywhere, or with any header byte chang
       }
     }
   CHECK(changed > data);
+}
+
+namespace {
+
+// A value back into the format's bytes (the scalar and array kinds write_gguf uses).
+void put_value(Bytes& b, const hf::GgufValue& v) {
+  using VT = hf::GgufValueType;
+  switch (v.type) {
+    case VT::u32: b.put(static_cast<std::uint32_t>(v.unsigned_integer)); break;
+    case VT::f32: b.put(static_cast<float>(v.real)); break;
+    case VT::boolean: b.put(static_cast<std::uint8_t>(v.integer)); break;
+    case VT::string: b.str(v.string); break;
+    case VT::array:
+      b.put(static_cast<std::uint32_t>(v.element_type)).put(v.count);
+      if (v.element_type == VT::string)
+        for (const std::string& s : v.strings) b.str(s);
+      else
+        b.b.insert(b.b.end(), v.raw.begin(), v.raw.end());
+      break;
+    default: FAIL("a value type write_gguf does not write");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("load_gguf dequantizes q8_0, q4_0, q4_K, q5_K and q6_K tensors exactly, transposed as the others") {
+  ScratchDir dir("gguf_read");
+  CHECK(hf::ggml_type_info(8)->block_bytes == quant_info(QuantFormat::q8_0).block_bytes);
+  for (const QuantFormat q : quant_formats) {
+    const hf::GgmlTypeInfo* info = hf::ggml_type_info(quant_info(q).ggml_type);
+    REQUIRE(info != nullptr);
+    CHECK(info->name == quant_info(q).name);
+    CHECK(info->block_elements == quant_info(q).block_elements);
+    CHECK(info->block_bytes == quant_info(q).block_bytes);
+  }
+  // A model whose rows are 256 wide (K-quants' blocks), written F32, then
+  // rewritten with every matrix quantized, the formats taking turns.
+  nn::LmConfig c = small(260);
+  c.d_model = 256;
+  c.ffn = 256;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.layers = 1;
+  c.qkv_bias = true;
+  c.head_width = 128;  // 4 * 128 != 256: a llama, its q and k rows permuted
+  Tape<float> tp;
+  nn::Lm<float> m(tp, c, 5);
+  randomize(m, 9);
+  REQUIRE(hf::write_gguf(dir.file("f32.gguf"), m, vocab_of(260)).ok());
+  const hf::GgufFile f32(dir.file("f32.gguf"));
+  // The file again, each matrix quantized (quantized) or holding its
+  // dequantized values as F32 (not): the F32 file's load the round trips prove.
+  auto rewrite = [&](bool quantized) {
+    Bytes out;
+    out.b = {'G', 'G', 'U', 'F'};
+    out.put<std::uint32_t>(3).put<std::uint64_t>(f32.tensors().size()).put<std::uint64_t>(f32.metadata().size());
+    for (const auto& kv : f32.metadata()) {
+      out.str(kv.key).put(static_cast<std::uint32_t>(kv.value.type));
+      put_value(out, kv.value);
+    }
+    std::vector<std::vector<unsigned char>> data;
+    std::uint64_t offset = 0;
+    std::size_t turn = 0;
+    for (const hf::GgufTensorInfo& t : f32.tensors()) {
+      std::vector<float> x(t.elements);
+      std::memcpy(x.data(), f32.bytes(t).data(), t.byte_count);
+      std::vector<unsigned char> bytes(f32.bytes(t).begin(), f32.bytes(t).end());
+      std::uint32_t type = 0;
+      if (t.ne.size() == 2) {
+        const QuantFormat q = quant_formats[turn++ % quant_formats.size()];
+        std::vector<unsigned char> blocks(quant_bytes(q, x.size()));
+        quantize(q, x.data(), blocks.data(), x.size());
+        if (quantized) {
+          type = quant_info(q).ggml_type;
+          bytes = blocks;
+        } else {
+          dequantize(q, blocks.data(), x.data(), x.size());
+          std::memcpy(bytes.data(), x.data(), bytes.size());
+        }
+      }
+      out.str(t.name).put<std::uint32_t>(static_cast<std::uint32_t>(t.ne.size()));
+      for (auto d : t.ne) out.put(d);
+      out.put(type).put(offset);
+      bytes.resize((bytes.size() + 31) / 32 * 32, 0);
+      offset += bytes.size();
+      data.push_back(std::move(bytes));
+    }
+    CHECK(turn == 9);  // embedding, 7 projections, head
+    out.pad(32);
+    for (const auto& d : data) out.b.insert(out.b.end(), d.begin(), d.end());
+    return out.b;
+  };
+  write_bytes(dir.file("q.gguf"), rewrite(true));
+  write_bytes(dir.file("deq.gguf"), rewrite(false));
+  Tape<float> tr;
+  auto expected = hf::load_gguf(dir.file("deq.gguf"), tr);
+  const auto want = values(expected.model);
+  for (const Storage s : {Storage::native, Storage::bf16}) {
+    CAPTURE(storage_name(s));
+    Tape<float> tq;
+    auto g = hf::load_gguf(dir.file("q.gguf"), tq, nn::Lm<float>::Train::none, {.base_storage = s});
+    check_same_config(g.config, c);
+    const auto got = values(g.model);
+    for (const auto& [name, v] : want) {
+      CAPTURE(name);
+      std::vector<float> w = v;
+      if (s == Storage::bf16 && tq.dims(g.model.tensor(name)).rank == 2)
+        for (float& x : w) x = Bf16::widen(round_to_bf16(x));
+      CHECK(same_bits(w, got.at(name)));
+    }
+    if (s == Storage::native) CHECK(same_bits(logits(expected.model), logits(g.model)));
+  }
+  // The quantized values are not the F32 ones (the test would be empty if they were).
+  CHECK_FALSE(same_bits(values(m).at("layers.0.q"), want.at("layers.0.q")));
 }

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "bounded_input.hpp"
+#include "grad/numerics/quant.hpp"
 
 namespace grad::hf {
 
@@ -105,16 +106,20 @@ std::string decodable(const GgufTensorInfo& t) {
     case GgmlType::bf16:
       return "";
     default: {
+      if (quant_format_from_ggml(t.type)) return "";
       const GgmlTypeInfo* info = ggml_type_info(t.type);
       const bool quantized = info && info->block_elements > 1;
       return "type " + ggml_type_name(t.type) +
-             (quantized ? ": quantized tensors are not read yet (expected f32, f16 or bf16)"
-                        : " (expected f32, f16 or bf16 for a model's weights)");
+             (quantized ? ", a quantized format grad does not read (expected f32, f16, bf16, q8_0, q4_0, q4_K, q5_K "
+                          "or q6_K)"
+                        : " (expected f32, f16, bf16 or a quantized format for a model's weights)");
     }
   }
 }
 
-// n values of a decodable type from its bytes, exactly as floats.
+// n values of a decodable type from its bytes (n a whole number of its
+// blocks), exactly as floats: quantized blocks as ggml's reference
+// dequantization computes them (grad/numerics/quant.hpp).
 void decode(const GgufTensorInfo& t, const unsigned char* bytes, std::size_t n, float* out) {
   switch (t.ggml_type()) {
     case GgmlType::f32:
@@ -131,7 +136,8 @@ void decode(const GgufTensorInfo& t, const unsigned char* bytes, std::size_t n, 
       return;
     }
     default:
-      return;  // refused before (decodable)
+      if (const std::optional<QuantFormat> q = quant_format_from_ggml(t.type)) dequantize(*q, bytes, out, n);
+      return;  // others refused before (decodable)
   }
 }
 

@@ -34,7 +34,9 @@
 // file's q and k rows (and biases) are put back from llama.cpp's
 // interleaved RoPE order into rotate-half order within each head, the inverse
 // of the permutation llama.cpp's converter (and write_gguf) applies. Values:
-// F32, F16 and BF16 exactly (into float or double); into a 16-bit base
+// F32, F16 and BF16 exactly (into float or double), q8_0, q4_0, q4_K, q5_K
+// and q6_K as ggml's reference dequantization computes them (grad/numerics/
+// quant.hpp: the same floats on every ISA); into a 16-bit base
 // (LmConfig's base_storage bf16/f16) a tensor of that format is copied bit
 // for bit, others rounded to nearest even, as hf::load_weights does (a
 // value beyond F16's range refused). Every tensor is checked (present, ne as
