@@ -415,6 +415,7 @@ TEST_CASE("GgufFile refuses malformed headers by name: magic, version, lengths, 
   auto refused = [&](const std::vector<unsigned char>& bytes, const std::string& part) {
     const std::string why = open_error(dir, bytes);
     CAPTURE(why);
+    CHECK_FALSE(why.empty());
     CHECK(why.find(part) != std::string::npos);
   };
   const std::vector<unsigned char> good = crafted(0, {});
@@ -550,6 +551,7 @@ TEST_CASE("load_gguf refuses metadata the tensors do not bear out, and keys grad
   auto refused = [&](const std::vector<unsigned char>& bytes, const std::string& part) {
     const std::string why = load_error(dir, bytes);
     CAPTURE(why);
+    CHECK_FALSE(why.empty());
     CHECK(why.find(part) != std::string::npos);
   };
   {
@@ -589,7 +591,7 @@ TEST_CASE("load_gguf refuses metadata the tensors do not bear out, and keys grad
     auto b = good;
     const std::string key = "qwen2.embedding_length";
     poke<std::uint32_t>(b, value_at(b, key) - 4, 8);  // its type: a string now
-    refused(b, "");  // some refusal (the bytes no longer parse as the same pairs)
+    refused(b, "grad::hf: GGUF '");  // some refusal: the bytes no longer parse as the same pairs
   }
   {  // a tensor the model has no place for: rename output_norm
     auto b = good;
