@@ -788,6 +788,20 @@ TEST_CASE("load_gguf dequantizes q8_0, q4_0, q4_K, q5_K and q6_K tensors exactly
     }
     if (s == Storage::native) CHECK(same_bits(logits(expected.model), logits(g.model)));
   }
+  {  // a quantized format grad does not dequantize: refused by name (iq4_xs where q4_K was: fewer bytes, so it parses)
+    std::vector<unsigned char> b = read_bytes(dir.file("q.gguf"));
+    const std::string name = "blk.0.attn_k.weight";
+    const auto it = std::search(b.begin(), b.end(), name.begin(), name.end());
+    REQUIRE(it != b.end());
+    const std::size_t type_at = static_cast<std::size_t>(it - b.begin()) + name.size() + 4 + 2 * 8;
+    std::uint32_t type = 0;
+    std::memcpy(&type, b.data() + type_at, 4);
+    REQUIRE(type == quant_info(QuantFormat::q4_k).ggml_type);
+    poke<std::uint32_t>(b, type_at, 23);
+    CHECK(open_error(dir, b).empty());
+    CHECK(load_error(dir, b).find("tensor 'blk.0.attn_k.weight' (grad's 'layers.0.k') is type iq4_xs, a quantized "
+                                  "format grad does not read") != std::string::npos);
+  }
   // The quantized values are not the F32 ones (the test would be empty if they were).
   CHECK_FALSE(same_bits(values(m).at("layers.0.q"), want.at("layers.0.q")));
 }
