@@ -147,6 +147,7 @@ std::vector<unsigned char> crafted(std::uint64_t kv_count, const Bytes& kvs, std
 // The message hf::GgufFile gives for these bytes ("" when it opens them).
 std::string open_error(const ScratchDir& dir, const std::vector<unsigned char>& bytes) {
   const std::string path = dir.file("x.gguf");
+  std::filesystem::remove(path);  // a new file (see load_error)
   write_bytes(path, bytes);
   try {
     hf::GgufFile f(path);
@@ -159,6 +160,7 @@ std::string open_error(const ScratchDir& dir, const std::vector<unsigned char>& 
 // The message load_gguf gives for these bytes ("" when it loads them).
 std::string load_error(const ScratchDir& dir, const std::vector<unsigned char>& bytes) {
   const std::string path = dir.file("x.gguf");
+  std::filesystem::remove(path);  // a new file: truncating one that was mapped costs far more
   write_bytes(path, bytes);
   try {
     Tape<float> tp;
