@@ -1,4 +1,5 @@
-// GGUF export: a grad::nn::Lm as a file llama.cpp loads and serves.
+// GGUF export: a grad::nn::Lm as a file llama.cpp loads and serves (the way
+// back, a GGUF as an nn::Lm and hf::Tokenizer, is grad/hf/gguf_load.hpp).
 //
 //   nn::Lm<float> merged(tp, base_config, 1);  nn::merge_lora(tuned, merged);
 //   const hf::BpeVocab vocab = hf::byte_level_vocab({"<|endoftext|>"});  // 256 bytes + 1 (config.vocab 257)
