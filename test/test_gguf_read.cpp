@@ -294,19 +294,23 @@ TEST_CASE("the GGUF tokenizer encodes as the tokenizer.json it was written from"
   // A byte-level BPE with merges, Qwen2's split, an added special token.
   json vocab = json::object();
   for (unsigned b = 0; b < 256; ++b) vocab[hf::byte_to_symbol(static_cast<unsigned char>(b))] = b;
-  const std::vector<std::pair<std::string, std::string>> merges = {
-      {"\xc4\xa0", "t"}, {"h", "e"}, {"\xc4\xa0t", "he"}, {"l", "l"}, {"ll", "o"}, {"1", "2"}};
+  const std::vector<std::pair<std::string, std::string>> merges = {{"\xc4\xa0", "t"}, {"h", "e"},  {"\xc4\xa0t", "he"},
+                                                                   {"l", "l"},        {"ll", "o"}, {"1", "2"}};
   json merge_list = json::array();
   int id = 256;
   for (const auto& [l, r] : merges) {
     vocab[l + r] = id++;
     merge_list.push_back(l + " " + r);
   }
-  const json split = {{"type", "Split"},
-                      {"pattern", {{"Regex", R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"}}},
-                      {"behavior", "Isolated"},
-                      {"invert", false}};
-  const json bytes = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+  const json split = {
+      {"type", "Split"},
+      {"pattern",
+       {{"Regex",
+         R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"}}},
+      {"behavior", "Isolated"},
+      {"invert", false}};
+  const json bytes = {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
   const json j = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merge_list}}},
                   {"added_tokens", json::array({{{"id", id}, {"content", "<|endoftext|>"}, {"special", true}}})},
                   {"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", json::array({split, bytes})}}},
@@ -328,8 +332,9 @@ TEST_CASE("the GGUF tokenizer encodes as the tokenizer.json it was written from"
   CHECK(g.vocab->tokens == v.tokens);
   CHECK(g.vocab->merges == v.merges);
   CHECK(g.vocab->eos == v.eos);
-  for (const std::string& text : std::vector<std::string>{"the hello 12 world<|endoftext|>tell", "  hello\n\nthe  123 'll", "",
-                                 "caf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd!", std::string("\xff\xfe bytes \x01", 10)}) {
+  for (const std::string& text :
+       std::vector<std::string>{"the hello 12 world<|endoftext|>tell", "  hello\n\nthe  123 'll", "",
+                                "caf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd!", std::string("\xff\xfe bytes \x01", 10)}) {
     CAPTURE(text);
     CHECK(g.tokenizer->encode(text) == original.encode(text));
     CHECK(g.tokenizer->decode(g.tokenizer->encode(text)) == text);
@@ -369,7 +374,12 @@ TEST_CASE("GgufFile reads every metadata value type, nested arrays, and hands te
   kv.str("a.u64").put<std::uint32_t>(10).put<std::uint64_t>(UINT64_MAX);
   kv.str("a.i64").put<std::uint32_t>(11).put<std::int64_t>(INT64_MIN);
   kv.str("a.f64").put<std::uint32_t>(12).put<double>(0.1);
-  kv.str("a.ints").put<std::uint32_t>(9).put<std::uint32_t>(3).put<std::uint64_t>(2).put<std::int16_t>(-1).put<std::int16_t>(9);
+  kv.str("a.ints")
+      .put<std::uint32_t>(9)
+      .put<std::uint32_t>(3)
+      .put<std::uint64_t>(2)
+      .put<std::int16_t>(-1)
+      .put<std::int16_t>(9);
   kv.str("a.strings").put<std::uint32_t>(9).put<std::uint32_t>(8).put<std::uint64_t>(2).str("x").str("");
   // [[1, 2], []] as arrays of u8
   kv.str("a.nested").put<std::uint32_t>(9).put<std::uint32_t>(9).put<std::uint64_t>(2);
@@ -563,7 +573,8 @@ TEST_CASE("load_gguf refuses metadata the tensors do not bear out, and keys grad
   }
   {
     auto b = good;
-    poke<std::uint32_t>(b, value_at(b, "qwen2.feed_forward_length"), 1u << 23);  // 2^23 * 8 * 3 * 2 floats: no allocation
+    poke<std::uint32_t>(b, value_at(b, "qwen2.feed_forward_length"),
+                        1u << 23);  // 2^23 * 8 * 3 * 2 floats: no allocation
     refused(b, "tensor 'blk.0.ffn_gate.weight' is ne {8, 12}, but the qwen2 model the metadata describes");
   }
   {
@@ -593,7 +604,7 @@ TEST_CASE("load_gguf refuses metadata the tensors do not bear out, and keys grad
     auto b = good;
     const std::string key = "qwen2.embedding_length";
     poke<std::uint32_t>(b, value_at(b, key) - 4, 8);  // its type: a string now
-    refused(b, "grad::hf: GGUF '");  // some refusal: the bytes no longer parse as the same pairs
+    refused(b, "grad::hf: GGUF '");                   // some refusal: the bytes no longer parse as the same pairs
   }
   {  // a tensor the model has no place for: rename output_norm
     auto b = good;
@@ -686,10 +697,18 @@ namespace {
 void put_value(Bytes& b, const hf::GgufValue& v) {
   using VT = hf::GgufValueType;
   switch (v.type) {
-    case VT::u32: b.put(static_cast<std::uint32_t>(v.unsigned_integer)); break;
-    case VT::f32: b.put(static_cast<float>(v.real)); break;
-    case VT::boolean: b.put(static_cast<std::uint8_t>(v.integer)); break;
-    case VT::string: b.str(v.string); break;
+    case VT::u32:
+      b.put(static_cast<std::uint32_t>(v.unsigned_integer));
+      break;
+    case VT::f32:
+      b.put(static_cast<float>(v.real));
+      break;
+    case VT::boolean:
+      b.put(static_cast<std::uint8_t>(v.integer));
+      break;
+    case VT::string:
+      b.str(v.string);
+      break;
     case VT::array:
       b.put(static_cast<std::uint32_t>(v.element_type)).put(v.count);
       if (v.element_type == VT::string)
@@ -697,7 +716,8 @@ void put_value(Bytes& b, const hf::GgufValue& v) {
       else
         b.b.insert(b.b.end(), v.raw.begin(), v.raw.end());
       break;
-    default: FAIL("a value type write_gguf does not write");
+    default:
+      FAIL("a value type write_gguf does not write");
   }
 }
 

@@ -70,7 +70,7 @@ std::uint64_t load_unsigned(const unsigned char* p, std::size_t n) {
 }  // namespace
 
 std::string gguf_value_type_name(GgufValueType t) {
-  static constexpr const char* names[value_type_count] = {"u8",  "i8",     "u16",   "i16", "u32", "i32", "f32",
+  static constexpr const char* names[value_type_count] = {"u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
                                                           "bool", "string", "array", "u64", "i64", "f64"};
   const auto code = static_cast<std::uint32_t>(t);
   return code < value_type_count ? names[code] : "type " + std::to_string(code);
@@ -122,14 +122,46 @@ const GgmlTypeInfo* ggml_type_info(std::uint32_t code) {
   // values a block (QK_K), the older quants 32.
   static constexpr GgmlTypeInfo none{};
   static constexpr GgmlTypeInfo table[] = {
-      {"f32", 1, 4},         {"f16", 1, 2},        {"q4_0", 32, 18},    {"q4_1", 32, 20},   none,
-      none,                  {"q5_0", 32, 22},     {"q5_1", 32, 24},    {"q8_0", 32, 34},   {"q8_1", 32, 36},
-      {"q2_K", 256, 84},     {"q3_K", 256, 110},   {"q4_K", 256, 144},  {"q5_K", 256, 176}, {"q6_K", 256, 210},
-      {"q8_K", 256, 292},    {"iq2_xxs", 256, 66}, {"iq2_xs", 256, 74}, {"iq3_xxs", 256, 98}, {"iq1_s", 256, 50},
-      {"iq4_nl", 32, 18},    {"iq3_s", 256, 110},  {"iq2_s", 256, 82},  {"iq4_xs", 256, 136}, {"i8", 1, 1},
-      {"i16", 1, 2},         {"i32", 1, 4},        {"i64", 1, 8},       {"f64", 1, 8},      {"iq1_m", 256, 56},
-      {"bf16", 1, 2},        none,                 none,                none,               {"tq1_0", 256, 54},
-      {"tq2_0", 256, 66},    none,                 none,                none,               {"mxfp4", 32, 17},
+      {"f32", 1, 4},
+      {"f16", 1, 2},
+      {"q4_0", 32, 18},
+      {"q4_1", 32, 20},
+      none,
+      none,
+      {"q5_0", 32, 22},
+      {"q5_1", 32, 24},
+      {"q8_0", 32, 34},
+      {"q8_1", 32, 36},
+      {"q2_K", 256, 84},
+      {"q3_K", 256, 110},
+      {"q4_K", 256, 144},
+      {"q5_K", 256, 176},
+      {"q6_K", 256, 210},
+      {"q8_K", 256, 292},
+      {"iq2_xxs", 256, 66},
+      {"iq2_xs", 256, 74},
+      {"iq3_xxs", 256, 98},
+      {"iq1_s", 256, 50},
+      {"iq4_nl", 32, 18},
+      {"iq3_s", 256, 110},
+      {"iq2_s", 256, 82},
+      {"iq4_xs", 256, 136},
+      {"i8", 1, 1},
+      {"i16", 1, 2},
+      {"i32", 1, 4},
+      {"i64", 1, 8},
+      {"f64", 1, 8},
+      {"iq1_m", 256, 56},
+      {"bf16", 1, 2},
+      none,
+      none,
+      none,
+      {"tq1_0", 256, 54},
+      {"tq2_0", 256, 66},
+      none,
+      none,
+      none,
+      {"mxfp4", 32, 17},
   };
   if (code >= std::size(table) || table[code].block_bytes == 0) return nullptr;
   return &table[code];
@@ -161,8 +193,8 @@ class Cursor {
     if (n <= left()) return;
     if (n <= size_ - at_)  // in the file, past the bound
       fail(what + ": " + std::to_string(n) + " bytes at byte " + std::to_string(at_) +
-           " would take the header (metadata and tensor infos) past " +
-           std::to_string(GgufFile::max_header_bytes) + " bytes, more than this reader takes");
+           " would take the header (metadata and tensor infos) past " + std::to_string(GgufFile::max_header_bytes) +
+           " bytes, more than this reader takes");
     fail(what + ": " + std::to_string(n) + " bytes at byte " + std::to_string(at_) + ", but the file ends at byte " +
          std::to_string(size_) + " (truncated, or a count or length that is wrong)");
   }
@@ -223,7 +255,8 @@ void read_array(Cursor& c, GgufValue& v, const std::string& what, std::size_t de
     c.fail(what + ": arrays nested deeper than " + std::to_string(GgufFile::max_array_depth) + " levels");
   v.element_type = value_type(c, what + "'s element type");
   v.count = c.get<std::uint64_t>(what + "'s count");
-  const std::string of = what + " (array of " + std::to_string(v.count) + " " + gguf_value_type_name(v.element_type) + ")";
+  const std::string of =
+      what + " (array of " + std::to_string(v.count) + " " + gguf_value_type_name(v.element_type) + ")";
   // The least each element takes in the file, checked against what is left
   // before anything is reserved for the count.
   const std::uint64_t least = v.element_type == GgufValueType::string  ? 8
@@ -282,7 +315,9 @@ GgufValue read_value(Cursor& c, GgufValueType type, const std::string& what, std
       v.unsigned_integer = v.integer >= 0 ? static_cast<std::uint64_t>(v.integer) : 0;
     } else {
       v.unsigned_integer = load_unsigned(b, n);
-      v.integer = v.unsigned_integer <= static_cast<std::uint64_t>(INT64_MAX) ? static_cast<std::int64_t>(v.unsigned_integer) : 0;
+      v.integer = v.unsigned_integer <= static_cast<std::uint64_t>(INT64_MAX)
+                      ? static_cast<std::int64_t>(v.unsigned_integer)
+                      : 0;
     }
   }
   return v;
@@ -320,13 +355,13 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
     c.fail("the magic is " + hex_bytes(magic, 4) + " (expected \"GGUF\", 47 47 55 46): not a GGUF file");
   version_ = c.get<std::uint32_t>("the version");
   if (version_ == 1)
-    c.fail("GGUF version 1 (32-bit counts, llama.cpp before August 2023) is not read (expected version 2 or 3): "
-           "convert the model again with a current llama.cpp");
+    c.fail(
+        "GGUF version 1 (32-bit counts, llama.cpp before August 2023) is not read (expected version 2 or 3): "
+        "convert the model again with a current llama.cpp");
   if (version_ == 0x02000000u || version_ == 0x03000000u)
     c.fail("a big-endian GGUF (version " + std::to_string(version_ >> 24) +
            " in big-endian bytes) is not read (expected a little-endian file)");
-  if (version_ != 2 && version_ != 3)
-    c.fail("GGUF version " + std::to_string(version_) + " (expected 2 or 3)");
+  if (version_ != 2 && version_ != 3) c.fail("GGUF version " + std::to_string(version_) + " (expected 2 or 3)");
   const auto tensor_count = c.get<std::uint64_t>("the tensor count");
   const auto kv_count = c.get<std::uint64_t>("the metadata count");
 

@@ -60,7 +60,8 @@ struct Keys {
   std::optional<std::string> text(const std::string& key) const {
     const GgufValue* v = get(key);
     if (!v) return std::nullopt;
-    if (v->type != GgufValueType::string) fail(f, "metadata '" + key + "' is " + v->describe() + " (expected a string)");
+    if (v->type != GgufValueType::string)
+      fail(f, "metadata '" + key + "' is " + v->describe() + " (expected a string)");
     return v->string;
   }
 };
@@ -187,7 +188,8 @@ std::vector<Placed<T>> placements(const nn::Lm<T>& m, const std::string& arch) {
                                                                              : 0;
       const std::string name = g + std::string(nn::proj_names[p]);
       out.push_back({blk + gguf_proj[p] + ".weight", name, L.w[p], true, heads, nullptr});
-      if (L.bias[p].valid()) out.push_back({blk + gguf_proj[p] + ".bias", name + "_bias", L.bias[p], false, heads, nullptr});
+      if (L.bias[p].valid())
+        out.push_back({blk + gguf_proj[p] + ".bias", name + "_bias", L.bias[p], false, heads, nullptr});
     }
     out.push_back({blk + "ffn_norm.weight", g + "mlp_norm", L.mlp_norm, false, 0, nullptr});
   }
@@ -281,7 +283,8 @@ void check_shapes(const GgufFile& f, const GgufConfig& g) {
   auto want = [&](const std::string& name, std::vector<std::uint64_t> ne) {
     const GgufTensorInfo* t = f.tensor(name);
     if (!t) fail(f, "tensor '" + name + "' is missing: " + described + " has it, ne " + ne_text(ne));
-    if (t->ne != ne) fail(f, "tensor '" + name + "' is ne " + ne_text(t->ne) + ", but " + described + " makes it ne " + ne_text(ne));
+    if (t->ne != ne)
+      fail(f, "tensor '" + name + "' is ne " + ne_text(t->ne) + ", but " + described + " makes it ne " + ne_text(ne));
   };
   want("token_embd.weight", {c.d_model, c.vocab});
   for (std::size_t l = 0; l < c.layers; ++l) {
@@ -388,8 +391,9 @@ BpeVocab read_gguf_vocab(const GgufFile& f) {
   if (model->type != GgufValueType::string)
     return refuse("metadata 'tokenizer.ggml.model' is " + model->describe() + " (expected a string)");
   if (model->string == "llama")
-    return refuse("tokenizer.ggml.model is \"llama\" (SentencePiece, scores and byte fallback), which hf::Tokenizer "
-                  "(byte-level BPE) cannot express: the weights load without it");
+    return refuse(
+        "tokenizer.ggml.model is \"llama\" (SentencePiece, scores and byte fallback), which hf::Tokenizer "
+        "(byte-level BPE) cannot express: the weights load without it");
   if (model->string != "gpt2")
     return refuse("tokenizer.ggml.model is \"" + text_excerpt(model->string) +
                   "\" (grad reads \"gpt2\", byte-level BPE)");
@@ -425,9 +429,9 @@ BpeVocab read_gguf_vocab(const GgufFile& f) {
   if (pre && pre->type != GgufValueType::string)
     return refuse("metadata 'tokenizer.ggml.pre' is " + pre->describe() + " (expected a string)");
   v.pre = pre ? pre->string : "default";
-  const std::pair<const char*, std::optional<std::uint32_t>*> ids[] = {
-      {"tokenizer.ggml.bos_token_id", &v.bos}, {"tokenizer.ggml.eos_token_id", &v.eos},
-      {"tokenizer.ggml.padding_token_id", &v.pad}};
+  const std::pair<const char*, std::optional<std::uint32_t>*> ids[] = {{"tokenizer.ggml.bos_token_id", &v.bos},
+                                                                       {"tokenizer.ggml.eos_token_id", &v.eos},
+                                                                       {"tokenizer.ggml.padding_token_id", &v.pad}};
   for (const auto& [key, id] : ids)
     if (const GgufValue* x = f.find(key)) {
       const std::optional<std::uint64_t> n = x->as_size();
@@ -503,8 +507,8 @@ GgufModel<T> load_gguf(const std::string& path, Tape<T>& tp, typename nn::Lm<T>:
   check_shapes(f, cfg);
   nn::Lm<T> model(tp, cfg.config, 0, train, options.base_storage);
   load_gguf_weights(f, model);
-  return GgufModel<T>{cfg.architecture, cfg.config, std::move(model), std::move(vocab), std::move(tokenizer),
-                      std::move(problem)};
+  return GgufModel<T>{cfg.architecture, cfg.config,           std::move(model),
+                      std::move(vocab), std::move(tokenizer), std::move(problem)};
 }
 
 template void load_gguf_weights<float>(const GgufFile&, nn::Lm<float>&);

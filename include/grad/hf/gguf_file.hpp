@@ -55,8 +55,19 @@ namespace grad::hf {
 
 // GGUF's value types (gguf_type).
 enum class GgufValueType : std::uint32_t {
-  u8 = 0, i8 = 1, u16 = 2, i16 = 3, u32 = 4, i32 = 5, f32 = 6, boolean = 7,
-  string = 8, array = 9, u64 = 10, i64 = 11, f64 = 12,
+  u8 = 0,
+  i8 = 1,
+  u16 = 2,
+  i16 = 3,
+  u32 = 4,
+  i32 = 5,
+  f32 = 6,
+  boolean = 7,
+  string = 8,
+  array = 9,
+  u64 = 10,
+  i64 = 11,
+  f64 = 12,
 };
 // "u32", "string", ...; "type <n>" for a code that is none.
 std::string gguf_value_type_name(GgufValueType t);
@@ -75,9 +86,9 @@ struct GgufValue {
   // Arrays: the elements' type and count, and one of the three below.
   GgufValueType element_type = GgufValueType::u8;
   std::uint64_t count = 0;
-  std::vector<unsigned char> raw;     // numbers and bools: count * their size bytes
-  std::vector<std::string> strings;   // strings
-  std::vector<GgufValue> items;       // arrays
+  std::vector<unsigned char> raw;    // numbers and bools: count * their size bytes
+  std::vector<std::string> strings;  // strings
+  std::vector<GgufValue> items;      // arrays
 
   bool is_integer() const;  // u8 .. i64, not bool
   // A whole number >= 0 of any integer type (nullopt otherwise, or negative).
@@ -99,11 +110,38 @@ struct GgufKeyValue {
 
 // ggml's tensor types (ggml_type codes; the gaps are types ggml removed).
 enum class GgmlType : std::uint32_t {
-  f32 = 0, f16 = 1, q4_0 = 2, q4_1 = 3, q5_0 = 6, q5_1 = 7, q8_0 = 8, q8_1 = 9,
-  q2_k = 10, q3_k = 11, q4_k = 12, q5_k = 13, q6_k = 14, q8_k = 15,
-  iq2_xxs = 16, iq2_xs = 17, iq3_xxs = 18, iq1_s = 19, iq4_nl = 20, iq3_s = 21, iq2_s = 22, iq4_xs = 23,
-  i8 = 24, i16 = 25, i32 = 26, i64 = 27, f64 = 28, iq1_m = 29, bf16 = 30,
-  tq1_0 = 34, tq2_0 = 35, mxfp4 = 39,
+  f32 = 0,
+  f16 = 1,
+  q4_0 = 2,
+  q4_1 = 3,
+  q5_0 = 6,
+  q5_1 = 7,
+  q8_0 = 8,
+  q8_1 = 9,
+  q2_k = 10,
+  q3_k = 11,
+  q4_k = 12,
+  q5_k = 13,
+  q6_k = 14,
+  q8_k = 15,
+  iq2_xxs = 16,
+  iq2_xs = 17,
+  iq3_xxs = 18,
+  iq1_s = 19,
+  iq4_nl = 20,
+  iq3_s = 21,
+  iq2_s = 22,
+  iq4_xs = 23,
+  i8 = 24,
+  i16 = 25,
+  i32 = 26,
+  i64 = 27,
+  f64 = 28,
+  iq1_m = 29,
+  bf16 = 30,
+  tq1_0 = 34,
+  tq2_0 = 35,
+  mxfp4 = 39,
 };
 
 // A type's block: `block_elements` values held in `block_bytes` bytes
@@ -157,9 +195,9 @@ class GgufFile {
   std::uint64_t file_size() const { return file_size_; }
 
   const std::vector<GgufKeyValue>& metadata() const { return metadata_; }  // in file order
-  const GgufValue* find(std::string_view key) const;                        // nullptr when absent
-  const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }   // in file order
-  const GgufTensorInfo* tensor(std::string_view name) const;                // nullptr when absent
+  const GgufValue* find(std::string_view key) const;                       // nullptr when absent
+  const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }  // in file order
+  const GgufTensorInfo* tensor(std::string_view name) const;               // nullptr when absent
 
   // The tensor's bytes in the mapped file, as stored (its ggml type's blocks).
   std::span<const unsigned char> bytes(const GgufTensorInfo& t) const;

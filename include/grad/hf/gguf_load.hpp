@@ -71,8 +71,8 @@ struct GgufLoadOptions {
 };
 
 struct GgufConfig {
-  std::string architecture;    // "qwen2" or "llama"
-  nn::LmConfig config;         // with the options' adapters and max_seq
+  std::string architecture;  // "qwen2" or "llama"
+  nn::LmConfig config;       // with the options' adapters and max_seq
   std::size_t context_length = 0;
 };
 
@@ -96,15 +96,14 @@ struct GgufModel {
   std::string architecture;
   nn::LmConfig config;
   nn::Lm<T> model;
-  std::optional<BpeVocab> vocab;      // the file's, when it is a "gpt2" one
+  std::optional<BpeVocab> vocab;  // the file's, when it is a "gpt2" one
   std::optional<Tokenizer> tokenizer;
-  std::string tokenizer_problem;      // why there is none (optional mode)
+  std::string tokenizer_problem;  // why there is none (optional mode)
 };
 
 // All of it: config, a model on tp (train: nn::Lm's Train), its weights, the tokenizer.
 template <class T>
-GgufModel<T> load_gguf(const std::string& path, Tape<T>& tp,
-                       typename nn::Lm<T>::Train train = nn::Lm<T>::Train::none,
+GgufModel<T> load_gguf(const std::string& path, Tape<T>& tp, typename nn::Lm<T>::Train train = nn::Lm<T>::Train::none,
                        const GgufLoadOptions& options = {});
 
 extern template void load_gguf_weights<float>(const GgufFile&, nn::Lm<float>&);
