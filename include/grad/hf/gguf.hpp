@@ -1,4 +1,5 @@
-// GGUF export: a grad::nn::Lm as a file llama.cpp loads and serves.
+// GGUF export: a grad::nn::Lm as a file llama.cpp loads and serves (the way
+// back, a GGUF as an nn::Lm and hf::Tokenizer, is grad/hf/gguf_load.hpp).
 //
 //   nn::Lm<float> merged(tp, base_config, 1);  nn::merge_lora(tuned, merged);
 //   const hf::BpeVocab vocab = hf::byte_level_vocab({"<|endoftext|>"});  // 256 bytes + 1 (config.vocab 257)
@@ -129,6 +130,22 @@ std::string llama_cpp_pre(const Tokenizer& tokenizer);
 // which throws TokenizerError for one it cannot name). A model with fewer
 // ids than the tokenizer is refused by write_gguf (check_vocab), naming both counts.
 BpeVocab bpe_vocab(const Tokenizer& tokenizer, std::size_t vocab = 0, std::string_view pre = {});
+
+// The inverse of bpe_vocab: a GGUF "gpt2" vocabulary as an hf::Tokenizer
+// that encodes as llama.cpp does with it. Normal (and unknown, byte)
+// tokens are the BPE vocabulary, control tokens special added tokens,
+// user-defined ones added tokens, unused ones ("[PAD<id>]") left out (an id
+// with no token, as in the tokenizer.json they came from); the merges in
+// their order; the pre-tokenizer from its llama.cpp name: "gpt-2" (GPT-2's
+// ByteLevel), "qwen2", "llama-bpe" (also "llama3", "llama-v3"; merges
+// ignored for a piece that is a token, as llama.cpp and Llama 3's
+// tokenizer.json do) as a Split on that pattern then ByteLevel; add_bos puts
+// bos before the text (a TemplateProcessing post-processor). No normalizer:
+// llama.cpp composes no NFC (Qwen2's tokenizer.json does; text that is NFC
+// already encodes the same). Throws TokenizerError naming the problem
+// (check_vocab's, a pre-tokenizer name grad does not know, a token that is
+// not UTF-8).
+Tokenizer bpe_tokenizer(const BpeVocab& vocab);
 
 // "" or what is wrong with v as a vocabulary of `vocab` ids.
 std::string check_vocab(const BpeVocab& v, std::size_t vocab);
