@@ -810,6 +810,63 @@ TEST_CASE("load_gguf dequantizes q8_0, q4_0, q4_K, q5_K and q6_K tensors exactly
     }
     if (s == Storage::native) CHECK(same_bits(logits(expected.model), logits(g.model)));
   }
+  {  // as_stored: every matrix keeps the file's blocks (the same values, the same logits' bits)
+    Tape<float> tq;
+    auto g = hf::load_gguf(dir.file("q.gguf"), tq, nn::Lm<float>::Train::none, {.as_stored = true});
+    const hf::GgufFile q(dir.file("q.gguf"));
+    const auto got = values(g.model);
+    for (const auto& [name, v] : want) {
+      CAPTURE(name);
+      CHECK(same_bits(v, got.at(name)));
+    }
+    CHECK(same_bits(logits(expected.model), logits(g.model)));
+    std::size_t kept = 0;
+    for (const auto& p : g.model.base()) {
+      if (tq.dims(p.var).rank != 2) continue;
+      CAPTURE(p.name);
+      const bool embed = p.name == "embed";
+      const hf::GgufTensorInfo* t = q.tensor(embed ? "token_embd.weight"
+                                             : p.name == "head" ? "output.weight"
+                                                                : "blk.0.ffn_" + p.name.substr(9) + ".weight");
+      if (!t) continue;  // the attention's names differ: the others suffice
+      REQUIRE(quant_format_from_ggml(t->type).has_value());
+      CHECK(tq.storage(p.var) == storage_of(*quant_format_from_ggml(t->type)));
+      CHECK(tq.transposed(p.var) == !embed);
+      const std::span<const std::uint8_t> blocks = tq.leaf_blocks(p.var);
+      CHECK(std::equal(blocks.begin(), blocks.end(), q.bytes(*t).begin(), q.bytes(*t).end()));  // byte for byte
+      ++kept;
+    }
+    CHECK(kept == 5);  // embed, gate, up, down, head
+    // Into a quantized base of one format: each matrix rounded again by ggml's quantizer from the file's values.
+    Tape<float> t8;
+    auto r = hf::load_gguf(dir.file("q.gguf"), t8, nn::Lm<float>::Train::none, {.base_storage = Storage::q8_0});
+    const auto again = values(r.model);
+    for (const auto& p : r.model.base()) {
+      if (t8.dims(p.var).rank != 2) continue;
+      CAPTURE(p.name);
+      CHECK(t8.storage(p.var) == Storage::q8_0);
+      // The memory rows (the transpose's, but for the embedding), rounded as ggml rounds them.
+      const std::vector<float>& v = want.at(p.name);
+      const std::size_t rows = t8.dims(p.var).d[0], cols = t8.dims(p.var).d[1];
+      const bool transposed = p.name != "embed";
+      std::vector<float> memory(v.size()), blocks_back(v.size());
+      for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t j = 0; j < cols; ++j) (transposed ? memory[j * rows + i] : memory[i * cols + j]) = v[i * cols + j];
+      std::vector<std::uint8_t> blocks(quant_bytes(QuantFormat::q8_0, v.size()));
+      quantize(QuantFormat::q8_0, memory.data(), blocks.data(), v.size());
+      dequantize(QuantFormat::q8_0, blocks.data(), blocks_back.data(), v.size());
+      for (std::size_t i = 0; i < rows; ++i)
+        for (std::size_t j = 0; j < cols; ++j)
+          CHECK(again.at(p.name)[i * cols + j] == (transposed ? blocks_back[j * rows + i] : blocks_back[i * cols + j]));
+    }
+    // A quantized base trains its adapters (Train::lora) as stored.
+    Tape<float> tl;
+    auto lora = hf::load_gguf(dir.file("q.gguf"), tl, nn::Lm<float>::Train::lora, {.lora_rank = 4, .as_stored = true});
+    CHECK(tl.storage(lora.model.tensor("layers.0.q")) != Storage::native);
+    Tape<float> tf;
+    CHECK_THROWS_WITH(hf::load_gguf(dir.file("q.gguf"), tf, nn::Lm<float>::Train::full, {.as_stored = true}),
+                      doctest::Contains("needs Train::lora"));
+  }
   {  // a quantized format grad does not dequantize: refused by name (iq4_xs where q4_K was: fewer bytes, so it parses)
     std::vector<unsigned char> b = read_bytes(dir.file("q.gguf"));
     const std::string name = "blk.0.attn_k.weight";

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "bounded_input.hpp"
+#include "grad/numerics/held.hpp"
 #include "grad/numerics/quant.hpp"
 
 namespace grad::hf {
@@ -90,10 +91,19 @@ bool zero_biases(const GgufFile& f, std::size_t layers) {
 // 16-bit bits copied (a BF16 tensor into a bf16 node, F16 into f16), or
 // decoded and rounded to the node's 16-bit format. (A node that keeps the
 // file's own quantized blocks is the fourth way, to come with such storage.)
-enum class Holding : std::uint8_t { widen, copy_bits, round_bits };
+enum class Holding : std::uint8_t { widen, copy_bits, round_bits, copy_blocks, quantize_blocks };
+
+// The storage that holds a tensor of this type as it is (f32: native).
+Storage storage_as_stored(const GgufTensorInfo& t) {
+  if (t.ggml_type() == GgmlType::f16) return Storage::f16;
+  if (t.ggml_type() == GgmlType::bf16) return Storage::bf16;
+  if (const std::optional<QuantFormat> q = quant_format_from_ggml(t.type)) return storage_of(*q);
+  return Storage::native;
+}
 
 Holding holding(const GgufTensorInfo& t, Storage node) {
   if (node == Storage::native) return Holding::widen;
+  if (quantized(node)) return storage_as_stored(t) == node ? Holding::copy_blocks : Holding::quantize_blocks;
   const bool same = (node == Storage::bf16 && t.ggml_type() == GgmlType::bf16) ||
                     (node == Storage::f16 && t.ggml_type() == GgmlType::f16);
   return same ? Holding::copy_bits : Holding::round_bits;
@@ -233,6 +243,27 @@ void fill(const GgufFile& f, const Placed<T>& p, Tape<T>& tp) {
   auto load_floats = [&](std::size_t r0, std::size_t n, float* out) {
     decode(t, bytes.data() + r0 * row_bytes, n * static_cast<std::size_t>(t.ne[0]), out);
   };
+  if (how == Holding::copy_blocks || how == Holding::quantize_blocks) {
+    // The node's memory rows are the file's rows (a projection held as
+    // llama.cpp holds it, the embedding as its own rows), a llama q or k
+    // row moved whole to its rotate-half place.
+    const std::size_t cols = static_cast<std::size_t>(t.ne[0]), rows = static_cast<std::size_t>(t.ne[1]);
+    if (how == Holding::copy_blocks) {
+      const std::span<std::uint8_t> blocks = tp.leaf_blocks(p.var);
+      for (std::size_t r = 0; r < rows; ++r)
+        std::memcpy(blocks.data() + column(r, rows, p.heads) * row_bytes, bytes.data() + r * row_bytes, row_bytes);
+      return;
+    }
+    std::vector<T> memory(rows * cols);
+    std::vector<float> row(cols);
+    for (std::size_t r = 0; r < rows; ++r) {
+      decode(t, bytes.data() + r * row_bytes, cols, row.data());
+      std::copy(row.begin(), row.end(), memory.begin() + static_cast<std::ptrdiff_t>(column(r, rows, p.heads) * cols));
+    }
+    if (std::string why = tp.store_held(p.var, memory); !why.empty())
+      fail(f, "tensor '" + p.gguf_name + "' (grad's '" + p.grad_name + "'): " + why);
+    return;
+  }
   if (how == Holding::widen) {
     const std::span<T> to = tp.leaf_value(p.var);
     scatter<T, float>(p, load_floats, [&](std::size_t i, float x) { to[i] = static_cast<T>(x); });
@@ -471,6 +502,10 @@ void load_gguf_weights(const GgufFile& f, nn::Lm<T>& model) {
     if (p.info->ne != expect)
       fail(f, who + " is ne " + ne_text(p.info->ne) + ", but " + described + " makes it ne " + ne_text(expect));
     if (std::string why = decodable(*p.info); !why.empty()) fail(f, who + " is " + why);
+    if (quantized(tp.storage(p.var)) && tp.transposed(p.var) != p.transposed)
+      fail(f, who + " is held " + std::string(storage_name(tp.storage(p.var))) +
+                  (tp.transposed(p.var) ? " as its transpose" : " in its own rows") +
+                  ", which is not how the file lays it out (a model of nn::Lm's quantized layout is expected)");
     placed.insert(p.gguf_name);
   }
   for (const GgufTensorInfo& t : f.tensors()) {
@@ -505,7 +540,19 @@ GgufModel<T> load_gguf(const std::string& path, Tape<T>& tp, typename nn::Lm<T>:
     }
   }
   check_shapes(f, cfg);
-  nn::Lm<T> model(tp, cfg.config, 0, train, options.base_storage);
+  // Each base matrix as the options hold it (as_stored: as its tensor in the
+  // file is), recorded as zeros: every one of them is then loaded.
+  auto storage_of_matrix = [&](const std::string& name) {
+    if (!options.as_stored) return options.base_storage;
+    std::string gguf = name == "embed" ? "token_embd.weight" : name == "head" ? "output.weight" : "";
+    for (std::size_t l = 0; gguf.empty() && l < cfg.config.layers; ++l)
+      for (std::size_t p = 0; p < nn::proj_count; ++p)
+        if (name == "layers." + std::to_string(l) + "." + std::string(nn::proj_names[p]))
+          gguf = "blk." + std::to_string(l) + "." + gguf_proj[p] + ".weight";
+    const GgufTensorInfo* t = f.tensor(gguf);
+    return t ? storage_as_stored(*t) : Storage::native;
+  };
+  nn::Lm<T> model(tp, cfg.config, 0, train, storage_of_matrix, nn::Lm<T>::Values::zeros);
   load_gguf_weights(f, model);
   return GgufModel<T>{cfg.architecture, cfg.config,           std::move(model),
                       std::move(vocab), std::move(tokenizer), std::move(problem)};

@@ -36,7 +36,10 @@
 // of the permutation llama.cpp's converter (and write_gguf) applies. Values:
 // F32, F16 and BF16 exactly (into float or double), q8_0, q4_0, q4_K, q5_K
 // and q6_K as ggml's reference dequantization computes them (grad/numerics/
-// quant.hpp: the same floats on every ISA); into a 16-bit base
+// quant.hpp: the same floats on every ISA); into a quantized node of the
+// file's format its blocks are copied (a llama file's q and k rows moved
+// whole), into one of another format the values rounded by ggml's
+// reference quantizer; into a 16-bit base
 // (LmConfig's base_storage bf16/f16) a tensor of that format is copied bit
 // for bit, others rounded to nearest even, as hf::load_weights does (a
 // value beyond F16's range refused). Every tensor is checked (present, ne as
@@ -62,6 +65,12 @@ struct GgufLoadOptions {
   std::uint32_t lora_targets = nn::all_projections;
   // How the base matrices are held under Train::lora or Train::none (nn::Lm's base_storage).
   Storage base_storage = Storage::native;
+  // Hold every base matrix as the file stores it instead (Train::lora or
+  // Train::none): q8_0 ... q6_K keep their blocks, byte for byte (nn::Lm's
+  // quantized storage: the projections and the head as llama.cpp holds
+  // them), F16 and BF16 stay 16-bit, F32 native; base_storage is unused.
+  // A Q4_K_M file's 7B base then takes its file's 4.4 GB, not 30 GB of float.
+  bool as_stored = false;
   // optional: a tokenizer that cannot be read leaves GgufModel::tokenizer
   // empty and says why in tokenizer_problem; required: load_gguf throws
   // (TokenizerError); skip: not read.
