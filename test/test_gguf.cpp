@@ -9,6 +9,7 @@
 
 #include <fstream>
 #include <grad/hf/gguf.hpp>
+#include <grad/hf/gguf_load.hpp>
 #include <grad/lm.hpp>
 #include <map>
 #include <set>
@@ -841,8 +842,8 @@ TEST_CASE("gguf_tensor_type is llama.cpp's mix for Q8_0, Q4_0 and Q4_K_M, with i
                        std::invalid_argument);
   CHECK_THROWS_AS(hf::gguf_tensor_type(s, F::q8_0, "layers.0.q.lora_a"), std::invalid_argument);
   CHECK_THROWS_AS(hf::gguf_tensor_type(s, F::q8_0, "layers.0"), std::invalid_argument);
-  CHECK(hf::ggml_type_name(T::q4_k) == "q4_K");
-  CHECK(hf::ggml_type_name(T::f16) == "f16");
+  CHECK(hf::ggml_type_name(std::uint32_t(T::q4_k)) == "q4_K");
+  CHECK(hf::ggml_type_name(std::uint32_t(T::f16)) == "f16");
   CHECK(hf::gguf_type_name(F::q4_k_m) == "q4_k_m");
   CHECK(hf::gguf_type_name(F(3)) == "unknown");
 }
@@ -903,7 +904,7 @@ TEST_CASE(
         const TensorInfo& info = g.tensors.at(gguf);
         const hf::GgmlType expected = hf::gguf_tensor_type(c, type, grad_name);
         REQUIRE(info.type == static_cast<std::uint32_t>(expected));
-        ++counts[std::string(hf::ggml_type_name(expected))];
+        ++counts[hf::ggml_type_name(std::uint32_t(expected))];
         const auto q = hf::quant_format(expected);
         REQUIRE(q);  // every matrix of these shapes is quantized
         const std::size_t cols = info.ne[0], rows = info.ne[1], row_bytes = quant_bytes(*q, cols);
@@ -1165,4 +1166,43 @@ TEST_CASE("write_gguf from a quantized base: its blocks as they are where the fi
   r = hf::write_gguf(path, c, list, vocab, {.type = hf::GgufType::q8_0});
   CHECK(r.error.find("has 2142 bytes of q8_0 blocks (expected 64 rows of 34)") != std::string::npos);
   CHECK(nothing_left(dir));
+}
+
+TEST_CASE("a quantized file read back (hf::load_gguf): the dequantized weights, and as stored the same file again") {
+  // Q4_K_M's mix (q4_K, q6_K, and q8_0 for ffn_down's rows of 320), llama
+  // (permuted q and k rows), tied: load_gguf gives round_like_gguf's values;
+  // held as the file stores them (each matrix in its own format), writing
+  // the model again gives the file byte for byte.
+  nn::LmConfig c;
+  c.vocab = 257;
+  c.d_model = 256;
+  c.layers = 3;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.ffn = 320;
+  c.max_seq = 32;
+  c.head_width = 128;
+  c.tied_embeddings = true;
+  Tape<float> tp;
+  nn::Lm<float> m(tp, c, 71);
+  ScratchDir dir("gguf");
+  const std::string path = dir.file("q4_k_m.gguf"), again = dir.file("again.gguf");
+  const auto vocab = hf::byte_level_vocab({"<|endoftext|>"});
+  REQUIRE(hf::write_gguf(path, m, vocab, {.type = hf::GgufType::q4_k_m}).ok());
+  hf::round_like_gguf(m, hf::GgufType::q4_k_m);
+  Tape<float> tl;
+  const hf::GgufModel<float> loaded = hf::load_gguf(path, tl);
+  REQUIRE(loaded.config.tied_embeddings);
+  for (const auto& p : m.base()) {
+    CAPTURE(p.name);
+    const Tensor<float> read = tl.widened_value(loaded.model.tensor(p.name));
+    REQUIRE(bitwise_equal(read.data(), tp.value(p.var).data));
+  }
+  Tape<float> ts;
+  const hf::GgufModel<float> stored = hf::load_gguf(path, ts, nn::Lm<float>::Train::none, {.as_stored = true});
+  CHECK(ts.storage(stored.model.tensor("layers.2.v")) == Storage::q6_k);
+  CHECK(ts.storage(stored.model.tensor("layers.0.v")) == Storage::q4_k);
+  CHECK(ts.storage(stored.model.tensor("layers.0.down")) == Storage::q8_0);
+  REQUIRE(hf::write_gguf(again, stored.model, vocab, {.type = hf::GgufType::q4_k_m}).ok());
+  CHECK(read_bytes(again) == read_bytes(path));
 }

@@ -6,6 +6,7 @@
 // by name.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -274,4 +275,44 @@ TEST_CASE_TEMPLATE("an Lm whose frozen base is quantized gives the bits of a nat
                        doctest::Contains("not whole q4_K blocks of 256"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(nn::Lm<T>(tp, quantizable_config(64), 1, nn::Lm<T>::Train::full, Storage::q8_0),
                        doctest::Contains("needs Train::lora"), std::invalid_argument);
+}
+
+// A GGUF's mix (Q4_K_M: q6_K for some matrices, q4_K for the rest) by name;
+// a loader's base of zeros (nothing drawn, nothing rounded), its adapters
+// still those the seed draws.
+TEST_CASE("an Lm's base held per matrix, and a base of zeros for a loader") {
+  using Lm = nn::Lm<float>;
+  const nn::LmConfig c = quantizable_config(256);
+  auto mix = [](const std::string& name) {
+    const bool more_bits = name.ends_with(".v") || name.ends_with(".down") || name == "head";
+    return name == "embed" ? Storage::q8_0 : more_bits ? Storage::q6_k : Storage::q4_k;
+  };
+  Tape<float> tm, tz, tr;
+  Lm mixed(tm, c, 9, Lm::Train::lora, mix);
+  Lm zeros(tz, c, 9, Lm::Train::lora, mix, Lm::Values::zeros);
+  Lm random(tr, c, 9, Lm::Train::lora);
+  REQUIRE(tm.ok());
+  REQUIRE(tz.ok());
+  CHECK(mixed.base_storage() == Storage::q4_k);  // the first projection's
+  for (const auto& p : mixed.base()) {
+    CAPTURE(p.name);
+    const bool matrix = tm.dims(p.var).rank == 2;
+    CHECK(tm.storage(p.var) == (matrix ? mix(p.name) : Storage::native));
+    CHECK(tz.storage(zeros.tensor(p.name)) == tm.storage(p.var));
+    CHECK(tz.transposed(zeros.tensor(p.name)) == (matrix && p.name != "embed"));
+    if (matrix) {
+      const Tensor<float> w = tz.widened_value(zeros.tensor(p.name));
+      CHECK(std::all_of(w.data().begin(), w.data().end(), [](float x) { return x == 0.0f; }));
+    }
+  }
+  for (std::size_t k = 0; k < mixed.adapters().size(); ++k) {
+    CHECK(same_bits(tz.value(zeros.adapters()[k].var).data, tr.value(random.adapters()[k].var).data));
+    CHECK(same_bits(tm.value(mixed.adapters()[k].var).data, tr.value(random.adapters()[k].var).data));
+  }
+  // The memory it takes: the held matrices at their formats' sizes.
+  const Summary s = summarize(tm);
+  std::size_t want = 0;
+  for (const auto& p : mixed.named())
+    want += held_bytes(tm.storage(p.var), tm.dims(p.var).size(), sizeof(float));
+  CHECK(s.value_bytes >= want);
 }

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <span>
@@ -104,6 +105,14 @@ class Tape {
   // blocks of a file as they are.
   Var<T> constant(const Tensor<T>& t, Storage storage, bool transposed = false) {
     return storage == Storage::native && !transposed ? leaf<Const>(t) : leaf<Const>(t, storage, transposed);
+  }
+
+  // A constant of zeros held as `storage` (native, 16-bit or quantized
+  // blocks of zeros), for a loader to fill through leaf_value, leaf_bits or
+  // leaf_blocks: no tensor of T on the way (a 7B base's matrices never are).
+  // Refused as constant(t, storage, transposed) refuses.
+  Var<T> held_constant(const Shape& shape, Storage storage, bool transposed = false) {
+    return leaf<Const>(Tensor<T>(), storage, transposed, &shape);
   }
 
   // Gradients of `loss` (one element) with respect to every node; previous
@@ -498,31 +507,38 @@ class Tape {
 
  private:
   template <class Op>
-  Var<T> leaf(const Tensor<T>& t, Storage storage = Storage::native, bool transposed = false) {
+  // (zeros_of: a shape whose values are all zero, t unused: held_constant)
+  Var<T> leaf(const Tensor<T>& t, Storage storage = Storage::native, bool transposed = false,
+              const Shape* zeros_of = nullptr) {
     if (!ok()) return rejected();
     std::string op(Op::name);
-    if (t.rank() > max_rank)
-      return invalid(op + ": tensor of shape " + shape_string(t.shape()) + " has rank " + std::to_string(t.rank()) +
+    const Shape& shape = zeros_of ? *zeros_of : t.shape();
+    std::size_t size = 1;
+    for (std::size_t d : shape) size = d != 0 && size > std::numeric_limits<std::size_t>::max() / d ? 0 : size * d;
+    if (shape.size() > max_rank)
+      return invalid(op + ": tensor of shape " + shape_string(shape) + " has rank " + std::to_string(shape.size()) +
                      "; at most " + std::to_string(max_rank) + " is supported");
-    if (t.size() == 0) return invalid(op + ": tensor of shape " + shape_string(t.shape()) + " has no elements");
+    if (size == 0) return invalid(op + ": tensor of shape " + shape_string(shape) + " has no elements");
     Node<T> n;
     n.op = op_code<Op>;
-    n.dims = t.rank() == 0 ? Dims::of(std::array<std::size_t, 1>{1}) : Dims::of(t.shape());
+    n.dims = shape.empty() ? Dims::of(std::array<std::size_t, 1>{1}) : Dims::of(shape);
     n.requires_grad = std::is_same_v<Op, Param>;
     n.storage = storage;
     n.transposed = transposed;
-    if (transposed && (!quantized(storage) || t.rank() != 2))
+    if (transposed && (!quantized(storage) || shape.size() != 2))
       return invalid(op + ": only a quantized matrix may be held transposed, not a " +
-                     std::string(storage_name(storage)) + " tensor of shape " + shape_string(t.shape()));
+                     std::string(storage_name(storage)) + " tensor of shape " + shape_string(shape));
     if (quantized(storage)) {
-      const std::size_t row = t.rank() == 0 ? 1 : transposed ? t.shape()[0] : t.shape().back();
+      const std::size_t row = shape.empty() ? 1 : transposed ? shape[0] : shape.back();
       if (std::string why = held_row_refusal(storage, row); !why.empty())
         return invalid(op + ": a " + std::string(storage_name(storage)) + " constant of shape " +
-                       shape_string(t.shape()) + (transposed ? " held transposed" : "") + ": " + why);
+                       shape_string(shape) + (transposed ? " held transposed" : "") + ": " + why);
     }
     const auto values_at = values_.position();
     if (!allocate(n, Op::name, false)) return rejected();  // a leaf's value is kept, inside a recompute scope too
-    if (quantized(storage)) {
+    if (zeros_of) {  // all zero bytes: zeros in every storage (a block of scale 0 holds zeros, or -0)
+      std::memset(static_cast<void*>(n.value), 0, held_bytes(storage, size, sizeof(T)));
+    } else if (quantized(storage)) {
       if (std::string why = quantize_leaf(t, n); !why.empty()) {
         values_.rewind(values_at);
         return invalid(op + ": " + why);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <unordered_set>
 
 namespace grad::hf {
@@ -201,6 +202,98 @@ std::string check_vocab(const BpeVocab& v, std::size_t vocab) {
       return std::string(name) + " id " + n(**id) + " is not a token (expected < " + n(vocab) + ")";
   if (v.add_bos && !v.bos) return "add_bos without a bos id";
   return "";
+}
+
+Tokenizer bpe_tokenizer(const BpeVocab& v) {
+  using nlohmann::json;
+  auto fail = [](const std::string& why) -> Tokenizer { throw TokenizerError("grad::hf: GGUF tokenizer: " + why); };
+  if (std::string why = check_vocab(v, v.tokens.size()); !why.empty()) return fail(why);
+  const json byte_level_plain = {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}};
+  auto split_then_bytes = [&](std::string_view pattern) {
+    const json split = {
+        {"type", "Split"}, {"pattern", {{"Regex", std::string(pattern)}}}, {"behavior", "Isolated"}, {"invert", false}};
+    return json{{"type", "Sequence"}, {"pretokenizers", json::array({split, byte_level_plain})}};
+  };
+  json pre;
+  bool ignore_merges = false;
+  if (v.pre == "gpt-2") {
+    pre = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  } else if (v.pre == "qwen2") {
+    pre = split_then_bytes(qwen2_split);
+  } else if (v.pre == "llama-bpe" || v.pre == "llama3" || v.pre == "llama-v3") {
+    pre = split_then_bytes(llama3_split);
+    ignore_merges = true;  // llama.cpp's LLAMA3 pre-tokenizer, as Llama 3's tokenizer.json
+  } else {
+    return fail("tokenizer.ggml.pre \"" + v.pre +
+                "\" is a pre-tokenizer grad does not know (expected \"gpt-2\", \"qwen2\" or \"llama-bpe\" "
+                "(\"llama3\", \"llama-v3\")): its split of text into pieces would be guessed");
+  }
+  json vocab = json::object(), added = json::array(), merges = json::array();
+  for (std::size_t id = 0; id < v.tokens.size(); ++id) {
+    const TokenType type = v.token_types.empty() ? TokenType::normal : v.token_types[id];
+    if (type == TokenType::unused) continue;
+    if (type == TokenType::control || type == TokenType::user_defined)
+      added.push_back({{"id", id},
+                       {"content", v.tokens[id]},
+                       {"single_word", false},
+                       {"lstrip", false},
+                       {"rstrip", false},
+                       {"normalized", type != TokenType::control},
+                       {"special", type == TokenType::control}});
+    else
+      vocab[v.tokens[id]] = id;
+  }
+  for (const std::string& m : v.merges) {
+    const std::size_t space = m.find(' ', 1);  // as llama.cpp splits it (check_vocab: one space, two tokens)
+    merges.push_back(json::array({m.substr(0, space), m.substr(space + 1)}));
+  }
+  json post = nullptr;
+  if (v.add_bos && v.bos) {
+    const std::string& bos = v.tokens[*v.bos];
+    json entry = json::object();
+    entry["id"] = bos;
+    entry["ids"] = json::array({*v.bos});
+    entry["tokens"] = json::array({bos});
+    json special = json::object();
+    special[bos] = entry;
+    json single = json::array();
+    single.push_back(json{{"SpecialToken", json{{"id", bos}, {"type_id", 0}}}});
+    single.push_back(json{{"Sequence", json{{"id", "A"}, {"type_id", 0}}}});
+    post = json::object();
+    post["type"] = "TemplateProcessing";
+    post["single"] = single;
+    post["pair"] = json::array();
+    post["special_tokens"] = special;
+  }
+  const json root = {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", added},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", pre},
+      {"post_processor", post},
+      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"model",
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"ignore_merges", ignore_merges},
+        {"vocab", vocab},
+        {"merges", merges}}}};
+  std::string text;
+  try {
+    text = root.dump();
+  } catch (const json::exception&) {
+    // nlohmann refuses to write a string that is not UTF-8: find which.
+    for (std::size_t id = 0; id < v.tokens.size(); ++id) try {
+        (void)json(v.tokens[id]).dump();
+      } catch (const json::exception&) {
+        return fail("token " + std::to_string(id) + " is not UTF-8 text (expected GPT-2's byte alphabet)");
+      }
+    return fail("a merge is not UTF-8 text");
+  }
+  return Tokenizer::from_json(text, "the GGUF tokenizer (as tokenizer.json)");
 }
 
 // ---- the file ----
@@ -468,16 +561,16 @@ std::string assemble(std::span<const Planned> plan, const Metadata& m, std::vect
         const std::size_t bytes = quant_bytes(*q, cols), held = p.transpose ? source_row(r, rows, p.heads) : r;
         if (r == 0 && p.from->blocks.size() != rows * bytes)
           return "tensor '" + p.hf_name + "' has " + std::to_string(p.from->blocks.size()) + " bytes of " +
-                 std::string(ggml_type_name(p.type)) + " blocks (expected " + std::to_string(rows) + " rows of " +
-                 std::to_string(bytes) + ")";
+                 ggml_type_name(static_cast<std::uint32_t>(p.type)) + " blocks (expected " + std::to_string(rows) +
+                 " rows of " + std::to_string(bytes) + ")";
         const std::uint8_t* from = p.from->blocks.data() + held * bytes;
         back.resize(cols);
         dequantize(*q, from, back.data(), cols);
         for (std::size_t k = 0; k < cols; ++k)
           if (std::bit_cast<std::uint32_t>(back[k]) != std::bit_cast<std::uint32_t>(row[k]))
-            return "tensor '" + p.hf_name + "': its " + std::string(ggml_type_name(p.type)) + " blocks' row " +
-                   std::to_string(held) + " does not dequantize to its values (element " + std::to_string(k) +
-                   "; expected the blocks in GGUF's rows: [out, in] for a projection or the head)";
+            return "tensor '" + p.hf_name + "': its " + ggml_type_name(static_cast<std::uint32_t>(p.type)) +
+                   " blocks' row " + std::to_string(held) + " does not dequantize to its values (element " +
+                   std::to_string(k) + "; expected the blocks in GGUF's rows: [out, in] for a projection or the head)";
         f.out.insert(f.out.end(), from, from + bytes);
       } else if (q) {
         const std::size_t at = f.out.size();
@@ -493,7 +586,7 @@ std::string assemble(std::span<const Planned> plan, const Metadata& m, std::vect
             char number[32];
             std::snprintf(number, sizeof number, "%.9g", static_cast<double>(top));
             return "tensor '" + p.hf_name + "' row " + std::to_string(r) + " (values up to " + number +
-                   " in magnitude) does not fit " + std::string(ggml_type_name(p.type)) +
+                   " in magnitude) does not fit " + ggml_type_name(static_cast<std::uint32_t>(p.type)) +
                    "'s F16 scales (it would dequantize to " + (std::isnan(back[k]) ? "nan" : "inf") + "; write F32)";
           }
       } else {
@@ -775,19 +868,6 @@ std::string_view gguf_type_name(GgufType type) {
     case GgufType::q4_k_m:
       return "q4_k_m";
   }
-  return "unknown";
-}
-
-std::string_view ggml_type_name(GgmlType type) {
-  switch (type) {
-    case GgmlType::f32:
-      return "f32";
-    case GgmlType::f16:
-      return "f16";
-    default:
-      break;
-  }
-  if (const std::optional<QuantFormat> q = quant_format(type)) return quant_info(*q).name;
   return "unknown";
 }
 

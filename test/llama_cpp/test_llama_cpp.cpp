@@ -11,8 +11,9 @@
 // tokenizer's vocabulary; a model whose heads have a width of their own
 // (Llama's head_dim) as llama.cpp's llama architecture; and tokenizers with
 // GPT-2's and Llama 3's pre-tokenizers, which llama.cpp must split as grad
-// does. run.sh installs llama.cpp and runs this with GRAD_LLAMA_DECODE set
-// to the script.
+// does. The same files read back with hf::load_gguf decode and tokenize as
+// llama.cpp does too (F16 into an f16 base: the file's bits). run.sh
+// installs llama.cpp and runs this with GRAD_LLAMA_DECODE set to the script.
 #include <doctest/doctest.h>
 
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include <fstream>
 #include <grad/grad.hpp>
 #include <grad/hf/gguf.hpp>
+#include <grad/hf/gguf_load.hpp>
 #include <grad/hf/model.hpp>
 #include <grad/hf/tokenizer.hpp>
 #include <grad/lm.hpp>
@@ -201,6 +203,13 @@ TEST_CASE("F32: llama.cpp greedy-decodes grad's random model token for token; it
   const auto [ours, our_logprobs] = grad_decode(m, prompt, steps);
   const LlamaRun llama = llama_decode(path, prompt, steps, "f32", "hello world\n");
   CHECK_SAME_IDS(llama.tokens, ours);
+  {  // grad reading the file llama.cpp read: the same continuation and tokenization
+    Tape<float> tq;
+    auto g = hf::load_gguf(path, tq);
+    CHECK_SAME_IDS(llama.tokens, grad_decode(g.model, prompt, steps).first);
+    REQUIRE_MESSAGE(g.tokenizer.has_value(), g.tokenizer_problem);
+    CHECK_SAME_IDS(llama.tokenized, g.tokenizer->encode("hello world\n"));
+  }
   const double diff = max_logprob_diff(our_logprobs, llama.logprobs);
   MESSAGE("F32, " << steps << " greedy tokens: first-step log-probabilities differ by at most " << diff);
   CHECK(diff < 1e-4);
@@ -223,6 +232,11 @@ TEST_CASE("F16: llama.cpp on the F16 file decodes as grad does on the F16-rounde
   const auto [ours, our_logprobs] = grad_decode(m, prompt, steps);
   const LlamaRun llama = llama_decode(path, prompt, steps);
   CHECK_SAME_IDS(llama.tokens, ours);
+  {  // the F16 file read back into an f16 base (its bits) decodes as llama.cpp does
+    Tape<float> tq;
+    auto g = hf::load_gguf(path, tq, nn::Lm<float>::Train::none, {.base_storage = Storage::f16});
+    CHECK_SAME_IDS(llama.tokens, grad_decode(g.model, prompt, steps).first);
+  }
   // llama.cpp also rounds the activations to F16 before an F16 matrix product.
   const double diff = max_logprob_diff(our_logprobs, llama.logprobs);
   MESSAGE("F16, " << steps << " greedy tokens: first-step log-probabilities differ by at most " << diff);
@@ -673,6 +687,10 @@ TEST_CASE("a model with a head width of its own (Llama's head_dim) is served as 
     MESSAGE("head_dim 32 x 4 heads over d_model 64" << std::string(bias ? ", q/k/v biases" : "") << ", " << steps
                                                     << " greedy tokens: log-probabilities differ by at most " << diff);
     CHECK(diff < 1e-4);
+    Tape<float> tq;  // read back: q/k rows out of llama.cpp's order again, the same continuation
+    auto g = hf::load_gguf(path, tq);
+    CHECK(g.architecture == "llama");
+    CHECK_SAME_IDS(llama.tokens, grad_decode(g.model, prompt, steps).first);
   }
 }
 
@@ -752,6 +770,10 @@ TEST_CASE("llama.cpp splits text as grad does under GPT-2's and Llama 3's pre-to
     const std::vector<int> ours = tok.encode(text);
     const LlamaRun llama = llama_decode(path, std::vector<int>{'G'}, 1, "f32", text);
     CHECK_SAME_IDS(llama.tokenized, ours);
+    Tape<float> tq;  // the file's vocabulary read back: llama.cpp's split too
+    auto g = hf::load_gguf(path, tq);
+    REQUIRE_MESSAGE(g.tokenizer.has_value(), g.tokenizer_problem);
+    CHECK_SAME_IDS(llama.tokenized, g.tokenizer->encode(text));
     MESSAGE(std::string(k.name) << "'s pre-tokenizer (\"" << vocab.pre << "\"): '" << text.substr(0, 8) << "...' in "
                                 << ours.size() << " ids by grad and llama.cpp");
   }

@@ -1,4 +1,5 @@
-// GGUF export: a grad::nn::Lm as a file llama.cpp loads and serves.
+// GGUF export: a grad::nn::Lm as a file llama.cpp loads and serves (the way
+// back, a GGUF as an nn::Lm and hf::Tokenizer, is grad/hf/gguf_load.hpp).
 //
 //   nn::Lm<float> merged(tp, base_config, 1);  nn::merge_lora(tuned, merged);
 //   const hf::BpeVocab vocab = hf::byte_level_vocab({"<|endoftext|>"});  // 256 bytes + 1 (config.vocab 257)
@@ -62,6 +63,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "grad/hf/gguf_file.hpp"
 #include "grad/hf/tokenizer.hpp"
 #include "grad/lm/model.hpp"
 #include "grad/model_file.hpp"
@@ -140,6 +142,22 @@ std::string llama_cpp_pre(const Tokenizer& tokenizer);
 // ids than the tokenizer is refused by write_gguf (check_vocab), naming both counts.
 BpeVocab bpe_vocab(const Tokenizer& tokenizer, std::size_t vocab = 0, std::string_view pre = {});
 
+// The inverse of bpe_vocab: a GGUF "gpt2" vocabulary as an hf::Tokenizer
+// that encodes as llama.cpp does with it. Normal (and unknown, byte)
+// tokens are the BPE vocabulary, control tokens special added tokens,
+// user-defined ones added tokens, unused ones ("[PAD<id>]") left out (an id
+// with no token, as in the tokenizer.json they came from); the merges in
+// their order; the pre-tokenizer from its llama.cpp name: "gpt-2" (GPT-2's
+// ByteLevel), "qwen2", "llama-bpe" (also "llama3", "llama-v3"; merges
+// ignored for a piece that is a token, as llama.cpp and Llama 3's
+// tokenizer.json do) as a Split on that pattern then ByteLevel; add_bos puts
+// bos before the text (a TemplateProcessing post-processor). No normalizer:
+// llama.cpp composes no NFC (Qwen2's tokenizer.json does; text that is NFC
+// already encodes the same). Throws TokenizerError naming the problem
+// (check_vocab's, a pre-tokenizer name grad does not know, a token that is
+// not UTF-8).
+Tokenizer bpe_tokenizer(const BpeVocab& vocab);
+
 // "" or what is wrong with v as a vocabulary of `vocab` ids.
 std::string check_vocab(const BpeVocab& v, std::size_t vocab);
 
@@ -155,11 +173,10 @@ enum class GgufType : std::uint32_t { f32 = 0, f16 = 1, q4_0 = 2, q8_0 = 7, q4_k
 // "f32", "f16", "q8_0", "q4_0", "q4_k_m" (llama.cpp's quantize tool's names, lower case); "unknown".
 std::string_view gguf_type_name(GgufType type);
 
-// A tensor's type in the file (ggml's ggml_type codes).
-enum class GgmlType : std::uint32_t { f32 = 0, f16 = 1, q4_0 = 2, q8_0 = 8, q4_k = 12, q5_k = 13, q6_k = 14 };
-// ggml's name for it: "f32", "f16", "q4_0", "q8_0", "q4_K", "q5_K", "q6_K".
-std::string_view ggml_type_name(GgmlType type);
-// Its block format, or nothing for f32 and f16.
+// A tensor's type in the file: ggml's ggml_type codes (GgmlType and
+// ggml_type_name, grad/hf/gguf_file.hpp); write_gguf writes f32, f16, q8_0,
+// q4_0, q4_k and q6_k. Its block format, or nothing for a type that is none
+// of quant.hpp's (f32, f16, ...).
 std::optional<QuantFormat> quant_format(GgmlType type);
 
 // The llama.cpp architecture write_gguf describes a model of `config` as:

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -308,49 +309,87 @@ class Lm {
   // weights). The initial values are rounded by ggml's reference quantizer.
   Lm(Tape<T>& tp, const LmConfig& config, std::uint64_t seed, Train train = Train::full,
      Storage base_storage = Storage::native)
-      : tp_(&tp), c_(config), train_(train), base_storage_(base_storage) {
+      : Lm(tp, config, seed, train, [base_storage](const std::string&) { return base_storage; }) {}
+
+  // How each frozen base matrix is held, by its name in named() ("embed",
+  // "layers.3.q", "head"): a GGUF's own mix (Q4_K_M holds most matrices as
+  // q4_K and some as q6_K).
+  using StorageOf = std::function<Storage(const std::string& name)>;
+  // The base's values at construction: drawn from the seed (and rounded to
+  // their storage), or zeros for a loader to overwrite (hf::load_gguf): no
+  // draw, no rounding, no matrix in T on the way (a 7B base never is one).
+  enum class Values { random, zeros };
+  Lm(Tape<T>& tp, const LmConfig& config, std::uint64_t seed, Train train, StorageOf storage_of,
+     Values values = Values::random)
+      : tp_(&tp), c_(config), train_(train) {
     if (std::string why = c_.check(); !why.empty()) throw std::invalid_argument("nn::Lm: bad config: " + why);
     if (train == Train::lora && c_.lora_rank == 0)
       throw std::invalid_argument("nn::Lm: Train::lora needs a config with lora_rank > 0");
-    if (base_storage != Storage::native && train == Train::full)
-      throw std::invalid_argument("nn::Lm: a " + std::string(storage_name(base_storage)) +
-                                  " base is a frozen one: it needs Train::lora or Train::none (Train::full trains "
-                                  "every tensor in T)");
-    if (quantized(base_storage)) {
-      // Every matrix's memory rows: the embedding's d, each projection's in.
-      std::vector<std::pair<std::string, std::size_t>> rows{{"the embedding's width (d_model)", c_.d_model}};
-      for (std::size_t p = 0; p < proj_count; ++p)
-        rows.push_back({std::string(proj_names[p]) + "'s input width", c_.proj_shape(Proj(p))[0]});
-      for (const auto& [what, row] : rows)
-        if (std::string why = held_row_refusal(base_storage, row); !why.empty())
-          throw std::invalid_argument("nn::Lm: a " + std::string(storage_name(base_storage)) + " base for " +
-                                      c_.describe() + ": " + what + " " + std::to_string(row) + ": " + why);
-    }
+    // The base's matrices, their storage checked before anything is recorded;
+    // the bytes everything will take (a held matrix at its storage's size).
+    std::map<std::string, Storage> held;
+    std::size_t bytes = (*c_.parameter_count()) * sizeof(T);
+    auto matrix = [&](const std::string& name, std::size_t rows, std::size_t cols, std::size_t memory_row) {
+      const Storage s = storage_of ? storage_of(name) : Storage::native;
+      held[name] = s;
+      if (s == Storage::native) return;
+      if (train == Train::full)
+        throw std::invalid_argument("nn::Lm: a " + std::string(storage_name(s)) + " base ('" + name +
+                                    "') is a frozen one: it needs Train::lora or Train::none (Train::full trains "
+                                    "every tensor in T)");
+      if (std::string why = held_row_refusal(s, memory_row); !why.empty())
+        throw std::invalid_argument("nn::Lm: a " + std::string(storage_name(s)) + " base for " + c_.describe() +
+                                    ": '" + name + "' [" + std::to_string(rows) + ", " + std::to_string(cols) +
+                                    "] (" + (name == "embed" ? "the embedding's width (d_model) " : "its input width ") +
+                                    std::to_string(memory_row) + "): " + why);
+      bytes -= rows * cols * sizeof(T) - held_bytes(s, rows * cols, sizeof(T));
+    };
+    matrix("embed", c_.vocab, c_.d_model, c_.d_model);
+    for (std::size_t l = 0; l < c_.layers; ++l)
+      for (std::size_t p = 0; p < proj_count; ++p) {
+        const auto [in, out] = c_.proj_shape(Proj(p));
+        matrix("layers." + std::to_string(l) + "." + std::string(proj_names[p]), in, out, in);
+      }
+    if (!c_.tied_embeddings) matrix("head", c_.d_model, c_.vocab, c_.d_model);
+    base_storage_ = held.count("layers.0.q") ? held["layers.0.q"] : Storage::native;
     // check() bounds the count; this machine's memory may hold less.
-    const std::size_t bytes = *c_.parameter_count() * sizeof(T);
     if (const std::size_t memory = physical_memory_bytes(); memory != 0 && bytes > memory)
       throw std::invalid_argument("nn::Lm: " + c_.describe() + " has " + std::to_string(*c_.parameter_count()) +
                                   " parameters, " + std::to_string(bytes) +
-                                  " bytes: more than this machine's memory (" + std::to_string(memory) + " bytes)");
+                                  " bytes as held: more than this machine's memory (" + std::to_string(memory) +
+                                  " bytes)");
     if constexpr (std::is_same_v<T, float>)
       if (c_.vocab > (std::size_t{1} << 24))
         throw std::invalid_argument("nn::Lm: a vocabulary of " + std::to_string(c_.vocab) +
                                     " ids is not exact in float (at most 2^24)");
     SplitMix64 base(seed), adapters(seed ^ 0x6c6f7261u);
-    auto uniform = [](Shape s, double bound, SplitMix64& g) {
-      Tensor<T> t(std::move(s));
-      for (T& x : t.data()) x = static_cast<T>(g.uniform(-bound, bound));
-      return t;
+    // A base matrix's initial values, drawn only when they are wanted.
+    auto uniform = [&](Shape s, double bound, SplitMix64& g) {
+      return [&, s = std::move(s), bound] {
+        Tensor<T> t(s);
+        for (T& x : t.data()) x = static_cast<T>(g.uniform(-bound, bound));
+        return t;
+      };
     };
-    auto leaf = [&](std::string name, const Tensor<T>& init, ParamKind kind, bool adapter) {
-      // Only the base's matrices may be held 16-bit or quantized: their readers widen them.
-      // (A frozen adapter, under Train::none, follows a 16-bit base; quantized, its rank-wide rows would not be
-      // whole blocks.)
-      const Storage storage = init.rank() == 2 && !(adapter && quantized(base_storage)) ? base_storage : Storage::native;
+    auto given = [](Tensor<T> t) { return [t = std::move(t)] { return t; }; };
+    auto leaf = [&](std::string name, Shape shape, auto init, ParamKind kind, bool adapter) {
+      // Only the base's matrices may be held 16-bit or quantized: their
+      // readers widen them. (A frozen adapter, under Train::none, follows a
+      // 16-bit base, as it always has.)
+      const auto it = held.find(name);
+      const Storage storage = it != held.end()                              ? it->second
+                              : adapter && sixteen_bit(base_storage_)      ? base_storage_
+                                                                            : Storage::native;
       // Quantized, the projections and the head are held as llama.cpp holds them ([out, in]).
       const bool transposed = quantized(storage) && name != "embed";
       const bool trained = train == Train::full || (adapter && train == Train::lora);
-      const Var<T> v = trained ? tp.param(init) : tp.constant(init, storage, transposed);
+      Var<T> v;
+      if (trained)
+        v = tp.param(init());
+      else if (values == Values::zeros && it != held.end())
+        v = tp.held_constant(shape, storage, transposed);
+      else
+        v = tp.constant(init(), storage, transposed);
       named_.push_back({std::move(name), v, kind});
       (adapter ? adapter_names_ : base_names_).push_back(named_.back());
       return v;
@@ -360,7 +399,8 @@ class Lm {
     const double s3 = std::sqrt(3.0);
     {
       NameScope<T> scope(tp, "embed");
-      embed_ = leaf("embed", uniform({c_.vocab, c_.d_model}, s3 * 0.5, base), ParamKind::weight, false);
+      embed_ = leaf("embed", {c_.vocab, c_.d_model}, uniform({c_.vocab, c_.d_model}, s3 * 0.5, base), ParamKind::weight,
+                    false);
     }
     for (std::size_t l = 0; l < c_.layers; ++l) {
       LmLayer<T> L;
@@ -368,11 +408,13 @@ class Lm {
       NameScope<T> layers(tp, "layers"), block(tp, std::to_string(l));
       {
         NameScope<T> scope(tp, "attn_norm");
-        L.attn_norm = leaf(pre + "attn_norm", Tensor<T>::full({c_.d_model}, T(1)), ParamKind::norm, false);
+        L.attn_norm =
+            leaf(pre + "attn_norm", {c_.d_model}, given(Tensor<T>::full({c_.d_model}, T(1))), ParamKind::norm, false);
       }
       {
         NameScope<T> scope(tp, "mlp_norm");
-        L.mlp_norm = leaf(pre + "mlp_norm", Tensor<T>::full({c_.d_model}, T(1)), ParamKind::norm, false);
+        L.mlp_norm =
+            leaf(pre + "mlp_norm", {c_.d_model}, given(Tensor<T>::full({c_.d_model}, T(1))), ParamKind::norm, false);
       }
       for (std::size_t p = 0; p < proj_count; ++p) {
         const auto [in, out] = c_.proj_shape(Proj(p));
@@ -381,34 +423,38 @@ class Lm {
         double bound = s3 / std::sqrt(double(in));
         if (Proj(p) == Proj::o || Proj(p) == Proj::down) bound /= std::sqrt(2.0 * double(c_.layers));
         NameScope<T> part(tp, proj_part(Proj(p))), scope(tp, proj_names[p]);
-        L.w[p] = leaf(pre + std::string(proj_names[p]), uniform({in, out}, bound, base), ParamKind::weight, false);
+        L.w[p] = leaf(pre + std::string(proj_names[p]), {in, out}, uniform({in, out}, bound, base), ParamKind::weight,
+                      false);
       }
       // After every weight, so that a model without biases draws what it always drew.
       for (const Proj p : {Proj::q, Proj::k, Proj::v}) {
         if (!c_.qkv_bias) break;
         const std::size_t i = static_cast<std::size_t>(p);
-        L.bias[i] =
-            leaf(pre + std::string(proj_names[i]) + "_bias", Tensor<T>({c_.proj_shape(p)[1]}), ParamKind::bias, false);
+        const std::size_t out = c_.proj_shape(p)[1];
+        L.bias[i] = leaf(pre + std::string(proj_names[i]) + "_bias", {out}, given(Tensor<T>({out})), ParamKind::bias,
+                         false);
       }
       for (std::size_t p = 0; p < proj_count; ++p) {
         if (!c_.has_adapter(Proj(p))) continue;
         const auto [in, out] = c_.proj_shape(Proj(p));
         const std::string name = pre + std::string(proj_names[p]);
         NameScope<T> part(tp, proj_part(Proj(p))), scope(tp, proj_names[p]), lora(tp, "lora");
-        L.lora_a[p] = leaf(name + ".lora_a", uniform({in, c_.lora_rank}, 1.0 / std::sqrt(double(in)), adapters),
-                           ParamKind::weight, true);
-        L.lora_b[p] = leaf(name + ".lora_b", Tensor<T>({c_.lora_rank, out}), ParamKind::weight, true);
+        L.lora_a[p] = leaf(name + ".lora_a", {in, c_.lora_rank},
+                           uniform({in, c_.lora_rank}, 1.0 / std::sqrt(double(in)), adapters), ParamKind::weight, true);
+        L.lora_b[p] =
+            leaf(name + ".lora_b", {c_.lora_rank, out}, given(Tensor<T>({c_.lora_rank, out})), ParamKind::weight, true);
       }
       layers_.push_back(L);
     }
     {
       NameScope<T> scope(tp, "final_norm");
-      final_norm_ = leaf("final_norm", Tensor<T>::full({c_.d_model}, T(1)), ParamKind::norm, false);
+      final_norm_ =
+          leaf("final_norm", {c_.d_model}, given(Tensor<T>::full({c_.d_model}, T(1))), ParamKind::norm, false);
     }
     if (!c_.tied_embeddings) {
       NameScope<T> scope(tp, "head");
-      head_ = leaf("head", uniform({c_.d_model, c_.vocab}, s3 / std::sqrt(double(c_.d_model)), base), ParamKind::weight,
-                   false);
+      head_ = leaf("head", {c_.d_model, c_.vocab}, uniform({c_.d_model, c_.vocab}, s3 / std::sqrt(double(c_.d_model)), base),
+                   ParamKind::weight, false);
     }
     const auto stored = c_.stored();
     Tensor<T> cfg({LmConfig::stored_fields});
