@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <grad/grad.hpp>
 #include <grad/hf/gguf.hpp>
+#include <grad/hf/gguf_load.hpp>
 #include <grad/hf/model.hpp>
 #include <grad/inspect.hpp>
 #include <grad/lm.hpp>
@@ -115,13 +116,42 @@ int write_checkpoint(const std::string& dir, const Shape& shape) {
 }
 
 struct Options {
-  std::string model;
+  std::string model;  // a Hugging Face directory, or a .gguf file
   std::size_t threads = 1, reps = 5, seq = 512, prompt = 512, new_tokens = 128, rank = 16;
   bool recompute = false;  // finetune: each layer in a recompute scope (nn::Lm::set_recompute)
   grad::Storage base = grad::Storage::native;  // how the frozen base's matrices are held
+  bool as_stored = false;  // a GGUF's matrices held as the file holds them (--base stored: its quantized blocks)
   std::string profile;  // finetune: print grad's profile of one step (by op and by scope) and write a Chrome trace here
   bool digest = false;  // generate: after the timed runs, one more that hashes every logits vector's bits
 };
+
+bool is_gguf(const std::string& path) { return path.size() > 5 && path.ends_with(".gguf"); }
+
+// The model of o.model with `config`'s adapters and max_seq: a Hugging Face
+// directory's weights (load_weights), or a GGUF's (load_gguf; --base stored
+// keeps its quantized blocks).
+nn::Lm<T> load_model(grad::Tape<T>& tp, const Options& o, const nn::LmConfig& config,
+                     typename nn::Lm<T>::Train train) {
+  if (!is_gguf(o.model)) {
+    nn::Lm<T> model(tp, config, 1, train, o.base);
+    hf::load_weights(o.model, model);
+    return model;
+  }
+  hf::GgufLoadOptions g;
+  g.max_seq = config.max_seq;
+  g.lora_rank = config.lora_rank;
+  g.lora_scale = config.lora_scale;
+  g.lora_targets = config.lora_targets;
+  g.base_storage = o.base;
+  g.as_stored = o.as_stored;
+  g.tokenizer = hf::GgufLoadOptions::TokenizerMode::skip;
+  return std::move(hf::load_gguf(o.model, tp, train, g).model);
+}
+// The config of o.model (a directory's config.json, or a GGUF's metadata) with this max_seq.
+nn::LmConfig model_config(const Options& o, std::size_t max_seq) {
+  if (!is_gguf(o.model)) return hf::read_config(o.model, {.max_seq = max_seq}).config;
+  return hf::read_gguf_config(hf::GgufFile(o.model), {.max_seq = max_seq}).config;
+}
 
 // L1: LoRA finetuning, batch 1 x seq; step() is one Adam step. The model
 // is loaded and one warm-up step (which sizes the tape's arenas) taken when
@@ -129,8 +159,7 @@ struct Options {
 class Finetune {
  public:
   explicit Finetune(const Options& o)
-      : o_(o), model_(tp_, config(o), 1, nn::Lm<T>::Train::lora, o.base), opt_(T(1e-4)) {
-    hf::load_weights(o.model, model_);
+      : o_(o), model_(load_model(tp_, o, config(o), nn::Lm<T>::Train::lora)), opt_(T(1e-4)) {
     model_.set_recompute(o.recompute);
     for (const auto& p : model_.trainable()) opt_.add(p.var);
     const std::size_t vocab = model_.config().vocab;
@@ -173,7 +202,7 @@ class Finetune {
 
  private:
   static nn::LmConfig config(const Options& o) {
-    nn::LmConfig c = hf::read_config(o.model, {.max_seq = o.seq}).config;
+    nn::LmConfig c = model_config(o, o.seq);
     c.lora_rank = o.rank;
     c.lora_scale = 32.0 / static_cast<double>(o.rank);  // lora_alpha 32: PEFT's scale alpha / r
     c.lora_targets = nn::all_projections;
@@ -198,9 +227,7 @@ class Generate {
  public:
   explicit Generate(const Options& o)
       : o_(o),
-        model_(tp_, hf::read_config(o.model, {.max_seq = o.prompt + o.new_tokens}).config, 1, nn::Lm<T>::Train::none,
-               o.base) {
-    hf::load_weights(o.model, model_);
+        model_(load_model(tp_, o, model_config(o, o.prompt + o.new_tokens), nn::Lm<T>::Train::none)) {
     dec_ = std::make_unique<nn::KvDecoder<T>>(model_);
     for (std::size_t i = 0; i < o.prompt; ++i) prompt_.push_back(token_at(i, model_.config().vocab));
     run(std::min<std::size_t>(o.prompt, 16), 4);  // warm-up: a short run touches every weight and buffer
@@ -261,17 +288,23 @@ int main(int argc, char** argv) {
     write_cmd->add_option(flag, *value, "instead of the preset's (Qwen2.5-0.5B's, or --small's)")
         ->check(cli::range<std::size_t>(1, 1u << 20));
   Options o;
+  // --base: a storage by name (q4_k for q4_K), or "stored" (a GGUF's own types).
+  constexpr grad::Storage storages[] = {grad::Storage::native, grad::Storage::bf16, grad::Storage::f16,
+                                        grad::Storage::q8_0,   grad::Storage::q4_0, grad::Storage::q4_k,
+                                        grad::Storage::q5_k,   grad::Storage::q6_k};
+  const std::vector<std::string> holdings{"native", "bf16", "f16", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "stored"};
+  std::string base = "native";
   auto* finetune_cmd = app.add_subcommand("finetune", "L1: LoRA finetune steps (batch 1) with Adam");
   auto* generate_cmd = app.add_subcommand("generate", "L2: prefill a prompt, then greedy tokens with the KV cache");
   for (CLI::App* cmd : {finetune_cmd, generate_cmd}) {
-    cmd->add_option("--model", o.model, "the Hugging Face directory (bench_real_scale write)")->required();
+    cmd->add_option("--model", o.model, "the Hugging Face directory (bench_real_scale write), or a .gguf file")
+        ->required();
     cmd->add_option("--threads", o.threads, "grad's worker threads")->check(cli::range<std::size_t>(1, 256));
     cmd->add_option("--reps", o.reps, "timed repetitions after one warm-up")->check(cli::range<std::size_t>(1, 1000));
-    cmd->add_option("--base", o.base, "how the frozen base's matrices are held: native (f32), bf16 or f16")
-        ->transform(CLI::CheckedTransformer(std::map<std::string, grad::Storage>{{"native", grad::Storage::native},
-                                                                                 {"bf16", grad::Storage::bf16},
-                                                                                 {"f16", grad::Storage::f16}})
-                        .description("{native, bf16, f16}"));
+    cmd->add_option("--base", base,
+                    "how the frozen base's matrices are held: native (f32), bf16, f16, q8_0, q4_0, q4_k, q5_k, q6_k, "
+                    "or (a GGUF) stored: as the file holds them")
+        ->check(CLI::IsMember(holdings));
   }
   finetune_cmd->add_option("--seq", o.seq, "tokens per step")->check(cli::range<std::size_t>(2, 32768));
   finetune_cmd->add_option("--rank", o.rank, "LoRA rank")->check(cli::range<std::size_t>(1, 4096));
@@ -286,6 +319,14 @@ int main(int argc, char** argv) {
                          "after the timed runs, run once more and print a hash of every logits vector's bits");
   for (CLI::App* cmd : {finetune_cmd, generate_cmd}) cmd->allow_extras();
   CLI11_PARSE(app, argc, argv);
+  if (base == "stored" && !is_gguf(o.model)) {
+    std::fprintf(stderr, "bench_real_scale: --base stored needs a .gguf --model\n");
+    return 2;
+  }
+  o.as_stored = base == "stored";
+  for (const grad::Storage s : storages)
+    if (grad::storage_name(s) == base || (base.ends_with("_k") && grad::storage_name(s) == base.substr(0, 2) + "_K"))
+      o.base = s;
   // Google Benchmark's flags are what the subcommand left.
   std::vector<std::string> rest = (finetune_cmd->parsed() ? finetune_cmd : generate_cmd)->remaining();
   std::vector<char*> bench_argv = {argv[0]};

@@ -246,6 +246,21 @@ TEST_CASE("an f32 capture of a double tape gives the same bits on CUDA as on the
 // every reader of it (matmul's and matmul_nt's b, embedding's table,
 // linear_cross_entropy's W) replays the tape's bits, in every mode; grad::emit
 // writes its widened values. set_input refuses it (a weight, not an input).
+// A quantized constant (llama.cpp's blocks): neither engine has kernels for
+// it, so capture and grad::emit refuse it by name instead of holding a
+// quantized base widened to T (4 to 8 times its memory).
+TEST_CASE("capture and grad::emit refuse a quantized constant by name") {
+  Tape<double> tp;
+  Rng rng(5);
+  const Var<double> x = tp.param(random_tensor<double>({3, 32}, rng));
+  const Var<double> W = tp.constant(random_tensor<double>({32, 4}, rng), Storage::q8_0, true);
+  const Var<double> loss = sum(matmul(x, W));
+  REQUIRE_MESSAGE(tp.backward(loss), tp.error());
+  CHECK_THROWS_WITH(dev::capture(tp, loss, {.backend = dev::Backend::cpu}),
+                    doctest::Contains("held as q8_0 (llama.cpp's quantized blocks), which neither the device engine"));
+  CHECK_THROWS_WITH(emit(tp, loss), doctest::Contains("held as q8_0"));
+}
+
 TEST_CASE("a tape with 16-bit constants replays bit for bit, and grad::emit writes their widened values") {
   for (const Storage storage : {Storage::bf16, Storage::f16}) {
     CAPTURE(storage_name(storage));

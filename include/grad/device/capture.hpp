@@ -369,6 +369,12 @@ std::string episode_refusal(const Tape<T>& tape, Var<T> loss, std::string_view d
              "' op) was recorded inside a recompute scope (grad::recompute), whose values are not kept; record the "
              "episode without recompute scopes before " +
              std::string(doing);
+    if (quantized(tape.nodes()[i].storage))
+      return "node " + std::to_string(i) + " is a constant held as " +
+             std::string(storage_name(tape.nodes()[i].storage)) +
+             " (llama.cpp's quantized blocks), which neither the device engine nor grad::emit has kernels for; hold "
+             "the base as f32, bf16 or f16 (nn::Lm's base_storage, hf::GgufLoadOptions) to " +
+             std::string(doing == "capturing" ? "capture" : "emit") + " it";
   }
   return "";
 }
