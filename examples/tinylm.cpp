@@ -8,6 +8,7 @@
 //   tinylm all      train (with its options), then the other three on its model
 //   tinylm bench    training and generation tokens/s at the default size (bench/peer_torch_lm.py)
 //   tinylm export   [--in tinylm_merged.model | --in HF_DIR] [--gguf FILE [--f16 | --type q4_k_m]] [--hf DIR]
+//                   [--in tinylm_lora.model --lora-gguf ADAPTER.gguf [--gguf BASE.gguf]]
 //
 // A Hugging Face model directory (Qwen2ForCausalLM or LlamaForCausalLM:
 // config.json, model.safetensors, tokenizer.json) goes through the same
@@ -225,7 +226,7 @@ void add_options(CLI::App& c, BenchOptions& o) {
 }
 
 struct ExportOptions {
-  std::string in = "tinylm_merged.model", gguf, hf, type;
+  std::string in = "tinylm_merged.model", gguf, hf, type, lora_gguf;
   bool f16 = false;
 };
 
@@ -250,6 +251,10 @@ void add_options(CLI::App& c, ExportOptions& o) {
             return "'" + t + "' is not a GGUF file type (expected f32, f16, q8_0, q4_0 or q4_k_m)";
           },
           "TYPE", "GGUF_TYPE"));
+  c.add_option("--lora-gguf", o.lora_gguf,
+               "for a model file with adapters (tinylm finetune): write them as llama.cpp's LoRA adapter GGUF (F32; "
+               "llama-cli -m BASE.gguf --lora FILE), and with --gguf its base without them")
+      ->check(cli::output_file);
   c.add_option("--hf", o.hf,
                "write a Hugging Face directory (config.json, model.safetensors, F32; the tokenizer files, or for "
                "grad's model file a byte-level tokenizer.json)")
@@ -721,14 +726,17 @@ int generate(const GenerateOptions& o) {
 // as a GGUF file and/or a Hugging Face directory.
 int export_model([[maybe_unused]] const ExportOptions& o) {
   require_hf("tinylm export");
-  if (o.gguf.empty() && o.hf.empty())
-    throw cli::UsageError("--gguf, --hf: nothing to write (name a GGUF file, a Hugging Face directory, or both)");
+  if (o.gguf.empty() && o.hf.empty() && o.lora_gguf.empty())
+    throw cli::UsageError(
+        "--gguf, --hf, --lora-gguf: nothing to write (name a GGUF file, a Hugging Face directory, or both; or an "
+        "adapter file)");
   if ((o.f16 || !o.type.empty()) && o.gguf.empty())
     throw cli::UsageError(std::string(o.f16 ? "--f16" : "--type") +
                           ": it is the GGUF file's type; name one with --gguf");
   if (o.f16 && !o.type.empty() && o.type != "f16")
     throw cli::UsageError("--f16, --type " + o.type + ": two GGUF file types (give one)");
   if (!o.gguf.empty()) cli::check_output_file("--gguf", o.gguf, true);
+  if (!o.lora_gguf.empty()) cli::check_output_file("--lora-gguf", o.lora_gguf, true);
   if (!o.hf.empty()) check_output_dir("--hf", o.hf);
 #ifdef GRAD_TINYLM_HF
   namespace hf = grad::hf;
@@ -738,14 +746,31 @@ int export_model([[maybe_unused]] const ExportOptions& o) {
     c = hf::read_config(o.in).config;
   else if (std::string why = nn::read_lm_config(o.in, c); !why.empty())
     throw std::runtime_error(why);
-  if (c.lora_rank > 0)
-    throw std::runtime_error("'" + o.in + "' has adapters (" + c.describe() + "): fold them in first (tinylm merge)");
-  grad::Tape<T> tp;
-  nn::Lm<T> model(tp, c, 1);
-  if (from_hf)
+  if (!o.lora_gguf.empty() && c.lora_rank == 0)
+    throw std::runtime_error("--lora-gguf: '" + o.in + "' has no adapters (" + c.describe() +
+                             "): a model file of tinylm finetune has");
+  if (c.lora_rank > 0 && (o.lora_gguf.empty() || !o.hf.empty()))
+    throw std::runtime_error("'" + o.in + "' has adapters (" + c.describe() + "): fold them in first (tinylm merge)" +
+                             (o.hf.empty() ? ", or write them as llama.cpp's adapter file (--lora-gguf)" : ""));
+  nn::LmConfig base_config = c;  // the model --gguf and --hf write: the base, without adapters
+  base_config.lora_rank = 0;
+  grad::Tape<T> tp, tl;
+  nn::Lm<T> model(tp, base_config, 1);
+  if (c.lora_rank > 0) {  // the adapters to their file, the base (the same tensors) into `model`
+    nn::Lm<T> tuned(tl, c, 1);
+    check_saved(nn::load_lm(o.in, tuned));
+    check_saved(hf::write_lora_gguf(o.lora_gguf, tuned));
+    std::printf("tinylm export: %s (%s) -> %s (llama.cpp's LoRA adapter GGUF, F32, alpha %g)\n", o.in.c_str(),
+                c.describe().c_str(), o.lora_gguf.c_str(), c.lora_scale * static_cast<double>(c.lora_rank));
+    for (const auto& p : model.base()) {
+      const grad::Tensor<T> v = tl.widened_value(tuned.tensor(p.name));
+      std::copy(v.data().begin(), v.data().end(), tp.leaf_value(p.var).begin());
+    }
+  } else if (from_hf) {
     hf::load_weights(o.in, model);
-  else
+  } else {
     check_saved(nn::load_lm(o.in, model));
+  }
   if (!o.gguf.empty()) {
     // The vocabulary: the directory's tokenizer.json (its pre-tokenizer
     // named as llama.cpp names it, or refused), or grad's 256 bytes.

@@ -151,8 +151,13 @@ else
   expect 2 "'q5_1' is not a GGUF file type" export --in merged --gguf x.gguf --type q5_1
   expect 2 "--f16, --type q8_0: two GGUF file types" export --in merged --gguf x.gguf --f16 --type q8_0
   expect 2 "--type: it is the GGUF file's type; name one with --gguf" export --in merged --hf y --type q8_0
-  expect 1 "fold them in first" export --in small_lora.model --gguf x.gguf
-  expect 2 "--gguf, --hf: nothing to write" export --in merged
+  expect 1 "fold them in first (tinylm merge), or write them as llama.cpp's adapter file (--lora-gguf)" \
+    export --in small_lora.model --gguf x.gguf
+  expect 0 "(llama.cpp's LoRA adapter GGUF, F32, alpha" \
+    export --in small_lora.model --lora-gguf small_lora.gguf --gguf small_base.gguf
+  [ -s small_lora.gguf ] && [ -s small_base.gguf ] || { echo "FAIL: export --lora-gguf wrote no files"; fail=1; }
+  expect 1 "--lora-gguf: 'small.model' has no adapters" export --in small.model --lora-gguf x.gguf
+  expect 2 "--gguf, --hf, --lora-gguf: nothing to write" export --in merged
   expect 2 "--base" finetune --from tinyhf --base small.model
   expect 0 "pre-tokenizer gpt-2" export --in tinyhf --gguf tiny.gguf  # its tokenizer.json: GPT-2's ByteLevel
   if command -v python3 >/dev/null; then
