@@ -28,6 +28,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <grad/grad.hpp>
 #include <grad/hf/gguf.hpp>
 #include <grad/hf/gguf_load.hpp>
@@ -84,10 +85,39 @@ int token_at(std::size_t i, std::size_t vocab) { return static_cast<int>((i * 79
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-int write_checkpoint(const std::string& dir, const Shape& shape) {
+// What `write` writes: the GGUF's type (f32, or quantized in llama.cpp's
+// mix), and whether the Hugging Face directory (F32 safetensors) too.
+struct WriteOptions {
+  std::string type = "f32";
+  bool gguf_only = false;
+};
+
+// The storage that holds a matrix as a file of `type` holds it (f32: native).
+grad::Storage storage_in_file(const nn::LmConfig& c, hf::GgufType type, const std::string& name) {
+  switch (hf::gguf_tensor_type(c, type, name)) {
+    case hf::GgmlType::q8_0: return grad::Storage::q8_0;
+    case hf::GgmlType::q4_0: return grad::Storage::q4_0;
+    case hf::GgmlType::q4_k: return grad::Storage::q4_k;
+    case hf::GgmlType::q5_k: return grad::Storage::q5_k;
+    case hf::GgmlType::q6_k: return grad::Storage::q6_k;
+    case hf::GgmlType::f16: return grad::Storage::f16;
+    default: return grad::Storage::native;
+  }
+}
+
+int write_checkpoint(const std::string& dir, const Shape& shape, const WriteOptions& w) {
   const nn::LmConfig c = qwen_config(shape);
+  hf::GgufType type = hf::GgufType::f32;
+  for (const hf::GgufType t : {hf::GgufType::f32, hf::GgufType::q8_0, hf::GgufType::q4_0, hf::GgufType::q4_k_m})
+    if (hf::gguf_type_name(t) == w.type) type = t;
   grad::Tape<T> tp;
-  nn::Lm<T> model(tp, c, 2027);  // seeded uniform weights (nn::Lm's initialisation); norms 1
+  // Seeded uniform weights (nn::Lm's initialisation), norms 1. A quantized
+  // file's base is held as the file holds it, each matrix rounded as it is
+  // drawn: a 7B model never exists in f32 (write_gguf copies the blocks).
+  // The values differ from the f32 model's by the rounding alone.
+  const bool held = type != hf::GgufType::f32;
+  nn::Lm<T> model(tp, c, 2027, held ? nn::Lm<T>::Train::none : nn::Lm<T>::Train::full,
+                  [&](const std::string& name) { return held ? storage_in_file(c, type, name) : grad::Storage::native; });
   // nn::Lm starts its q/k/v biases at zero; Qwen2's are not, so give them values too.
   grad::SplitMix64 rng(7);
   for (std::size_t l = 0; l < c.layers; ++l)
@@ -95,9 +125,12 @@ int write_checkpoint(const std::string& dir, const Shape& shape) {
       for (T& b : tp.leaf_value(model.layer(l).bias[static_cast<std::size_t>(p)]))
         b = static_cast<T>(rng.uniform(-0.1, 0.1));
   std::printf("model: %s, %zu parameters\n", c.describe().c_str(), model.parameter_count());
-  const auto t0 = Clock::now();
-  hf::save_pretrained(dir, model);
-  std::printf("wrote %s/config.json and model.safetensors (F32) in %.1f s\n", dir.c_str(), seconds_since(t0));
+  std::filesystem::create_directories(dir);
+  if (!w.gguf_only) {
+    const auto t0 = Clock::now();
+    hf::save_pretrained(dir, model);
+    std::printf("wrote %s/config.json and model.safetensors (F32) in %.1f s\n", dir.c_str(), seconds_since(t0));
+  }
   // llama.cpp needs a vocabulary: the 256 bytes, an end-of-text token, then
   // unused "[PAD<id>]" tokens up to the model's vocabulary, as llama.cpp's
   // converter writes a checkpoint's padding rows.
@@ -107,11 +140,12 @@ int write_checkpoint(const std::string& dir, const Shape& shape) {
     vocab.token_types.push_back(hf::TokenType::unused);
   }
   const auto t1 = Clock::now();
-  if (auto r = hf::write_gguf(dir + "/model.gguf", model, vocab); !r.ok()) {
+  const std::string file = dir + (held ? "/model-" + w.type + ".gguf" : "/model.gguf");
+  if (auto r = hf::write_gguf(file, model, vocab, {.type = type}); !r.ok()) {
     std::fprintf(stderr, "%s\n", r.error.c_str());
     return 1;
   }
-  std::printf("wrote %s/model.gguf (F32) in %.1f s\n", dir.c_str(), seconds_since(t1));
+  std::printf("wrote %s (%s) in %.1f s\n", file.c_str(), w.type.c_str(), seconds_since(t1));
   return 0;
 }
 
@@ -287,6 +321,13 @@ int main(int argc, char** argv) {
   for (const auto& [flag, value] : sizes)
     write_cmd->add_option(flag, *value, "instead of the preset's (Qwen2.5-0.5B's, or --small's)")
         ->check(cli::range<std::size_t>(1, 1u << 20));
+  WriteOptions write;
+  write_cmd
+      ->add_option("--type", write.type,
+                   "the GGUF's type: f32, or q8_0, q4_0, q4_k_m (llama.cpp's mix; the base drawn straight into it, "
+                   "written as model-TYPE.gguf)")
+      ->check(CLI::IsMember({"f32", "q8_0", "q4_0", "q4_k_m"}));
+  write_cmd->add_flag("--gguf-only", write.gguf_only, "no Hugging Face directory (config.json, model.safetensors)");
   Options o;
   // --base: a storage by name (q4_k for q4_K), or "stored" (a GGUF's own types).
   constexpr grad::Storage storages[] = {grad::Storage::native, grad::Storage::bf16, grad::Storage::f16,
@@ -335,7 +376,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&bench_argc, bench_argv.data());
   if (benchmark::ReportUnrecognizedArguments(bench_argc, bench_argv.data())) return 2;
   try {
-    if (write_cmd->parsed()) return write_checkpoint(out, shape);
+    if (write_cmd->parsed()) return write_checkpoint(out, shape, write);
     grad::set_num_threads(o.threads);
     // One process per configuration: the model loaded once, each
     // repetition a single iteration (a full-size step takes seconds).

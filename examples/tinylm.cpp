@@ -2,6 +2,8 @@
 //
 //   tinylm train    [--text /usr/share/common-licenses/GPL-3] [--out tinylm_base.model]
 //   tinylm finetune [--base tinylm_base.model] [--text examples/tinylm_finetune.txt] [--out tinylm_lora.model]
+//                   [--from HF_DIR --out PEFT_DIR | --from MODEL.gguf --out ADAPTER.gguf]  (a GGUF's base as it is
+//                   held, quantized or not; the adapters as llama.cpp's --lora file; peak memory at the end)
 //   tinylm merge    [--in tinylm_lora.model] [--out tinylm_merged.model]
 //   tinylm generate [--model tinylm_merged.model] [--prompt TEXT | --prompt-file F [--prompt-bytes 16]]
 //                   [--count N] [--temperature 0] [--top-k 0] [--seed 1]
@@ -30,6 +32,9 @@
 // `tinylm COMMAND --help` lists each command's options with their defaults
 // and ranges. --from and export need grad_hf (meson defines GRAD_TINYLM_HF
 // when -Dhf found nlohmann-json and PCRE2); without it they say so and exit 2.
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -50,6 +55,7 @@
 
 #ifdef GRAD_TINYLM_HF
 #include <grad/hf/gguf.hpp>
+#include <grad/hf/gguf_load.hpp>
 #include <grad/hf/model.hpp>
 #include <grad/hf/tokenizer.hpp>
 #endif
@@ -116,7 +122,7 @@ void add_options(CLI::App& c, TrainOptions& o) {
 }
 
 struct FinetuneOptions {
-  std::string from;  // a Hugging Face directory, instead of base
+  std::string from;  // a Hugging Face directory or a GGUF file, instead of base
   std::string base = "tinylm_base.model", text = GRAD_TINYLM_FINETUNE_TEXT, out = "tinylm_lora.model",
               csv = "tinylm_finetune.csv", svg = "tinylm_finetune.svg", targets = "all";
   std::size_t rank = 8;
@@ -125,12 +131,24 @@ struct FinetuneOptions {
   std::uint64_t seed = 1;
 };
 
+// A GGUF file (--from): a regular file named *.gguf.
+const CLI::Validator gguf_file(
+    [](const std::string& path) -> std::string {
+      if (!path.ends_with(".gguf")) return "not a directory, nor a file named *.gguf";
+      return CLI::ExistingFile(path);
+    },
+    "GGUF");
+
+bool is_gguf(const std::string& path) { return path.ends_with(".gguf"); }
+
 void add_options(CLI::App& c, FinetuneOptions& o) {
   auto* base = c.add_option("--base", o.base, "the pretrained model (tinylm train)")->check(CLI::ExistingFile);
   c.add_option("--from", o.from,
                "a Hugging Face model directory to finetune instead of --base (its tokenizer.json tokenizes the "
-               "text; --out is then a PEFT adapter directory)")
-      ->check(CLI::ExistingDirectory)
+               "text; --out is then a PEFT adapter directory), or a GGUF file (llama.cpp's, quantized or not: the "
+               "base stays as the file holds it; its vocabulary tokenizes the text; --out is then llama.cpp's LoRA "
+               "adapter GGUF)")
+      ->check(CLI::ExistingDirectory | gguf_file)
       ->excludes(base);
   c.add_option("--text", o.text, "text to memorise (more than 17 bytes, at most the model's max-seq)")
       ->check(cli::input_file(max_text_bytes));
@@ -331,8 +349,10 @@ Codec codec_of([[maybe_unused]] const std::string& hf_dir) {
   if (hf_dir.empty()) return byte_codec();
 #ifdef GRAD_TINYLM_HF
   // (assume_nfc matters only to a grad_hf without utf8proc: then ASCII text is taken, other text refused.)
+  // A GGUF's vocabulary (tokenizer.ggml.*, the gpt2 kind) tokenizes as llama.cpp does.
   auto tok = std::make_shared<const grad::hf::Tokenizer>(
-      grad::hf::Tokenizer::from_file(hf_dir + "/tokenizer.json", {.assume_nfc = true}));
+      is_gguf(hf_dir) ? grad::hf::bpe_tokenizer(grad::hf::read_gguf_vocab(grad::hf::GgufFile(hf_dir)))
+                      : grad::hf::Tokenizer::from_file(hf_dir + "/tokenizer.json", {.assume_nfc = true}));
   return {[tok](std::string_view s) { return tok->encode(s); },
           [tok](std::span<const int> ids) { return tok->decode(ids); },
           [tok](int id) { return tok->id_to_token(id).has_value(); }};
@@ -380,17 +400,41 @@ std::string continuation(const nn::Lm<T>& model, std::span<const int> text, std:
 }
 
 // One live line: step, loss, bits/byte, tokens/s.
+// "1 h 02 min", "3 min 05 s", "12 s".
+std::string duration_text(double seconds) {
+  const long s = std::lround(std::max(0.0, seconds));
+  char text[48];
+  if (s >= 3600)
+    std::snprintf(text, sizeof text, "%ld h %02ld min", s / 3600, s / 60 % 60);
+  else if (s >= 60)
+    std::snprintf(text, sizeof text, "%ld min %02ld s", s / 60, s % 60);
+  else
+    std::snprintf(text, sizeof text, "%ld s", s);
+  return text;
+}
+
+// The process's peak resident memory so far, for the last line of a run.
+void print_peak_memory() {
+  rusage u{};
+  if (getrusage(RUSAGE_SELF, &u) == 0)
+    std::printf("peak memory: %.0f MiB resident\n", static_cast<double>(u.ru_maxrss) / 1024.0);
+}
+
 struct Live {
   bool tty = isatty(fileno(stdout)) == 1;
   Clock::time_point drawn = Clock::now();
+  Clock::time_point started = Clock::now();
   void draw(long step, long steps, double loss, double tokens_per_s, bool force = false) {
     const auto now = Clock::now();
     if (!force && (!tty || now - drawn < std::chrono::milliseconds(100))) return;
     drawn = now;
     const int width = 30, filled = static_cast<int>(width * step / std::max(1L, steps));
-    std::printf("%s step %5ld/%ld [%.*s%.*s] loss %.3f  %.3f bits/byte  %.0f tokens/s%s", tty ? "\r" : "", step, steps,
-                filled, "##############################", width - filled, "------------------------------", loss,
-                loss / std::log(2.0), tokens_per_s, tty ? "\033[K" : "\n");
+    // The time left at the pace so far (an upper bound where a run stops early once it has learned its text).
+    const double eta = std::chrono::duration<double>(now - started).count() / static_cast<double>(std::max(1L, step)) *
+                       static_cast<double>(steps - step);
+    std::printf("%s step %5ld/%ld [%.*s%.*s] loss %.3f  %.3f bits/byte  %.0f tokens/s  ETA %s%s", tty ? "\r" : "", step,
+                steps, filled, "##############################", width - filled, "------------------------------", loss,
+                loss / std::log(2.0), tokens_per_s, duration_text(eta).c_str(), tty ? "\033[K" : "\n");
     std::fflush(stdout);
   }
 };
@@ -531,8 +575,13 @@ int train(const TrainOptions& o) {
 }
 
 int finetune(const FinetuneOptions& o) {
-  const bool hf = !o.from.empty();
-  if (hf) {
+  const bool hf = !o.from.empty(), gguf = hf && is_gguf(o.from);
+  if (gguf) {
+    require_hf("--from");
+    cli::check_output_file("--out", o.out, true);
+    cli::check_output_file("--csv", o.csv);
+    cli::check_output_file("--svg", o.svg);
+  } else if (hf) {
     require_hf("--from");
     check_output_dir("--out", o.out);
     cli::check_output_file("--csv", o.csv);
@@ -547,7 +596,10 @@ int finetune(const FinetuneOptions& o) {
   // A BF16 or F16 checkpoint's frozen base stays 16-bit (half the memory, the same bits).
   grad::Storage base_storage = grad::Storage::native;
 #ifdef GRAD_TINYLM_HF
-  if (hf) {  // max_seq: the text's tokens (the decoder's cache), at most max_position_embeddings
+  if (gguf) {  // max_seq: the text's tokens, at most the file's context_length
+    c = grad::hf::read_gguf_config(grad::hf::GgufFile(base)).config;
+    c.max_seq = std::clamp<std::size_t>(tokens.size(), 2, c.max_seq);
+  } else if (hf) {  // max_seq: the text's tokens (the decoder's cache), at most max_position_embeddings
     const grad::hf::ModelInfo info = grad::hf::read_config(base);
     c = info.config;
     c.max_seq = std::clamp<std::size_t>(tokens.size(), 2, c.max_seq);
@@ -568,11 +620,28 @@ int finetune(const FinetuneOptions& o) {
                              (hf ? " tokens" : " bytes") + "; expected more than " + std::to_string(prompt + 1) +
                              " and at most max_seq " + std::to_string(c.max_seq));
   grad::Tape<T> tp;
-  nn::Lm<T> model(tp, c, o.seed, nn::Lm<T>::Train::lora, base_storage);
+  // A GGUF's base held as the file holds it (its quantized blocks byte for byte).
+  auto load = [&]() -> nn::Lm<T> {
 #ifdef GRAD_TINYLM_HF
-  if (hf) grad::hf::load_weights(base, model);
+    if (gguf)
+      return std::move(grad::hf::load_gguf(base, tp, nn::Lm<T>::Train::lora,
+                                           {.max_seq = c.max_seq,
+                                            .lora_rank = c.lora_rank,
+                                            .lora_scale = c.lora_scale,
+                                            .lora_targets = c.lora_targets,
+                                            .as_stored = true,
+                                            .tokenizer = grad::hf::GgufLoadOptions::TokenizerMode::skip,
+                                            .seed = o.seed})
+                           .model);
 #endif
-  if (!hf) check_saved(nn::load_lm(base, model));
+    nn::Lm<T> m(tp, c, o.seed, nn::Lm<T>::Train::lora, base_storage);
+#ifdef GRAD_TINYLM_HF
+    if (hf) grad::hf::load_weights(base, m);
+#endif
+    if (!hf) check_saved(nn::load_lm(base, m));
+    return m;
+  };
+  nn::Lm<T> model = load();
   grad::Adam<T> opt(static_cast<T>(o.lr));
   opt.set_clip(T(1));
   std::size_t adapter_elements = 0;
@@ -583,7 +652,11 @@ int finetune(const FinetuneOptions& o) {
   const long steps = o.steps;
   std::printf("tinylm finetune: %s (%zu bytes) on %s\nmodel: %s; %zu adapter parameters of %zu%s\n", path.c_str(),
               tokens.size(), base.c_str(), c.describe().c_str(), adapter_elements, model.parameter_count(),
-              grad::narrow(base_storage) ? " (the frozen base held in 16 bits, as the checkpoint is)" : "");
+              grad::narrow(model.base_storage())
+                  ? (" (the frozen base held as " + std::string(grad::storage_name(model.base_storage())) +
+                     ", as the file holds it)")
+                        .c_str()
+                  : "");
   const std::size_t n = tokens.size() - 1;
   const std::span<const int> all(tokens);
   std::printf("before: greedy from the first %zu tokens gives \"%s\"\n", prompt,
@@ -612,18 +685,24 @@ int finetune(const FinetuneOptions& o) {
   }
   if (live.tty) std::printf("\r\033[K");
   const bool exact = continuation(model, all, prompt, codec) == codec.decode(all.subspan(prompt));
-  std::size_t base_bytes = 0;
-  for (const auto& p : model.base()) base_bytes += tp.value(p.var).size() * sizeof(T);
+  std::size_t base_bytes = 0;  // what full finetuning's gradients would take: every base tensor in T
+  for (const auto& p : model.base()) base_bytes += tp.dims(p.var).size() * sizeof(T);
   std::printf("finetuned %ld steps in %.1f s (%.0f tokens/s); greedy from the first %zu tokens %s the rest\n", done,
               seconds, tokens_done / seconds, prompt, exact ? "reproduces" : "does NOT reproduce");
   std::printf(
       "gradient buffers: adapters %zu bytes (the whole tape %zu), base weights 0 bytes (full finetuning: %zu)\n",
       adapter_elements * sizeof(T), grad_bytes, base_bytes);
 #ifdef GRAD_TINYLM_HF
-  if (hf) grad::hf::save_adapters(o.out, model);  // PEFT's adapter_config.json and adapter_model.safetensors
+  if (gguf) {  // llama.cpp's adapter file: llama-cli -m BASE.gguf --lora OUT
+    if (const auto r = grad::hf::write_lora_gguf(o.out, model); !r.ok()) throw std::runtime_error(r.error);
+  } else if (hf) {
+    grad::hf::save_adapters(o.out, model);  // PEFT's adapter_config.json and adapter_model.safetensors
+  }
 #endif
   if (!hf) check_saved(nn::save_lm(o.out, model));
-  std::printf("saved %s%s\n", o.out.c_str(), hf ? " (PEFT adapters)" : "");
+  std::printf("saved %s%s\n", o.out.c_str(),
+              gguf ? " (llama.cpp's LoRA adapter GGUF: --lora beside the base)" : hf ? " (PEFT adapters)" : "");
+  print_peak_memory();
   curve.write(o.csv, o.svg, "tinylm LoRA finetune on " + path, 0);
   return exact ? 0 : 1;
 }

@@ -552,7 +552,7 @@ GgufModel<T> load_gguf(const std::string& path, Tape<T>& tp, typename nn::Lm<T>:
     const GgufTensorInfo* t = f.tensor(gguf);
     return t ? storage_as_stored(*t) : Storage::native;
   };
-  nn::Lm<T> model(tp, cfg.config, 0, train, storage_of_matrix, nn::Lm<T>::Values::zeros);
+  nn::Lm<T> model(tp, cfg.config, options.seed, train, storage_of_matrix, nn::Lm<T>::Values::zeros);
   load_gguf_weights(f, model);
   return GgufModel<T>{cfg.architecture, cfg.config,           std::move(model),
                       std::move(vocab), std::move(tokenizer), std::move(problem)};

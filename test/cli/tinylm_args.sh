@@ -148,6 +148,16 @@ else
   expect 0 "reproduced exactly" generate --from merged --prompt-file note.txt
   expect 0 "(GGUF, qwen2, F16, 256 tokens, pre-tokenizer gpt-2)" export --in merged --gguf merged.gguf --f16
   expect 0 "(GGUF, qwen2, Q4_K_M, 256 tokens" export --in merged --gguf merged_q.gguf --type q4_k_m
+  # A quantized GGUF finetuned as it is (its q8_0 blocks kept), the adapters out as llama.cpp's adapter file.
+  expect 0 "saved q.model" train --steps 2 --seq 8 --batch 1 --d 32 --layers 1 --heads 2 --kv-heads 1 --ffn 64 \
+    --max-seq 64 --out q.model --csv '' --svg '' --seed 3
+  expect 0 "(GGUF, qwen2, Q8_0, 256 tokens" export --in q.model --gguf q8.gguf --type q8_0
+  expect 0 "the frozen base held as q8_0, as the file holds it" finetune --from q8.gguf --text note.txt \
+    --out q8_lora.gguf --csv '' --svg ''
+  expect 0 "reproduces the rest" finetune --from q8.gguf --text note.txt --out q8_lora.gguf --csv '' --svg ''
+  expect 0 "peak memory:" finetune --from q8.gguf --text note.txt --out q8_lora.gguf --csv '' --svg ''
+  [ -s q8_lora.gguf ] || { echo "FAIL: finetune --from q8.gguf wrote no adapter file"; fail=1; }
+  expect 2 "not a directory, nor a file named *.gguf" finetune --from note.txt --text note.txt --out x.gguf
   expect 2 "'q5_1' is not a GGUF file type" export --in merged --gguf x.gguf --type q5_1
   expect 2 "--f16, --type q8_0: two GGUF file types" export --in merged --gguf x.gguf --f16 --type q8_0
   expect 2 "--type: it is the GGUF file's type; name one with --gguf" export --in merged --hf y --type q8_0

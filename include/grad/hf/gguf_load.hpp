@@ -77,6 +77,8 @@ struct GgufLoadOptions {
   enum class TokenizerMode : std::uint8_t { optional, required, skip };
   TokenizerMode tokenizer = TokenizerMode::optional;
   bool zero_biases_as_none = true;
+  // The adapters' initial A (nn::Lm's seed; the base is the file's).
+  std::uint64_t seed = 0;
 };
 
 struct GgufConfig {
