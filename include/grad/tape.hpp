@@ -178,12 +178,18 @@ class Tape {
     const Node<T>* n = find(v);
     if (!n || n->transient) return {};
     Tensor<T> t(Shape(n->dims.span().begin(), n->dims.span().end()));
-    if (n->transposed)
-      for (std::size_t k = 0; k < t.size(); ++k) t[k] = n->value_at(k);
-    else if (narrow(n->storage))
+    if (n->transposed) {  // memory row j (one per column of [rows, cols]) dequantized, then put in its column
+      const std::size_t rows = n->dims.d[0], cols = n->dims.d[1];
+      std::vector<T> row(rows);
+      for (std::size_t j = 0; j < cols; ++j) {
+        read_held(n->storage, n->value, j * rows, rows, row.data());
+        for (std::size_t i = 0; i < rows; ++i) t[i * cols + j] = row[i];
+      }
+    } else if (narrow(n->storage)) {
       read_held(n->storage, n->value, 0, t.size(), t.data().data());
-    else
+    } else {
       std::copy_n(n->value, t.size(), t.data().begin());
+    }
     return t;
   }
   // Writable bits of a 16-bit constant (loading a checkpoint's BF16 or F16

@@ -422,7 +422,7 @@ std::string real_problem(const char* field, double v) {
 // [row][column] (grad's [in, out] transposed), as GGUF's rows hold it.
 std::string check_values(std::span<const Planned> plan) {
   for (const Planned& p : plan) {
-    if (!p.from) continue;
+    if (!p.from || p.from->values.empty()) continue;  // held in blocks only: checked row by row (assemble)
     const std::span<const float> v = p.from->values;
     auto element = [&](std::size_t i) {
       char number[32];
@@ -549,11 +549,28 @@ std::string assemble(std::span<const Planned> plan, const Metadata& m, std::vect
       // (k, r), at (k, source row) when its heads are permuted; a vector is
       // one row, itself permuted when its heads are. A row is quantized on
       // its own (whole blocks), so permuting rows commutes with quantizing.
-      for (std::size_t k = 0; k < cols; ++k)
-        row[k] = !p.from            ? 0.0f
-                 : p.ne.size() == 1 ? p.from->values[source_row(k, cols, p.heads)]
-                 : p.transpose      ? p.from->values[k * rows + source_row(r, rows, p.heads)]
-                                    : p.from->values[r * cols + k];
+      const bool blocks_only = p.from && p.from->values.empty();  // a quantized base's matrix: no floats
+      if (blocks_only) {
+        // GGUF row r is held row source_row(r) (the embedding's: row r), dequantized exactly.
+        const QuantFormat held_format = *p.from->format;
+        const std::size_t bytes = quant_bytes(held_format, cols), held = p.transpose ? source_row(r, rows, p.heads) : r;
+        if (r == 0 && p.from->blocks.size() != rows * bytes)
+          return "tensor '" + p.hf_name + "' has " + std::to_string(p.from->blocks.size()) + " bytes of its " +
+                 std::string(quant_info(held_format).name) + " blocks (expected " + std::to_string(rows) +
+                 " rows of " + std::to_string(bytes) + ")";
+        dequantize(held_format, p.from->blocks.data() + held * bytes, row.data(), cols);
+        for (std::size_t k = 0; k < cols; ++k)
+          if (!std::isfinite(row[k]) || (p.type == GgmlType::f16 && std::isinf(round_to_f16(row[k]))))
+            return "tensor '" + p.hf_name + "' row " + std::to_string(r) + " element " + std::to_string(k) +
+                   " of its blocks is " + std::to_string(row[k]) +
+                   (std::isfinite(row[k]) ? ", beyond F16's range (write F32)" : " (expected finite values)");
+      } else {
+        for (std::size_t k = 0; k < cols; ++k)
+          row[k] = !p.from            ? 0.0f
+                   : p.ne.size() == 1 ? p.from->values[source_row(k, cols, p.heads)]
+                   : p.transpose      ? p.from->values[k * rows + source_row(r, rows, p.heads)]
+                                      : p.from->values[r * cols + k];
+      }
       if (q && p.from && p.from->format == *q) {
         // Held in this format: the row's blocks as they are (GGUF row r is
         // held row source_row(r): Llama's q and k rows move whole), which
@@ -679,7 +696,9 @@ ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::
                (p.transpose ? ", grad's [in, out]: Hugging Face's " + shape_text(hf_shape) : std::string()) + ")";
       std::size_t count = 1;
       for (std::size_t x : shape) count *= x;  // bounded: LmConfig::check
-      if (t.values.size() != count)
+      // A quantized base's matrix may come as its blocks alone (LmTensor::format, no values).
+      const bool blocks_only = t.values.empty() && t.format && shape.size() == 2;
+      if (t.values.size() != count && !blocks_only)
         return who + " has " + std::to_string(t.values.size()) + " values for " + shape_text(shape);
       p.from = &t;
     }

@@ -232,6 +232,8 @@ struct LmTensor {
   // in that format, write_gguf copies them as they are (a K-quant quantized
   // again from its own values need not give its bytes back) after checking
   // that they dequantize to `values`; elsewhere it quantizes `values`.
+  // `values` may be empty then (write_gguf(model) leaves it so): each row is
+  // dequantized from the blocks where it is needed, one row at a time.
   std::optional<QuantFormat> format = std::nullopt;
   std::span<const std::uint8_t> blocks = {};
 };
@@ -266,6 +268,14 @@ ModelFileResult write_gguf(const std::string& path, const nn::Lm<T>& model, cons
   for (const auto& p : model.base()) {
     const std::span<const std::size_t> dims = tp.dims(p.var).span();
     LmTensor t{p.name, std::vector<std::size_t>(dims.begin(), dims.end()), {}};
+    if (quantized(tp.storage(p.var))) {  // held as llama.cpp holds it (Lm: the embedding's rows, else [out, in])
+      // Its blocks alone: each row dequantized where the file needs values
+      // (a 7B base never widened whole).
+      t.format = grad::quant_format(tp.storage(p.var));
+      t.blocks = tp.leaf_blocks(p.var);
+      tensors.push_back(std::move(t));
+      continue;
+    }
     bool in_place = false;
     if constexpr (std::is_same_v<T, float>) {
       in_place = tp.storage(p.var) == Storage::native;
@@ -275,10 +285,6 @@ ModelFileResult write_gguf(const std::string& path, const nn::Lm<T>& model, cons
       const Tensor<T> v = tp.widened_value(p.var);
       converted.emplace_back(v.data().begin(), v.data().end());
       t.values = converted.back();
-    }
-    if (quantized(tp.storage(p.var))) {  // held as llama.cpp holds it (Lm: the embedding's rows, else [out, in])
-      t.format = grad::quant_format(tp.storage(p.var));
-      t.blocks = tp.leaf_blocks(p.var);
     }
     tensors.push_back(std::move(t));
   }
