@@ -19,12 +19,11 @@
 #include <grad/tensor_math.hpp>
 #include <string>
 
-#include "cli.hpp"
+#include "args.hpp"
 #include "report.hpp"
 
 int main(int argc, char** argv) {
-  CLI::App app{"digits: a 64-128-64-10 relu classifier on scikit-learn's handwritten digits", "digits"};
-  cli::setup(app);
+  args::Command app{"digits: a 64-128-64-10 relu classifier on scikit-learn's handwritten digits", "digits"};
   std::string data = "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz", save, svg = "digits.svg";
   int epochs = 30;
   std::size_t batch_size = 64;
@@ -32,19 +31,19 @@ int main(int argc, char** argv) {
   double dropout = 0.2, weight_decay = 0.01;
   std::uint64_t seed = 1;
   // A regular file, bounded: /dev/zero as --data would never end.
-  app.add_option("--data", data, "CSV (or .csv.gz): 64 pixel columns (0..16), the class id last")
-      ->check(cli::input_file(256u << 20));
-  app.add_option("--epochs", epochs, "passes over the training rows")->check(cli::range(1, 100'000));
-  app.add_option("--batch", batch_size, "rows per AdamW step")->check(cli::range<std::size_t>(1, 100'000));
-  app.add_option("--lr", lr, "AdamW's peak learning rate (one-cycle schedule)")->check(cli::range(1e-7f, 10.0f));
-  app.add_option("--weight-decay", weight_decay, "AdamW's decoupled weight decay on the weights (not biases)")
-      ->check(cli::range(0.0, 1.0));
-  app.add_option("--dropout", dropout, "dropout after each hidden relu (0: none)")->check(cli::range(0.0, 0.95));
-  app.add_option("--seed", seed, "initial weights and batch order")->check(cli::seed());
-  app.add_option("--save", save, "write the trained model ('' for none)")->check(cli::output_file);
-  app.add_option("--svg", svg, "accuracy curves as an SVG plot ('' for none)")->check(cli::output_file);
-  if (auto status = cli::parse(app, argc, argv)) return *status;
-  if (std::string why = cli::output_file_problem(svg); !why.empty())  // the default is checked too
+  app.option("--data", data, "CSV (or .csv.gz): 64 pixel columns (0..16), the class id last")
+      .check(args::input_file(256u << 20));
+  app.option("--epochs", epochs, "passes over the training rows").check(args::range(1, 100'000));
+  app.option("--batch", batch_size, "rows per AdamW step").check(args::range<std::size_t>(1, 100'000));
+  app.option("--lr", lr, "AdamW's peak learning rate (one-cycle schedule)").check(args::range(1e-7f, 10.0f));
+  app.option("--weight-decay", weight_decay, "AdamW's decoupled weight decay on the weights (not biases)")
+      .check(args::range(0.0, 1.0));
+  app.option("--dropout", dropout, "dropout after each hidden relu (0: none)").check(args::range(0.0, 0.95));
+  app.option("--seed", seed, "initial weights and batch order").check(args::seed());
+  app.option("--save", save, "write the trained model ('' for none)").check(args::output_file());
+  app.option("--svg", svg, "accuracy curves as an SVG plot ('' for none)").check(args::output_file());
+  if (auto status = app.parse(argc, argv)) return *status;
+  if (std::string why = args::output_file_problem(svg); !why.empty())  // the default is checked too
     return std::fprintf(stderr, "digits: --svg: %s\n", why.c_str()), 2;
 
   grad::LabeledData<float> all;

@@ -20,11 +20,22 @@
 #include "grad/tape.hpp"
 #include "grad/tensor.hpp"
 
-// The reverse walk and the forward dispatch for element type T, prefixed by E
-// (`extern` or nothing).
-#define GRAD_WALK_INSTANCES(E, T)                    \
-  E template bool grad::Tape<T>::walk(grad::Var<T>); \
-  E template void grad::Tape<T>::forward_by_code(std::uint8_t, const grad::NodeArgs<T>&, T*);
+// What the compiled kernel library holds for element type T besides the
+// hot loops, prefixed by E (`extern` or nothing): every member of the tape
+// that is not a template (the reverse walk and the forward dispatch, which
+// reach every op, but also allocation, errors, the inspection hooks), the
+// optimizers' and Tensor<T>'s. A consumer's unit then compiles only what its
+// own ops record (record<Op>, the ops' shape checks) and calls the library's
+// copies of the rest: about a third of a one-op program's code generation.
+// An explicit instantiation of a class leaves its member templates alone,
+// so record<Op> and leaf<Op> stay in the unit that uses them.
+#define GRAD_WALK_INSTANCES(E, T)     \
+  E template class grad::Tensor<T>;   \
+  E template class grad::Tape<T>;     \
+  E template class grad::Optimizer<T>; \
+  E template class grad::SGD<T>;      \
+  E template class grad::Adam<T>;     \
+  E template class grad::AdamW<T>;
 
 #if defined(GRAD_COMPILED_KERNELS) && GRAD_SIMD
 GRAD_WALK_INSTANCES(extern, float)

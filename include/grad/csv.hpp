@@ -247,3 +247,14 @@ LabeledData<T> read_labeled_csv(const std::string& path, int label_column = -1) 
 }
 
 }  // namespace grad
+
+// With GRAD_COMPILED_KERNELS the readers for float and double are the compiled
+// library's (src/extras_*.cpp; core.hpp's GRAD_WALK_INSTANCES says why).
+#define GRAD_CSV_INSTANCES(E, T)                                                                              \
+  E template grad::Tensor<T> grad::csv_detail::read_table<T>(const std::string&, std::vector<std::size_t>*); \
+  E template grad::Tensor<T> grad::read_csv<T>(const std::string&);                                          \
+  E template grad::LabeledData<T> grad::read_labeled_csv<T>(const std::string&, int);
+#if defined(GRAD_COMPILED_KERNELS) && GRAD_SIMD
+GRAD_CSV_INSTANCES(extern, float)
+GRAD_CSV_INSTANCES(extern, double)
+#endif

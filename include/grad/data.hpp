@@ -321,3 +321,11 @@ std::vector<std::int32_t> predict(Tape<T>& tp, const Model& model, const Tensor<
 }
 
 }  // namespace grad
+
+// With GRAD_COMPILED_KERNELS, Batches for float and double is the compiled
+// library's (src/extras_*.cpp; core.hpp's GRAD_WALK_INSTANCES says why).
+#define GRAD_DATA_INSTANCES(E, T) E template class grad::Batches<T>;
+#if defined(GRAD_COMPILED_KERNELS) && GRAD_SIMD
+GRAD_DATA_INSTANCES(extern, float)
+GRAD_DATA_INSTANCES(extern, double)
+#endif

@@ -260,3 +260,18 @@ ModelFileResult load_model(const std::string& path, nn::Module<T>& model, ModelL
 }
 
 }  // namespace grad
+
+// With GRAD_COMPILED_KERNELS, saving and loading float and double models is the
+// compiled library's (src/extras_*.cpp; core.hpp's GRAD_WALK_INSTANCES says why).
+#define GRAD_MODEL_FILE_INSTANCES(E, T)                                                                          \
+  E template grad::ModelFileResult grad::save_model<T>(const std::string&, const grad::Tape<T>&,                 \
+                                                       std::span<const grad::nn::NamedParameter<T>>);            \
+  E template grad::ModelFileResult grad::save_model<T>(const std::string&, const grad::nn::Module<T>&);          \
+  E template grad::ModelFileResult grad::load_model<T>(const std::string&, grad::Tape<T>&,                       \
+                                                       std::span<const grad::nn::NamedParameter<T>>,             \
+                                                       grad::ModelLoadOptions);                                  \
+  E template grad::ModelFileResult grad::load_model<T>(const std::string&, grad::nn::Module<T>&, grad::ModelLoadOptions);
+#if defined(GRAD_COMPILED_KERNELS) && GRAD_SIMD
+GRAD_MODEL_FILE_INSTANCES(extern, float)
+GRAD_MODEL_FILE_INSTANCES(extern, double)
+#endif

@@ -439,3 +439,21 @@ bool add_parameters(Opt& opt, const Module<T>& model, Decay decay = {}) {
 }
 
 }  // namespace grad::nn
+
+// With GRAD_COMPILED_KERNELS the modules for float and double are the compiled
+// library's (src/extras_*.cpp, core.hpp's GRAD_WALK_INSTANCES says why), so a
+// consumer's unit does not compile them again.
+#define GRAD_MODULES_INSTANCES(E, T)                                                                      \
+  E template class grad::nn::Module<T>;                                                                   \
+  E template class grad::nn::Linear<T>;                                                                   \
+  E template class grad::nn::LayerNorm<T>;                                                                \
+  E template class grad::nn::RMSNorm<T>;                                                                  \
+  E template class grad::nn::LoRALinear<T>;                                                               \
+  E template class grad::nn::Dropout<T>;                                                                  \
+  E template class grad::nn::Sequential<T>;                                                               \
+  E template grad::nn::Sequential<T> grad::nn::mlp<T>(grad::Tape<T>&, std::initializer_list<std::size_t>, \
+                                                      grad::SplitMix64&, grad::Var<T> (*)(grad::Var<T>), double);
+#if defined(GRAD_COMPILED_KERNELS) && GRAD_SIMD
+GRAD_MODULES_INSTANCES(extern, float)
+GRAD_MODULES_INSTANCES(extern, double)
+#endif
