@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -507,6 +508,15 @@ std::span<const unsigned char> GgufFile::bytes(const GgufTensorInfo& t) const {
   // Checked against the file when it was opened (offset + byte_count within the data section).
   if (!map_) return {};
   return {map_ + data_offset_ + t.offset, static_cast<std::size_t>(t.byte_count)};
+}
+
+void GgufFile::release(const GgufTensorInfo& t) const {
+  if (!map_) return;
+  // The whole pages inside the tensor (a neighbour's bytes on a shared page stay).
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<std::uintptr_t>(map_ + data_offset_ + t.offset);
+  const std::uintptr_t first = (begin + page - 1) / page * page, last = (begin + t.byte_count) / page * page;
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 }  // namespace grad::hf

@@ -519,7 +519,10 @@ void load_gguf_weights(const GgufFile& f, nn::Lm<T>& model) {
   // The conversions that can refuse a value, tried before anything is written.
   for (const Placed<T>& p : wanted)
     if (holding(*p.info, tp.storage(p.var)) == Holding::round_bits) check_rounding(f, p, tp.storage(p.var));
-  for (const Placed<T>& p : wanted) fill(f, p, tp);
+  for (const Placed<T>& p : wanted) {
+    fill(f, p, tp);
+    f.release(*p.info);  // the copy is the model's; the file's pages need not stay resident too
+  }
 }
 
 template <class T>

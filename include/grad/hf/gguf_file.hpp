@@ -201,6 +201,11 @@ class GgufFile {
 
   // The tensor's bytes in the mapped file, as stored (its ggml type's blocks).
   std::span<const unsigned char> bytes(const GgufTensorInfo& t) const;
+  // Lets the tensor's pages go from this process's memory (madvise
+  // MADV_DONTNEED: a later bytes(t) reads them from the file again): a
+  // loader that has copied a tensor calls it, so a model's peak memory is
+  // its own copy, not that plus the mapped file's pages.
+  void release(const GgufTensorInfo& t) const;
 
  private:
   std::string path_;
