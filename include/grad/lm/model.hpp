@@ -493,7 +493,9 @@ class Lm {
   // episodes recorded without it.
   void set_recompute(bool on) { recompute_ = on; }
   bool recomputes() const { return recompute_; }
-  // How the frozen base's matrices are held (the constructor's `base`).
+  // How the frozen base's matrices are held (the constructor's
+  // base_storage; held per matrix, the first projection's: each matrix's
+  // own is tape().storage(tensor(name))).
   Storage base_storage() const { return base_storage_; }
   std::size_t parameter_count() const {
     std::size_t n = 0;
