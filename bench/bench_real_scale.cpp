@@ -92,19 +92,6 @@ struct WriteOptions {
   bool gguf_only = false;
 };
 
-// The storage that holds a matrix as a file of `type` holds it (f32: native).
-grad::Storage storage_in_file(const nn::LmConfig& c, hf::GgufType type, const std::string& name) {
-  switch (hf::gguf_tensor_type(c, type, name)) {
-    case hf::GgmlType::q8_0: return grad::Storage::q8_0;
-    case hf::GgmlType::q4_0: return grad::Storage::q4_0;
-    case hf::GgmlType::q4_k: return grad::Storage::q4_k;
-    case hf::GgmlType::q5_k: return grad::Storage::q5_k;
-    case hf::GgmlType::q6_k: return grad::Storage::q6_k;
-    case hf::GgmlType::f16: return grad::Storage::f16;
-    default: return grad::Storage::native;
-  }
-}
-
 int write_checkpoint(const std::string& dir, const Shape& shape, const WriteOptions& w) {
   const nn::LmConfig c = qwen_config(shape);
   hf::GgufType type = hf::GgufType::f32;
@@ -117,7 +104,9 @@ int write_checkpoint(const std::string& dir, const Shape& shape, const WriteOpti
   // The values differ from the f32 model's by the rounding alone.
   const bool held = type != hf::GgufType::f32;
   nn::Lm<T> model(tp, c, 2027, held ? nn::Lm<T>::Train::none : nn::Lm<T>::Train::full,
-                  [&](const std::string& name) { return held ? storage_in_file(c, type, name) : grad::Storage::native; });
+                  [&](const std::string& name) {
+                    return held ? hf::storage_for(hf::gguf_tensor_type(c, type, name)) : grad::Storage::native;
+                  });
   // nn::Lm starts its q/k/v biases at zero; Qwen2's are not, so give them values too.
   grad::SplitMix64 rng(7);
   for (std::size_t l = 0; l < c.layers; ++l)

@@ -24,15 +24,6 @@ namespace {
 
 constexpr Storage all_quantized[] = {Storage::q8_0, Storage::q4_0, Storage::q4_k, Storage::q5_k, Storage::q6_k};
 
-template <class T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-template <class T>
-bool same_bits(std::span<const T> a, std::span<const T> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
 // Blocks for `rows` memory rows of `row` weights, quantized from values of
 // varied scale per row (so blocks differ in their scales), and the exact
 // values they hold.
@@ -97,7 +88,7 @@ TEST_CASE_TEMPLATE("a quantized b gives the bits of the product over its dequant
             const gemm_detail::Strided<T> nn =
                 transposed ? gemm_detail::Strided<T>{held, 1, k, s} : gemm_detail::Strided<T>{held, n, 1, s};
             gemm_detail::multiply<T>(isa, {{A.data(), k, 1}, nn, got.data(), m, n, k});
-            CHECK(same_bits(want, got));
+            CHECK(bitwise_equal<T>(want, got));
             // dA = G b^T: the nt product over the same held b (G [m, n], C [m, k]).
             std::vector<T> G(m * n), want_t(m * k, T(0)), got_t(m * k, std::numeric_limits<T>::quiet_NaN());
             for (T& x : G) x = static_cast<T>(rng.uniform(-1, 1));
@@ -105,7 +96,7 @@ TEST_CASE_TEMPLATE("a quantized b gives the bits of the product over its dequant
             const gemm_detail::Strided<T> nt =
                 transposed ? gemm_detail::Strided<T>{held, k, 1, s} : gemm_detail::Strided<T>{held, 1, n, s};
             gemm_detail::multiply<T>(isa, {{G.data(), n, 1}, nt, got_t.data(), m, k, n});
-            CHECK(same_bits(want_t, got_t));
+            CHECK(bitwise_equal<T>(want_t, got_t));
           }
         }
       }
@@ -145,12 +136,12 @@ TEST_CASE_TEMPLATE("a quantized constant: its values, its matmul, and what is re
     const Var<T> xv = tp.param(x), native = tp.constant(widened);
     const Var<T> y1 = matmul(xv, held), y2 = matmul(xv, native);
     REQUIRE_MESSAGE(tp.ok(), tp.error());
-    CHECK(same_bits(tp.value(y1).data, tp.value(y2).data));
+    CHECK(bitwise_equal<T>(tp.value(y1).data, tp.value(y2).data));
     const Var<T> loss = sum(y1 * y1);
     REQUIRE(tp.backward(loss));
     const std::vector<T> g1(tp.grad(xv).begin(), tp.grad(xv).end());
     REQUIRE(tp.backward(sum(y2 * y2)));
-    CHECK(same_bits(g1, std::vector<T>(tp.grad(xv).begin(), tp.grad(xv).end())));
+    CHECK(bitwise_equal<T>(g1, tp.grad(xv).data));
     // Refusals, by name: rows that are not whole blocks, a transposed 16-bit or vector constant, an op that
     // does not read quantized operands.
     {
@@ -249,7 +240,7 @@ TEST_CASE_TEMPLATE("an Lm whose frozen base is quantized gives the bits of a nat
           CHECK(std::memcmp(&a, &b, sizeof(T)) == 0);
           for (std::size_t k = 0; k < held.adapters().size(); ++k) {
             CAPTURE(held.adapters()[k].name);
-            CHECK(same_bits(th.grad(held.adapters()[k].var).data, tn.grad(native.adapters()[k].var).data));
+            CHECK(bitwise_equal<T>(th.grad(held.adapters()[k].var).data, tn.grad(native.adapters()[k].var).data));
           }
           th.reset_to(mh);
           tn.reset_to(mn);
@@ -259,7 +250,7 @@ TEST_CASE_TEMPLATE("an Lm whose frozen base is quantized gives the bits of a nat
           const std::span<const T> step = dh.step(in[p]);
           const std::vector<T> a_logits(step.begin(), step.end());
           const std::span<const T> other = dn.step(in[p]);
-          CHECK(same_bits(a_logits, std::vector<T>(other.begin(), other.end())));
+          CHECK(bitwise_equal<T>(a_logits, other));
         }
       }
   set_num_threads(1);
@@ -306,8 +297,8 @@ TEST_CASE("an Lm's base held per matrix, and a base of zeros for a loader") {
     }
   }
   for (std::size_t k = 0; k < mixed.adapters().size(); ++k) {
-    CHECK(same_bits(tz.value(zeros.adapters()[k].var).data, tr.value(random.adapters()[k].var).data));
-    CHECK(same_bits(tm.value(mixed.adapters()[k].var).data, tr.value(random.adapters()[k].var).data));
+    CHECK(bitwise_equal<float>(tz.value(zeros.adapters()[k].var).data, tr.value(random.adapters()[k].var).data));
+    CHECK(bitwise_equal<float>(tm.value(mixed.adapters()[k].var).data, tr.value(random.adapters()[k].var).data));
   }
   // The memory it takes: the held matrices at their formats' sizes.
   const Summary s = summarize(tm);

@@ -93,19 +93,25 @@ bool zero_biases(const GgufFile& f, std::size_t layers) {
 // file's own quantized blocks is the fourth way, to come with such storage.)
 enum class Holding : std::uint8_t { widen, copy_bits, round_bits, copy_blocks, quantize_blocks };
 
-// The storage that holds a tensor of this type as it is (f32: native).
-Storage storage_as_stored(const GgufTensorInfo& t) {
-  if (t.ggml_type() == GgmlType::f16) return Storage::f16;
-  if (t.ggml_type() == GgmlType::bf16) return Storage::bf16;
-  if (const std::optional<QuantFormat> q = quant_format_from_ggml(t.type)) return storage_of(*q);
-  return Storage::native;
+// The GGUF name of one of nn::Lm's base matrices ("embed", "layers.N.<proj>",
+// "head"; placements' table); "" for any other name.
+std::string gguf_matrix_name(const std::string& name) {
+  if (name == "embed") return "token_embd.weight";
+  if (name == "head") return "output.weight";
+  const std::size_t dot = name.rfind('.');
+  if (!name.starts_with("layers.") || dot == std::string::npos || dot < 7) return "";
+  std::string out = "blk.";
+  out.append(name, 7, dot - 7);  // the layer's number
+  for (std::size_t p = 0; p < nn::proj_count; ++p)
+    if (name.compare(dot + 1, std::string::npos, nn::proj_names[p]) == 0)
+      return out.append(".").append(gguf_proj[p]).append(".weight");
+  return "";
 }
 
 Holding holding(const GgufTensorInfo& t, Storage node) {
   if (node == Storage::native) return Holding::widen;
-  if (quantized(node)) return storage_as_stored(t) == node ? Holding::copy_blocks : Holding::quantize_blocks;
-  const bool same = (node == Storage::bf16 && t.ggml_type() == GgmlType::bf16) ||
-                    (node == Storage::f16 && t.ggml_type() == GgmlType::f16);
+  const bool same = storage_for(t.ggml_type()) == node;  // the node holds the file's own type
+  if (quantized(node)) return same ? Holding::copy_blocks : Holding::quantize_blocks;
   return same ? Holding::copy_bits : Holding::round_bits;
 }
 
@@ -547,13 +553,8 @@ GgufModel<T> load_gguf(const std::string& path, Tape<T>& tp, typename nn::Lm<T>:
   // file is), recorded as zeros: every one of them is then loaded.
   auto storage_of_matrix = [&](const std::string& name) {
     if (!options.as_stored) return options.base_storage;
-    std::string gguf = name == "embed" ? "token_embd.weight" : name == "head" ? "output.weight" : "";
-    for (std::size_t l = 0; gguf.empty() && l < cfg.config.layers; ++l)
-      for (std::size_t p = 0; p < nn::proj_count; ++p)
-        if (name == "layers." + std::to_string(l) + "." + std::string(nn::proj_names[p]))
-          gguf = "blk." + std::to_string(l) + "." + gguf_proj[p] + ".weight";
-    const GgufTensorInfo* t = f.tensor(gguf);
-    return t ? storage_as_stored(*t) : Storage::native;
+    const GgufTensorInfo* t = f.tensor(gguf_matrix_name(name));
+    return t ? storage_for(t->ggml_type()) : Storage::native;
   };
   nn::Lm<T> model(tp, cfg.config, options.seed, train, storage_of_matrix, nn::Lm<T>::Values::zeros);
   load_gguf_weights(f, model);

@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "grad/hf/safetensors.hpp"  // hf::Error
+#include "grad/numerics/held.hpp"
 
 namespace grad::hf {
 
@@ -143,6 +144,16 @@ enum class GgmlType : std::uint32_t {
   tq2_0 = 35,
   mxfp4 = 39,
 };
+
+// The storage that holds a tensor of this type as the file does: f16, bf16,
+// or its quantized format (q8_0, q4_0, q4_K, q5_K, q6_K); native for f32 and
+// for every type grad holds no other way.
+inline Storage storage_for(GgmlType t) {
+  if (t == GgmlType::f16) return Storage::f16;
+  if (t == GgmlType::bf16) return Storage::bf16;
+  if (const std::optional<QuantFormat> q = quant_format_from_ggml(static_cast<std::uint32_t>(t))) return storage_of(*q);
+  return Storage::native;
+}
 
 // A type's block: `block_elements` values held in `block_bytes` bytes
 // (1 and the element's size for the plain types).
