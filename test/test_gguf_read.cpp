@@ -832,8 +832,16 @@ TEST_CASE("load_gguf dequantizes q8_0, q4_0, q4_K, q5_K and q6_K tensors exactly
       REQUIRE(quant_format_from_ggml(t->type).has_value());
       CHECK(tq.storage(p.var) == storage_of(*quant_format_from_ggml(t->type)));
       CHECK(tq.transposed(p.var) == !embed);
-      const std::span<const std::uint8_t> blocks = tq.leaf_blocks(p.var);
-      CHECK(std::equal(blocks.begin(), blocks.end(), q.bytes(*t).begin(), q.bytes(*t).end()));  // byte for byte
+      // Byte for byte, row by row (the tape's rows lie in groups of sixteen: numerics/quant_rows.hpp).
+      const QuantRows m = tq.held_rows(p.var);
+      REQUIRE(m.rows * m.row_bytes() == q.bytes(*t).size());
+      std::vector<std::uint8_t> row(m.row_bytes());
+      bool same = true;
+      for (std::size_t r = 0; r < m.rows; ++r) {
+        get_row_blocks(m, tq.leaf_blocks(p.var).data(), r, row.data());
+        same = same && std::equal(row.begin(), row.end(), q.bytes(*t).begin() + static_cast<std::ptrdiff_t>(r * row.size()));
+      }
+      CHECK(same);
       ++kept;
     }
     CHECK(kept == 5);  // embed, gate, up, down, head

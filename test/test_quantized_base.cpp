@@ -25,8 +25,9 @@ namespace {
 constexpr Storage all_quantized[] = {Storage::q8_0, Storage::q4_0, Storage::q4_k, Storage::q5_k, Storage::q6_k};
 
 // Blocks for `rows` memory rows of `row` weights, quantized from values of
-// varied scale per row (so blocks differ in their scales), and the exact
-// values they hold.
+// varied scale per row (so blocks differ in their scales), laid out as the
+// tape holds them (rows in groups of sixteen: numerics/quant_rows.hpp), and
+// the exact values they hold.
 struct Held {
   std::vector<std::uint8_t> blocks;
   std::vector<float> values;
@@ -36,12 +37,14 @@ Held make_held(Storage s, std::size_t rows, std::size_t row, std::uint64_t seed)
   const QuantFormat f = quant_format(s);
   Held h{std::vector<std::uint8_t>(held_bytes(s, rows * row, 4)), std::vector<float>(rows * row)};
   std::vector<float> x(row);
+  std::vector<std::uint8_t> blocks(held_bytes(s, row, 4));
   for (std::size_t r = 0; r < rows; ++r) {
     const double scale = std::ldexp(1.0, static_cast<int>(r % 7) - 3);
     for (float& v : x) v = static_cast<float>(rng.uniform(-scale, scale));
-    quantize(f, x.data(), h.blocks.data() + r * held_bytes(s, row, 4), row);
+    quantize(f, x.data(), blocks.data(), row);
+    dequantize(f, blocks.data(), h.values.data() + r * row, row);
+    put_row_blocks({f, rows, row}, h.blocks.data(), r, blocks.data());
   }
-  dequantize(f, h.blocks.data(), h.values.data(), rows * row);
   return h;
 }
 
@@ -86,7 +89,7 @@ TEST_CASE_TEMPLATE("a quantized b gives the bits of the product over its dequant
             std::vector<T> want(m * n, T(0)), got(m * n, std::numeric_limits<T>::quiet_NaN());
             reference::gemm_nn(A.data(), b.data(), want.data(), m, k, n);
             const gemm_detail::Strided<T> nn =
-                transposed ? gemm_detail::Strided<T>{held, 1, k, s} : gemm_detail::Strided<T>{held, n, 1, s};
+                transposed ? gemm_detail::Strided<T>{held, 1, k, s, n} : gemm_detail::Strided<T>{held, n, 1, s, k};
             gemm_detail::multiply<T>(isa, {{A.data(), k, 1}, nn, got.data(), m, n, k});
             CHECK(bitwise_equal<T>(want, got));
             // dA = G b^T: the nt product over the same held b (G [m, n], C [m, k]).
@@ -94,7 +97,7 @@ TEST_CASE_TEMPLATE("a quantized b gives the bits of the product over its dequant
             for (T& x : G) x = static_cast<T>(rng.uniform(-1, 1));
             reference::gemm_nt(G.data(), b.data(), want_t.data(), m, n, k);
             const gemm_detail::Strided<T> nt =
-                transposed ? gemm_detail::Strided<T>{held, k, 1, s} : gemm_detail::Strided<T>{held, 1, n, s};
+                transposed ? gemm_detail::Strided<T>{held, k, 1, s, n} : gemm_detail::Strided<T>{held, 1, n, s, k};
             gemm_detail::multiply<T>(isa, {{G.data(), n, 1}, nt, got_t.data(), m, k, n});
             CHECK(bitwise_equal<T>(want_t, got_t));
           }
@@ -103,6 +106,52 @@ TEST_CASE_TEMPLATE("a quantized b gives the bits of the product over its dequant
     }
   }
   set_num_threads(1);
+}
+
+// The layout of numerics/quant_rows.hpp: whole groups of sixteen rows and a
+// last one of fewer, each row's blocks back byte for byte, the lanes of one
+// quant byte side by side, and the bytes of a group where its rows' were.
+TEST_CASE("a quantized matrix's rows lie in groups of sixteen, interleaved field by field") {
+  Rng rng(5);
+  for (const Storage s : all_quantized) {
+    const QuantFormat f = quant_format(s);
+    const QuantInfo info = quant_info(f);
+    for (const std::size_t rows : {std::size_t{1}, std::size_t{16}, std::size_t{40}}) {
+      CAPTURE(storage_name(s));
+      CAPTURE(rows);
+      const QuantRows m{f, rows, 2 * info.block_elements};
+      CHECK(m.row_bytes() == 2 * info.block_bytes);
+      CHECK(m.groups() == (rows + 15) / 16);
+      std::vector<std::uint8_t> plain(rows * m.row_bytes()), held(plain.size(), 0xEE), back(m.row_bytes());
+      for (auto& b : plain) b = static_cast<std::uint8_t>(rng.next() >> 56);
+      for (std::size_t r = 0; r < rows; ++r) put_row_blocks(m, held.data(), r, plain.data() + r * m.row_bytes());
+      for (std::size_t r = 0; r < rows; ++r) {
+        get_row_blocks(m, held.data(), r, back.data());
+        CHECK(std::equal(back.begin(), back.end(), plain.begin() + static_cast<std::ptrdiff_t>(r * m.row_bytes())));
+      }
+      // The group's bytes are its rows' bytes, reordered (a permutation within the group).
+      for (std::size_t g = 0; g < m.groups(); ++g) {
+        const auto from = static_cast<std::ptrdiff_t>(g * 16 * m.row_bytes()),
+                   to = from + static_cast<std::ptrdiff_t>(m.lanes(g) * m.row_bytes());
+        std::vector<std::uint8_t> a(plain.begin() + from, plain.begin() + to), b(held.begin() + from, held.begin() + to);
+        std::ranges::sort(a);
+        std::ranges::sort(b);
+        CHECK(a == b);
+      }
+      if (rows >= 16 && f == QuantFormat::q8_0) {  // group 0, block 0: 16 half scales, then quant 0 of every lane
+        for (std::size_t l = 0; l < 16; ++l) {
+          CHECK(held[2 * l] == plain[l * m.row_bytes()]);
+          CHECK(held[32 + l] == plain[l * m.row_bytes() + 2]);
+        }
+      }
+      // Element reads across rows and blocks: read_held's values are dequantize's of the row's own blocks.
+      std::vector<float> want(m.row), got(3 * m.row / 2);
+      const std::size_t r = rows - 1;
+      dequantize(f, plain.data() + r * m.row_bytes(), want.data(), m.row);
+      read_held(s, held.data(), rows, m.row, r * m.row + 3, m.row - 3, got.data());
+      CHECK(std::memcmp(want.data() + 3, got.data(), (m.row - 3) * sizeof(float)) == 0);
+    }
+  }
 }
 
 TEST_CASE_TEMPLATE("a quantized constant: its values, its matmul, and what is refused", T, float, double) {

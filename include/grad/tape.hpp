@@ -101,8 +101,10 @@ class Tape {
   // read by the same ops (matmul's and matmul_nt's b, embedding's table,
   // linear_cross_entropy's weights), dequantized exactly. `transposed` holds
   // the matrix [in, out] as its transpose, llama.cpp's [out, in]: one row of
-  // blocks per output (quantized matrices only). leaf_blocks() writes the
-  // blocks of a file as they are.
+  // blocks per output (quantized matrices only). The memory rows lie in
+  // groups of sixteen, interleaved (numerics/quant_rows.hpp: a decoding
+  // step's vector lanes are sixteen outputs); put_row_blocks into
+  // leaf_blocks() writes a file's rows of blocks as they are.
   Var<T> constant(const Tensor<T>& t, Storage storage, bool transposed = false) {
     return storage == Storage::native && !transposed ? leaf<Const>(t) : leaf<Const>(t, storage, transposed);
   }
@@ -182,11 +184,11 @@ class Tape {
       const std::size_t rows = n->dims.d[0], cols = n->dims.d[1];
       std::vector<T> row(rows);
       for (std::size_t j = 0; j < cols; ++j) {
-        read_held(n->storage, n->value, j * rows, rows, row.data());
+        read_held(n->storage, n->value, cols, rows, j * rows, rows, row.data());
         for (std::size_t i = 0; i < rows; ++i) t[i * cols + j] = row[i];
       }
     } else if (narrow(n->storage)) {
-      read_held(n->storage, n->value, 0, t.size(), t.data().data());
+      read_held(n->storage, n->value, t.size() / n->held_row(), n->held_row(), 0, t.size(), t.data().data());
     } else {
       std::copy_n(n->value, t.size(), t.data().begin());
     }
@@ -210,19 +212,29 @@ class Tape {
       return "store_held: " + std::to_string(values.size()) + " values for " + shape_string(n->dims);
     const std::span<std::uint8_t> blocks = leaf_blocks(v);
     const std::vector<std::uint8_t> before(blocks.begin(), blocks.end());
-    const std::size_t row = n->transposed ? n->dims.d[0] : n->dims.back();
+    const std::size_t row = n->held_row();
     std::string why = quantize_rows(*n, [&](std::size_t r, std::size_t c) { return values[r * row + c]; });
     if (!why.empty()) std::copy(before.begin(), before.end(), blocks.begin());
     return why;
   }
   // Writable blocks of a quantized constant, in memory order (its
-  // transpose's rows when transposed(v)): loading a GGUF's tensor as it is.
-  // Empty for any other node.
+  // transpose's rows when transposed(v)), laid out as held_rows(v) says
+  // (numerics/quant_rows.hpp: put_row_blocks and get_row_blocks move a row
+  // of ggml's blocks in and out): loading a GGUF's tensor as it is. Empty
+  // for any other node.
   std::span<std::uint8_t> leaf_blocks(Var<T> v) {
     const Node<T>* n = find(v);
     if (!n || !quantized(n->storage)) return {};
     return {reinterpret_cast<std::uint8_t*>(n->value), held_bytes(n->storage, n->dims.size(), sizeof(T))};
   }
+  // How a quantized constant's memory rows lie (format, rows, their
+  // length); no rows for any other node.
+  QuantRows held_rows(Var<T> v) const {
+    const Node<T>* n = find(v);
+    if (!n || !quantized(n->storage)) return {QuantFormat::q8_0, 0, 0};
+    return {quant_format(n->storage), n->dims.size() / n->held_row(), n->held_row()};
+  }
+
   // Was v recorded by op Op? (False for an invalid, foreign or dropped Var.)
   template <class Op>
   bool recorded_by(Var<T> v) const {
@@ -578,10 +590,10 @@ class Tape {
   template <class At>
   static std::string quantize_rows(const Node<T>& n, At at) {
     const QuantFormat f = quant_format(n.storage);
-    const std::size_t size = n.dims.size(), row = n.transposed ? n.dims.d[0] : n.dims.back(), rows = size / row;
-    const std::size_t row_bytes = held_bytes(n.storage, row, sizeof(T));
+    const std::size_t size = n.dims.size(), row = n.held_row(), rows = size / row;
+    const QuantRows memory{f, rows, row};
     std::vector<float> values(row);
-    auto* blocks = reinterpret_cast<std::uint8_t*>(n.value);
+    std::vector<std::uint8_t> out(memory.row_bytes());
     // The element's row-major index in the tensor's own shape, for messages.
     auto element = [&](std::size_t r, std::size_t c) { return n.transposed ? c * rows + r : r * row + c; };
     for (std::size_t r = 0; r < rows; ++r) {
@@ -595,9 +607,9 @@ class Tape {
         }
         values[c] = static_cast<float>(x);
       }
-      std::uint8_t* out = blocks + r * row_bytes;
-      quantize(f, values.data(), out, row);
-      dequantize(f, out, values.data(), row);
+      quantize(f, values.data(), out.data(), row);
+      put_row_blocks(memory, reinterpret_cast<std::uint8_t*>(n.value), r, out.data());
+      dequantize(f, out.data(), values.data(), row);
       for (std::size_t c = 0; c < row; ++c)
         if (!std::isfinite(values[c]))
           return "element " + std::to_string(element(r, c)) + " of " + shape_string(n.dims) + " is beyond " +

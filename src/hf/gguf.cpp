@@ -2,6 +2,8 @@
 // (include/grad/hf/gguf.hpp has the tensor table and the rules).
 #include "grad/hf/gguf.hpp"
 
+#include "grad/atomic_file.hpp"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -309,6 +311,18 @@ enum class Kind : std::uint32_t { u32 = 4, i32 = 5, f32 = 6, boolean = 7, string
 // Little-endian bytes (x86-64 and aarch64 are; GGUF is, unless it says otherwise).
 struct Bytes {
   std::vector<unsigned char> out;
+  std::uint64_t flushed = 0;              // bytes already handed to sink
+  detail::AtomicFile* sink = nullptr;     // where drain() hands them (a file written in pieces)
+  std::uint64_t position() const { return flushed + out.size(); }
+  // Hands what is buffered to the sink once it holds at least `at_least`
+  // bytes (0: whatever it holds); "" or why not.
+  std::string drain(std::size_t at_least) {
+    if (!sink || out.size() < at_least || out.empty()) return {};
+    if (std::string why = sink->write(out); !why.empty()) return why;
+    flushed += out.size();
+    out.clear();
+    return {};
+  }
   template <class U>
   void put(U v) {
     static_assert(std::is_trivially_copyable_v<U>);
@@ -319,7 +333,7 @@ struct Bytes {
     put(static_cast<std::uint64_t>(s.size()));
     out.insert(out.end(), s.begin(), s.end());
   }
-  void pad_to(std::size_t a) { out.resize((out.size() + a - 1) / a * a, 0); }
+  void pad_to(std::size_t a) { out.resize(out.size() + (a - position() % a) % a, 0); }
 };
 
 // The metadata, written as it is added.
@@ -515,12 +529,15 @@ std::size_t row_bytes(GgmlType type, std::size_t n) {
   return n * (type == GgmlType::f16 ? 2 : 4);
 }
 
-// The whole file into `out`: header, metadata, tensor infos, then each
-// tensor's rows (GGUF's rows: ne[0] values each) at a multiple of
+// The whole file into `file`, in pieces of up to file_piece bytes (a 7B
+// model's file is never whole in memory): header, metadata, tensor infos,
+// then each tensor's rows (GGUF's rows: ne[0] values each) at a multiple of
 // `alignment`. "" or why it cannot be: a quantized row whose scales are not
-// finite (values too large for the format's F16 scales).
-std::string assemble(std::span<const Planned> plan, const Metadata& m, std::vector<unsigned char>& out) {
+// finite (values too large for the format's F16 scales), a failed write.
+constexpr std::size_t file_piece = std::size_t{64} << 20;
+std::string assemble(std::span<const Planned> plan, const Metadata& m, detail::AtomicFile& file) {
   Bytes f;
+  f.sink = &file;
   f.out.insert(f.out.end(), {'G', 'G', 'U', 'F'});
   f.put(gguf_version);
   f.put(static_cast<std::uint64_t>(plan.size()));
@@ -538,12 +555,21 @@ std::string assemble(std::span<const Planned> plan, const Metadata& m, std::vect
     offset += (bytes + alignment - 1) / alignment * alignment;
   }
   f.pad_to(alignment);
-  f.out.reserve(f.out.size() + offset);
+  f.out.reserve(f.out.size() + std::min<std::uint64_t>(offset, file_piece + (std::size_t{1} << 20)));
   std::vector<float> row, back;
+  std::vector<std::uint8_t> ungrouped;
   for (const Planned& p : plan) {
     const std::size_t cols = static_cast<std::size_t>(p.ne[0]), rows = p.elements() / cols;
     const std::optional<QuantFormat> q = quant_format(p.type);
     row.resize(cols);
+    // Held row `held`'s blocks in GGUF's layout (a tape's rows lie in groups: numerics/quant_rows.hpp).
+    auto held_blocks = [&](std::size_t held) -> const std::uint8_t* {
+      const QuantRows m{*p.from->format, rows, cols};
+      if (!p.from->grouped) return p.from->blocks.data() + held * m.row_bytes();
+      ungrouped.resize(m.row_bytes());
+      get_row_blocks(m, p.from->blocks.data(), held, ungrouped.data());
+      return ungrouped.data();
+    };
     for (std::size_t r = 0; r < rows; ++r) {
       // Element (r, k) of the GGUF tensor: grad's [in, out] holds it at
       // (k, r), at (k, source row) when its heads are permuted; a vector is
@@ -558,7 +584,7 @@ std::string assemble(std::span<const Planned> plan, const Metadata& m, std::vect
           return "tensor '" + p.hf_name + "' has " + std::to_string(p.from->blocks.size()) + " bytes of its " +
                  std::string(quant_info(held_format).name) + " blocks (expected " + std::to_string(rows) +
                  " rows of " + std::to_string(bytes) + ")";
-        dequantize(held_format, p.from->blocks.data() + held * bytes, row.data(), cols);
+        dequantize(held_format, held_blocks(held), row.data(), cols);
         for (std::size_t k = 0; k < cols; ++k)
           if (!std::isfinite(row[k]) || (p.type == GgmlType::f16 && std::isinf(round_to_f16(row[k]))))
             return "tensor '" + p.hf_name + "' row " + std::to_string(r) + " element " + std::to_string(k) +
@@ -580,7 +606,7 @@ std::string assemble(std::span<const Planned> plan, const Metadata& m, std::vect
           return "tensor '" + p.hf_name + "' has " + std::to_string(p.from->blocks.size()) + " bytes of " +
                  ggml_type_name(static_cast<std::uint32_t>(p.type)) + " blocks (expected " + std::to_string(rows) +
                  " rows of " + std::to_string(bytes) + ")";
-        const std::uint8_t* from = p.from->blocks.data() + held * bytes;
+        const std::uint8_t* from = held_blocks(held);
         back.resize(cols);
         dequantize(*q, from, back.data(), cols);
         for (std::size_t k = 0; k < cols; ++k)
@@ -614,18 +640,26 @@ std::string assemble(std::span<const Planned> plan, const Metadata& m, std::vect
             f.put(x);
         }
       }
+      if (std::string why = f.drain(file_piece); !why.empty()) return why;
     }
     f.pad_to(alignment);
   }
-  out = std::move(f.out);
-  return "";
+  return f.drain(0);
 }
 
-// Writes a file's bytes; the message when that fails. (Not "nothing
-// written": when only the directory's flush fails, the file is there.)
-ModelFileResult write_file(const std::string& path, const std::vector<unsigned char>& bytes, std::string_view what) {
-  if (std::string err = grad::detail::write_atomically(path, bytes, "GGUF file"); !err.empty())
-    return {"grad: " + std::string(what) + " '" + path + "': " + err};
+// Writes the file of `plan` and `m` to path, whole or not at all; the
+// message when that fails. (Not "nothing written": when only the
+// directory's flush fails, the file is there.)
+ModelFileResult write_file(const std::string& path, std::span<const Planned> plan, const Metadata& m,
+                           std::string_view what) {
+  detail::AtomicFile file;
+  std::string why = file.open(path);
+  if (why.empty()) {
+    why = assemble(plan, m, file);
+    if (!why.empty()) return {"grad: " + std::string(what) + " '" + path + "': " + why + "; nothing written"};
+    why = file.commit("GGUF file");
+  }
+  if (!why.empty()) return {"grad: " + std::string(what) + " '" + path + "': " + why};
   return {};
 }
 
@@ -781,9 +815,7 @@ ModelFileResult write_gguf(const std::string& path, const nn::LmConfig& c, std::
   if (vocab.pad) m.u32("tokenizer.ggml.padding_token_id", *vocab.pad);
   m.boolean("tokenizer.ggml.add_bos_token", vocab.add_bos);
 
-  std::vector<unsigned char> bytes;
-  if (std::string why = assemble(plan, m, bytes); !why.empty()) return failed(why);
-  return write_file(path, bytes, "GGUF");
+  return write_file(path, plan, m, "GGUF");
 }
 
 // ---- LoRA adapters ----
@@ -867,9 +899,7 @@ ModelFileResult write_lora_gguf(const std::string& path, const nn::LmConfig& c, 
   m.u32("general.alignment", alignment);
   m.string("adapter.type", "lora");
   m.f32("adapter.lora.alpha", static_cast<float>(alpha));
-  std::vector<unsigned char> bytes;
-  if (std::string why = assemble(plan, m, bytes); !why.empty()) return failed(why);
-  return write_file(path, bytes, "LoRA GGUF");
+  return write_file(path, plan, m, "LoRA GGUF");
 }
 
 // ---- tensor types ----

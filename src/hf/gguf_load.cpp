@@ -256,8 +256,9 @@ void fill(const GgufFile& f, const Placed<T>& p, Tape<T>& tp) {
     const std::size_t cols = static_cast<std::size_t>(t.ne[0]), rows = static_cast<std::size_t>(t.ne[1]);
     if (how == Holding::copy_blocks) {
       const std::span<std::uint8_t> blocks = tp.leaf_blocks(p.var);
+      const QuantRows held = tp.held_rows(p.var);  // checked: cols per row, rows of them
       for (std::size_t r = 0; r < rows; ++r)
-        std::memcpy(blocks.data() + column(r, rows, p.heads) * row_bytes, bytes.data() + r * row_bytes, row_bytes);
+        put_row_blocks(held, blocks.data(), column(r, rows, p.heads), bytes.data() + r * row_bytes);
       return;
     }
     std::vector<T> memory(rows * cols);

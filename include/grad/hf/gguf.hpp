@@ -236,6 +236,9 @@ struct LmTensor {
   // dequantized from the blocks where it is needed, one row at a time.
   std::optional<QuantFormat> format = std::nullopt;
   std::span<const std::uint8_t> blocks = {};
+  // The blocks lie as a tape holds them (its rows in groups of sixteen,
+  // interleaved: numerics/quant_rows.hpp), not one GGUF row after another.
+  bool grouped = false;
 };
 
 // Writes `tensors` (a model of `config`, without adapters: merge them first,
@@ -273,6 +276,7 @@ ModelFileResult write_gguf(const std::string& path, const nn::Lm<T>& model, cons
       // (a 7B base never widened whole).
       t.format = grad::quant_format(tp.storage(p.var));
       t.blocks = tp.leaf_blocks(p.var);
+      t.grouped = true;
       tensors.push_back(std::move(t));
       continue;
     }

@@ -22,8 +22,10 @@
 //     packing and reads b where it lies (multiply_row, multiply_row_transposed);
 //   - a b held in 16 bits (a frozen base, Storage::bf16 or f16) is widened
 //     while it is packed, or (one row) as it is loaded; a quantized b
-//     (Storage::q8_0 ... q6_k) is dequantized block by block while it is
-//     packed: exact, so the product's bits are those over the widened b.
+//     (Storage::q8_0 ... q6_k) is dequantized 32 terms of sixteen outputs
+//     at a time (its rows lie in groups of sixteen, numerics/quant_rows.hpp)
+//     into a packed strip, or (one row) into an L1 strip the register tile
+//     reads: exact, so the product's bits are those over the widened b.
 // So the blocked kernels equal grad::reference::gemm_* bit for bit, on any
 // instruction set and thread count (test_gemm checks it over many shapes).
 //
@@ -36,6 +38,7 @@
 //   split.hpp         the split across threads (multiply)
 //   blocked.hpp       one rectangle on one thread, a copy per instruction set
 //   one_row.hpp       a single output row, b read where it lies
+//   group_terms.hpp   a quantized b's row groups as terms of sixteen outputs
 //   packing.hpp       a's panels and b's strips copied into packed buffers
 //   terms.hpp         b's elements as T or widened from 16 bits
 //   micro_kernel.hpp  the register tile and its fmas
@@ -68,8 +71,8 @@ namespace grad {
 template <class T>
 inline void gemm_nn(const T* A, const T* B, T* C, std::size_t m, std::size_t k, std::size_t n,
                     Storage b_storage = Storage::native, bool b_transposed = false) {
-  const gemm_detail::Strided<T> b = b_transposed ? gemm_detail::Strided<T>{B, 1, k, b_storage}
-                                                 : gemm_detail::Strided<T>{B, n, 1, b_storage};
+  const gemm_detail::Strided<T> b = b_transposed ? gemm_detail::Strided<T>{B, 1, k, b_storage, n}
+                                                 : gemm_detail::Strided<T>{B, n, 1, b_storage, k};
   gemm_detail::multiply<T>(gemm_detail::best_isa(), {{A, k, 1}, b, C, m, n, k});
 }
 
@@ -78,8 +81,8 @@ inline void gemm_nn(const T* A, const T* B, T* C, std::size_t m, std::size_t k, 
 template <class T>
 inline void gemm_nt(const T* G, const T* B, T* C, std::size_t m, std::size_t n, std::size_t k,
                     Storage b_storage = Storage::native, bool b_transposed = false) {
-  const gemm_detail::Strided<T> b = b_transposed ? gemm_detail::Strided<T>{B, k, 1, b_storage}
-                                                 : gemm_detail::Strided<T>{B, 1, n, b_storage};
+  const gemm_detail::Strided<T> b = b_transposed ? gemm_detail::Strided<T>{B, k, 1, b_storage, n}
+                                                 : gemm_detail::Strided<T>{B, 1, n, b_storage, k};
   gemm_detail::multiply<T>(gemm_detail::best_isa(), {{G, n, 1}, b, C, m, k, n});
 }
 

@@ -11,15 +11,19 @@
 // A quantized matrix may hold its transpose (Operand::transposed): a
 // projection [in, out] held as llama.cpp holds it, one row of blocks per
 // output. Its readers (the matrix products) take its elements by strides,
-// which is all the transpose changes.
+// which is all the transpose changes. Its memory rows lie in groups of
+// sixteen, interleaved (numerics/quant_rows.hpp), so every reader names the
+// rows and their length.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "grad/numerics/quant.hpp"
+#include "grad/numerics/quant_rows.hpp"
 #include "grad/numerics/storage.hpp"
 
 namespace grad {
@@ -66,43 +70,38 @@ inline std::string held_row_refusal(Storage s, std::size_t row) {
 }
 
 // Elements [first, first + count) of a constant held as s (not native) at
-// `held`, as T: exact (every held value is a float computed in a fixed
-// order). A quantized range may start and end inside blocks.
+// `held`, in memory order, as T: exact (every held value is a float
+// computed in a fixed order). A quantized constant's memory is `rows` rows
+// of `row` elements laid out as numerics/quant_rows.hpp says; a range may
+// start and end inside blocks and rows.
 template <class T>
-inline void read_held(Storage s, const void* held, std::size_t first, std::size_t count, T* out) {
+inline void read_held(Storage s, const void* held, std::size_t rows, std::size_t row, std::size_t first,
+                      std::size_t count, T* out) {
   if (count == 0) return;
   if (sixteen_bit(s)) {
     widen_run(s, static_cast<const std::uint16_t*>(held) + first, out, count);
     return;
   }
-  const QuantFormat f = quant_format(s);
-  const QuantInfo info = quant_info(f);
-  const std::size_t B = info.block_elements;
-  const auto* blocks = static_cast<const std::uint8_t*>(held);
-  float block[256];
-  std::size_t e = first;
-  const std::size_t end = first + count;
-  while (e < end) {
-    const std::size_t k = e / B, at = e % B, take = std::min(B - at, end - e);
-    const std::uint8_t* src = blocks + k * info.block_bytes;
+  const QuantRows m{quant_format(s), rows, row};
+  const auto* bytes = static_cast<const std::uint8_t*>(held);
+  float values[256];
+  for (std::size_t e = first; e < first + count;) {
+    const std::size_t r = e / row, c = e % row;
+    const std::size_t take = std::min({row - c, first + count - e, std::size_t{256}});
     if constexpr (std::is_same_v<T, float>) {
-      if (at == 0 && take == B) {  // a whole block straight into out
-        dequantize(f, src, out, B);
-        out += B;
-        e += B;
-        continue;
-      }
+      read_row(m, bytes, r, c, take, out);
+    } else {
+      read_row(m, bytes, r, c, take, values);
+      for (std::size_t i = 0; i < take; ++i) out[i] = static_cast<T>(values[i]);
     }
-    dequantize(f, src, block, B);
-    for (std::size_t i = 0; i < take; ++i) out[i] = static_cast<T>(block[at + i]);
     out += take;
     e += take;
   }
 }
 template <class T>
-inline T held_value(Storage s, const void* held, std::size_t e) {
-  T v;
-  read_held(s, held, e, 1, &v);
+inline T held_value(Storage s, const void* held, std::size_t rows, std::size_t row, std::size_t e) {
+  T v{};
+  read_held(s, held, rows, row, e, 1, &v);
   return v;
 }
 

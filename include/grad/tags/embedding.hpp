@@ -123,9 +123,10 @@ struct Embedding {
     for (std::size_t p = 0; p < n; ++p) {
       const std::size_t v = row_of(x.b.data[p], vocab);
       if (v < vocab && narrow(x.a.storage) && !x.a.transposed)
-        read_held(x.a.storage, x.a.data, v * d, d, y + p * d);
+        read_held(x.a.storage, x.a.data, vocab, d, v * d, d, y + p * d);
       else if (v < vocab && narrow(x.a.storage))  // a table held transposed: row v is its memory's column v
-        for (std::size_t c = 0; c < d; ++c) y[p * d + c] = held_value<T>(x.a.storage, x.a.data, c * vocab + v);
+        for (std::size_t c = 0; c < d; ++c)
+          y[p * d + c] = held_value<T>(x.a.storage, x.a.data, d, vocab, c * vocab + v);
       else if (v < vocab)
         std::memcpy(y + p * d, x.a.data + v * d, d * sizeof(T));
       else

@@ -85,8 +85,11 @@ struct Node {
       const std::size_t rows = dims.d[0], cols = dims.d[1];
       k = k % cols * rows + k / cols;
     }
-    return held_value<T>(storage, value, k);
+    return held_value<T>(storage, value, dims.size() / held_row(), held_row(), k);
   }
+  // The length of a narrow constant's memory rows: its last dimension, or
+  // its first when it holds its transpose (numerics/held.hpp).
+  std::size_t held_row() const { return transposed ? dims.d[0] : dims.back(); }
 };
 
 }  // namespace grad

@@ -31,11 +31,11 @@ template <class T, std::size_t Lanes, std::size_t MR, std::size_t NV>
       case Storage::f16: done = multiply_one_row<T, Lanes, NV, F16>(pr, i0, j0, j1); break;
       case Storage::native: done = multiply_one_row<T, Lanes, NV, T>(pr, i0, j0, j1); break;
       // Quantized: held in columns (a decoding step's projections), else packed like any block (pack_b_quantized).
-      case Storage::q8_0: done = pr.b.rs == 1 && (multiply_row_quantized<T, Lanes, QuantFormat::q8_0>(pr, i0, j0, j1), true); break;
-      case Storage::q4_0: done = pr.b.rs == 1 && (multiply_row_quantized<T, Lanes, QuantFormat::q4_0>(pr, i0, j0, j1), true); break;
-      case Storage::q4_k: done = pr.b.rs == 1 && (multiply_row_quantized<T, Lanes, QuantFormat::q4_k>(pr, i0, j0, j1), true); break;
-      case Storage::q5_k: done = pr.b.rs == 1 && (multiply_row_quantized<T, Lanes, QuantFormat::q5_k>(pr, i0, j0, j1), true); break;
-      case Storage::q6_k: done = pr.b.rs == 1 && (multiply_row_quantized<T, Lanes, QuantFormat::q6_k>(pr, i0, j0, j1), true); break;
+      case Storage::q8_0: done = pr.b.rs == 1 && (multiply_row_grouped<T, Lanes, QuantFormat::q8_0>(pr, i0, j0, j1), true); break;
+      case Storage::q4_0: done = pr.b.rs == 1 && (multiply_row_grouped<T, Lanes, QuantFormat::q4_0>(pr, i0, j0, j1), true); break;
+      case Storage::q4_k: done = pr.b.rs == 1 && (multiply_row_grouped<T, Lanes, QuantFormat::q4_k>(pr, i0, j0, j1), true); break;
+      case Storage::q5_k: done = pr.b.rs == 1 && (multiply_row_grouped<T, Lanes, QuantFormat::q5_k>(pr, i0, j0, j1), true); break;
+      case Storage::q6_k: done = pr.b.rs == 1 && (multiply_row_grouped<T, Lanes, QuantFormat::q6_k>(pr, i0, j0, j1), true); break;
     }
     if (done) return;
   }

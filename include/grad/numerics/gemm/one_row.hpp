@@ -143,62 +143,6 @@ template <class T, std::size_t Lanes, class Format = T>
   }
 }
 
-// One output row against a quantized b (format F) whose memory rows are b's
-// columns (rs == 1: a projection held as llama.cpp holds it, [out, in], or
-// a tied head's [vocab, d] embedding): Lanes columns at a time, a chunk of
-// their terms dequantized (exactly; the format's loops inlined into this
-// instruction set's copy) into a buffer that stays in L1, then
-// multiply_row_transposed's squares over it, each chunk continuing the sums
-// where the last one stored them (unchanged). So each element's sum is the
-// blocked kernel's, ascending p from zero, over the dequantized values. A
-// memory row is whole blocks (the tape's rule), and so is every chunk.
-template <class T, std::size_t Lanes, QuantFormat F>
-[[gnu::always_inline]] inline void multiply_row_quantized(const Problem<T>& pr, std::size_t i, std::size_t j0,
-                                                          std::size_t j1) {
-  constexpr QuantInfo info = quant_info(F);
-  constexpr std::size_t chunk = 256;  // terms per pass: a whole number of every format's blocks
-  alignas(64) T values[Lanes * chunk];
-  alignas(64) float floats[chunk];
-  const auto* held = reinterpret_cast<const std::uint8_t*>(pr.b.p);
-  const std::size_t row_bytes = pr.b.cs / info.block_elements * info.block_bytes;
-  for (std::size_t j = j0; j < j1; j += Lanes) {
-    const std::size_t width = std::min(Lanes, j1 - j);
-    for (std::size_t p0 = 0; p0 < pr.k; p0 += chunk) {
-      const std::size_t kc = std::min(chunk, pr.k - p0), blocks = kc / info.block_elements;
-      for (std::size_t l = 0; l < width; ++l) {
-        const std::uint8_t* src = held + (j + l) * row_bytes + p0 / info.block_elements * info.block_bytes;
-        T* out = values + l * kc;
-        if constexpr (F == QuantFormat::q4_0 || F == QuantFormat::q6_k) {
-          // Out of line where that measured faster than the format's loop inlined into the ISA's copy
-          // (bench_quant, 1 x 1536 x 8960, one thread, Zen 5, -O3: q4_0 2.65 ms against 8.19 inlined, q6_K
-          // 4.2 against 7.9; q8_0 1.8 against 2.8, q4_K 1.9 against 2.5, q5_K 3.7 against 4.8 the other way).
-          if constexpr (std::is_same_v<T, float>) {
-            dequantize(F, src, out, kc);
-          } else {
-            dequantize(F, src, floats, kc);
-            for (std::size_t p = 0; p < kc; ++p) out[p] = static_cast<T>(floats[p]);
-          }
-        } else if constexpr (std::is_same_v<T, float>) {
-          for (std::size_t b = 0; b < blocks; ++b)
-            dequantize_block<F>(src + b * info.block_bytes, out + b * info.block_elements);
-        } else {
-          for (std::size_t b = 0; b < blocks; ++b)
-            dequantize_block<F>(src + b * info.block_bytes, floats + b * info.block_elements);
-          for (std::size_t p = 0; p < kc; ++p) out[p] = static_cast<T>(floats[p]);
-        }
-      }
-      Problem<T> part{{pr.a.p + i * pr.a.rs + p0 * pr.a.cs, 0, pr.a.cs},
-                      {values, 1, kc},
-                      pr.c + i * pr.n + j,
-                      1,
-                      width,
-                      kc,
-                      p0 > 0 || pr.continued};
-      multiply_row_transposed<T, Lanes, T>(part, 0, 0, width);
-    }
-  }
-}
-
 // One output row (a decoding step) where b lies in rows or in columns: read
 // b where it lies, a 16-bit b widened as it is loaded (its narrow rows too:
 // the register-strip kernel reads T). False when b is strided both ways.

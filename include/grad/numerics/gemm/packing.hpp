@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "grad/numerics/gemm/group_terms.hpp"
 #include "grad/numerics/gemm/micro_kernel.hpp"  // strip_width, tail_unit
 #include "grad/numerics/gemm/problem.hpp"
 #include "grad/numerics/gemm/terms.hpp"
@@ -76,22 +77,72 @@ template <class T, std::size_t Lanes, std::size_t NV, class Format>
     jr += width;
   }
 }
+// A quantized b held in columns (rs == 1: a projection as llama.cpp holds
+// it), a block of whole 32-term runs: its groups of sixteen columns
+// dequantized (group_terms.hpp) straight into a [kc, nc] buffer of T, a
+// column outside a whole group from its memory row; packed from there.
+template <class T, std::size_t Lanes, std::size_t NV, QuantFormat F>
+[[gnu::always_inline]] inline void pack_b_grouped(const Strided<T>& b, std::size_t p0, std::size_t kc, std::size_t j0, std::size_t nc,
+                           T* out, T* values) {
+  constexpr std::size_t L = group_lanes, B = quant_info(F).block_elements;
+  const QuantRows m{F, b.lines, b.cs};
+  const auto* held = reinterpret_cast<const std::uint8_t*>(b.p);
+  alignas(64) float terms[group_terms * L];
+  std::vector<float> row;
+  for (std::size_t j = 0; j < nc;) {
+    const std::size_t col = j0 + j;
+    if (col % L == 0 && j + L <= nc && m.lanes(col / L) == L) {
+      for (std::size_t p = 0; p < kc; p += group_terms) {
+        const std::size_t term = p0 + p;
+        const std::uint8_t* gb = held + m.group_block(col / L, term / B);
+        if constexpr (std::is_same_v<T, float>) {
+          dequantize_group_terms<F, Lanes>(gb, term % B / group_terms, values + p * nc + j, nc);
+        } else {
+          dequantize_group_terms<F, Lanes>(gb, term % B / group_terms, terms, L);
+          for (std::size_t t = 0; t < group_terms; ++t)
+            for (std::size_t l = 0; l < L; ++l) values[(p + t) * nc + j + l] = static_cast<T>(terms[t * L + l]);
+        }
+      }
+      j += L;
+    } else {
+      row.resize(kc);
+      read_row(m, held, col, p0, kc, row.data());
+      for (std::size_t p = 0; p < kc; ++p) values[p * nc + j] = static_cast<T>(row[p]);
+      ++j;
+    }
+  }
+  pack_b_from<T, Lanes, NV, T>(Strided<T>{values, nc, 1}, 0, kc, 0, nc, out);
+}
+
 // A quantized b's block: its values dequantized (exactly, numerics/held.hpp)
 // into a per-thread buffer laid out as b lies (rows or columns contiguous:
 // a quantized matrix's memory rows are whole blocks), then packed from there
 // as a T matrix. The terms are the same values either way, so the bits are
-// those of the product over the dequantized b.
+// those of the product over the dequantized b. Held in columns and cut at
+// whole 32-term runs (the usual case: kc is a multiple of 32), by groups.
 template <class T, std::size_t Lanes, std::size_t NV>
-inline void pack_b_quantized(const Strided<T>& b, std::size_t p0, std::size_t kc, std::size_t j0, std::size_t nc,
+[[gnu::always_inline]] inline void pack_b_quantized(const Strided<T>& b, std::size_t p0, std::size_t kc, std::size_t j0, std::size_t nc,
                              T* out) {
   thread_local std::vector<T> values;
   if (values.size() < kc * nc) values.resize(kc * nc);
   const void* held = b.p;
+  if (b.rs == 1 && p0 % group_terms == 0 && kc % group_terms == 0) {
+    switch (b.storage) {
+      case Storage::q8_0: return pack_b_grouped<T, Lanes, NV, QuantFormat::q8_0>(b, p0, kc, j0, nc, out, values.data());
+      case Storage::q4_0: return pack_b_grouped<T, Lanes, NV, QuantFormat::q4_0>(b, p0, kc, j0, nc, out, values.data());
+      case Storage::q4_k: return pack_b_grouped<T, Lanes, NV, QuantFormat::q4_k>(b, p0, kc, j0, nc, out, values.data());
+      case Storage::q5_k: return pack_b_grouped<T, Lanes, NV, QuantFormat::q5_k>(b, p0, kc, j0, nc, out, values.data());
+      case Storage::q6_k: return pack_b_grouped<T, Lanes, NV, QuantFormat::q6_k>(b, p0, kc, j0, nc, out, values.data());
+      default: break;
+    }
+  }
   if (b.cs == 1) {  // b's rows in memory: kc runs of nc
-    for (std::size_t p = 0; p < kc; ++p) read_held(b.storage, held, (p0 + p) * b.rs + j0, nc, values.data() + p * nc);
+    for (std::size_t p = 0; p < kc; ++p)
+      read_held(b.storage, held, b.lines, b.rs, (p0 + p) * b.rs + j0, nc, values.data() + p * nc);
     pack_b_from<T, Lanes, NV, T>(Strided<T>{values.data(), nc, 1}, 0, kc, 0, nc, out);
   } else {  // b's columns in memory (rs == 1): nc runs of kc
-    for (std::size_t j = 0; j < nc; ++j) read_held(b.storage, held, (j0 + j) * b.cs + p0, kc, values.data() + j * kc);
+    for (std::size_t j = 0; j < nc; ++j)
+      read_held(b.storage, held, b.lines, b.cs, (j0 + j) * b.cs + p0, kc, values.data() + j * kc);
     pack_b_from<T, Lanes, NV, T>(Strided<T>{values.data(), 1, kc}, 0, kc, 0, nc, out);
   }
 }

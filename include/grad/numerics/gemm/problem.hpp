@@ -17,12 +17,15 @@ namespace gemm_detail {
 // layouts differ only in these strides. b may be held in 16 bits (storage):
 // p then points at its 16-bit elements, which only Terms reads (widened);
 // or quantized: p points at its blocks, element p * rs + c * cs counted as
-// numerics/held.hpp counts them, which only pack_b_quantized reads.
+// numerics/held.hpp counts them, `lines` memory rows of max(rs, cs)
+// elements (laid out as numerics/quant_rows.hpp says), which only
+// pack_b_quantized and the quantized one-row kernels read.
 template <class T>
 struct Strided {
   const T* p;
   std::size_t rs, cs;
   Storage storage = Storage::native;
+  std::size_t lines = 0;
 };
 
 // C (row-major, m x n) = sum over p < k of a(i, p) b(p, j); with
