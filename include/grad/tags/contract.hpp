@@ -154,6 +154,27 @@ GRAD_HD std::size_t backward_items(const NodeArgs<T>& x) {
     return (In == 0 ? x.a.dims : x.b.dims).size();
 }
 
+// Whether op Op may be recorded on a tape whose scalar is not float or
+// double (a dual number: grad/dual.hpp lists the ops whose per-item bodies
+// carry a tangent, specialising this). Any other op is refused by name when
+// recorded on such a tape, before any of its code is instantiated for it.
+template <class Op>
+inline constexpr bool carries_tangent = false;
+
+// The host loops of such a tape: the per-item bodies, one item after
+// another on the calling thread. They are the reference every fast loop
+// equals bit for bit, so a value computed here has the plain tape's bits.
+template <class Op, class T>
+void item_forward(const NodeArgs<T>& x, T* y) {
+  const std::size_t n = forward_items<Op>(x);
+  for (std::size_t w = 0; w < n; ++w) Op::forward_item(x, y, w);
+}
+template <class Op, int In, class T>
+void item_backward(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
+  const std::size_t n = backward_items<Op, In>(x);
+  for (std::size_t w = 0; w < n; ++w) Op::template backward_item<In>(x, y, g, dx, w);
+}
+
 // Host loops made of the per-item bodies, for tags that need no faster
 // variant. They run in the best instruction set's copy (with_best_isa), so
 // that a body's fma_hd is one vfmadd there rather than a libm call.
