@@ -200,6 +200,51 @@ TEST_CASE("every op that carries a tangent: jvp and hvp against central differen
   check_function("mse", [&](auto v) { return mse(tanh(v), C(v, c)); }, x, 9);
 }
 
+TEST_CASE("the piecewise, layout, norm, id and attention ops carry a tangent too") {
+  Rng rng(17);
+  const Tensor<double> x = away_from_zero<double>({3, 4}, rng, 0.3, 1.2);
+  const Tensor<double> pos = random_tensor<double>({3, 4}, rng, 0.5, 2.0);
+  const Tensor<double> c = random_tensor<double>({3, 4}, rng);
+  const Tensor<double> cond({3, 4}, {1, 0, 0, 1, 1, 1, 0, 0, 1, 0, 1, 0});
+  const Tensor<double> ids({3}, {2, 0, 3});
+  const Tensor<double> scale = random_tensor<double>({4}, rng, 0.5, 1.5);
+  auto C = [&](auto xv, const Tensor<double>& t) { return func::constant(xv, t); };
+
+  check_function("abs, clamp, maximum, minimum, where", [&](auto v) {
+    return abs(v) * clamp(v, -0.25, 2.0) + maximum(v, C(v, c)) * minimum(v * v, C(v, c)) +
+           where(C(v, cond), tanh(v), v * v);
+  }, x, 21);
+  check_function("pow with a scalar exponent", [](auto v) { return pow(v, 3.0) + pow(v, 2.5) - pow(v, -2.0); }, pos, 22);
+  check_function("slice, concat, max and min over an axis", [](auto v) {
+    const auto s = slice(v, {0, 1}, {2, 4});                    // [2, 3]
+    const auto top = max(v * v, 1);                             // [3, 1]
+    const auto low = reshape(min(tanh(v), 0, false), {4, 1});  // [4] -> [4, 1]
+    return concat(top, low, 0) * sum(s * s);                    // [7, 1]
+  }, x, 23);
+  check_function("matmul_nt, rms_norm, layer_norm, add_scaled, silu_mul", [&](auto v) {
+    const auto n = rms_norm(v, C(v, scale), 1e-5) + layer_norm(v * v, 1e-5);
+    return matmul_nt(add_scaled(n, v, 0.5), silu_mul(v, tanh(v)));
+  }, x, 24);
+  check_function("cross_entropy_ids, embedding", [&](auto v) {
+    const auto rows = embedding(v, C(v, Tensor<double>({2}, {2, 0})));  // [2, 4]
+    return cross_entropy_ids(v * 2.0, C(v, ids)) * sum(rows * rows);
+  }, x, 25);
+  const Tensor<double> q = random_tensor<double>({2, 3, 2}, rng);  // N = 2, t = 3, hd = 2
+  check_function("causal_attention_probs, attention_context", [](auto v) {
+    return attention_context(causal_attention_probs(v, tanh(v), 0.7), v * v);
+  }, q, 26);
+  Tensor<double> table({2, 3, 2});  // RoPE's cos and sin for t = 3, hd = 2
+  for (std::size_t p = 0; p < 3; ++p)
+    for (std::size_t h = 0; h < 2; ++h) {
+      table[p * 2 + h] = std::cos(0.3 * double(p + 1) * double(h + 1));
+      table[6 + p * 2 + h] = std::sin(0.3 * double(p + 1) * double(h + 1));
+    }
+  const Tensor<double> rows = random_tensor<double>({6, 4}, rng);  // batch 2 * t 3, heads 2 * hd 2
+  check_function("heads_major, rows_major, rope_heads_major", [&](auto v) {
+    return rows_major(heads_major(v, 2, 2) * rope_heads_major(tanh(v), C(v, table)), 2);
+  }, rows, 27);
+}
+
 TEST_CASE("a quadratic form's Hessian is A + A^T, and its HVP is (A + A^T) v") {
   const std::size_t n = 5;
   Rng rng(11);
@@ -274,6 +319,37 @@ TEST_CASE("value, gradient, HVP, JVP and Hessian against torch.autograd.function
       CHECK(near(h[i * 12 + j], golden::hessian[i * 12 + j]));
     }
   }
+}
+
+TEST_CASE("mixed: a WGAN-GP penalty's gradient with respect to the critic's weights") {
+  // D(W, x) = sum(tanh(x W) * c); the penalty P(W) = |grad_x D|^2 has the
+  // gradient 2 (d2D / dW dx) grad_x D, one mixed() call.
+  Rng rng(31);
+  const Tensor<double> W = random_tensor<double>({3, 2}, rng);
+  const Tensor<double> x = random_tensor<double>({4, 3}, rng);
+  const Tensor<double> c = random_tensor<double>({4, 2}, rng);
+  auto critic = [&](auto w, auto input) { return sum(tanh(matmul(input, w)) * func::constant(w, c)); };
+  auto grad_x = [&](const Tensor<double>& weights) {
+    return func::value_and_grad([&](auto input) { return critic(func::constant(input, weights), input); }, x).grad;
+  };
+  auto penalty = [&](const Tensor<double>& weights) {
+    const Tensor<double> g = grad_x(weights);
+    return std::inner_product(g.data().begin(), g.data().end(), g.data().begin(), 0.0);
+  };
+  const func::MixedResult<double> r = func::mixed(critic, W, x, grad_x(W));
+  const func::GradResult<double> plain = func::value_and_grad([&](auto w) { return critic(w, func::constant(w, x)); }, W);
+  CHECK(std::memcmp(&r.value, &plain.value, sizeof(double)) == 0);
+  CHECK(bitwise_equal<double>(r.grad.data(), plain.grad.data()));
+  const double h = 1e-5;
+  for (std::size_t k = 0; k < W.size(); ++k) {
+    CAPTURE(k);
+    Tensor<double> up = W, down = W;
+    up[k] += h;
+    down[k] -= h;
+    CHECK(2 * r.mixed[k] == doctest::Approx((penalty(up) - penalty(down)) / (2 * h)).epsilon(1e-7));
+  }
+  CHECK_THROWS_WITH(func::mixed(critic, W, x, Tensor<double>({3}, {1, 2, 3})),
+                    "mixed: the tangent u has shape [3] but x has shape [4, 3]; expected the same shape");
 }
 
 TEST_CASE("jacobian: forward and reverse agree, and with the jvp of each column") {
@@ -385,14 +461,24 @@ TEST_CASE("bad input: clear errors naming the function, the shapes and the eleme
         "vjp: the cotangent u has shape [4] but f(x) has shape [2, 2]; expected the same shape");
   CHECK(message([&] { func::hessian(f, Tensor<double>()); }) == "hessian: x has shape [] with no elements; expected at least one");
   // An op without a tangent rule yet is refused by name when recorded.
-  const std::string refused = message([&] { func::hvp([](auto v) { return sum(abs(v)); }, x, x); });
-  CHECK(refused.rfind("grad: abs: cannot be recorded on a tape of dual numbers", 0) == 0);
+  const std::string refused = message([&] { func::hvp([](auto v) { return sum(pow(v, v)); }, x, x); });
+  CHECK(refused.rfind("grad: pow: cannot be recorded on a tape of dual numbers", 0) == 0);
   CHECK(refused.find("the ops that do: add, sub, mul, div, neg") != std::string::npos);
+  CHECK(message([&] { func::jvp([](auto v) { return dropout(v, 0.5, 7); }, x, x); }).rfind(
+            "grad: dropout: cannot be recorded on a tape of dual numbers", 0) == 0);
   // The value-returning Tape<Dual> API poisons instead of throwing.
   Tape<D> tp;
   auto p = tp.param(Tensor<D>({2}, {D(1, 0), D(2, 1)}));
-  CHECK_FALSE(maximum(p, p).valid());
-  CHECK(tp.error().rfind("grad: maximum: cannot be recorded on a tape of dual numbers", 0) == 0);
+  CHECK_FALSE(pow(p, p).valid());
+  CHECK(tp.error().rfind("grad: pow: cannot be recorded on a tape of dual numbers", 0) == 0);
+  // A scalar operand is a constant: one with a tangent is refused (pow's
+  // integral exponents would drop it).
+  Tape<D> scaled;
+  auto q = scaled.param(Tensor<D>({2}, {D(1, 0), D(2, 1)}));
+  CHECK_FALSE(pow(q, D(2, 1)).valid());
+  CHECK(scaled.error() ==
+        "grad: pow_scalar: the scalar operand carries a tangent; on a tape of dual numbers a scalar operand is a "
+        "constant (record a varying one as a tensor)");
   Tape<D> watched;
   watched.detect_anomalies(true);
   CHECK_FALSE(watched.param(Tensor<D>({1}, {D(1, 0)})).valid());

@@ -10,12 +10,14 @@
 //
 // The ops below carry a tangent: their per-item bodies are templates over
 // the scalar whose every operation has a rule for Dual<T> (numerics/dual.hpp).
-// Recording any other op on a dual tape poisons it, naming the op and these.
-// Not yet: cross_entropy, linear_cross_entropy and embedding (their ids are
-// integers held in T, read through casts a dual number does not offer);
-// dropout (its mask's key); pow and abs, clamp, maximum, minimum, where and
-// the axis max/min (their bodies call libm or test bits); the attention,
-// norm and layout tags of the language model (not yet checked).
+// test_second_order checks each one's tangent and HVP against central
+// differences. Recording any other op on a dual tape poisons it, naming the
+// op and these.
+// Not yet: pow with a tensor exponent (its integral-exponent branch tests
+// the exponent's value and would drop the exponent's tangent), dropout (its
+// mask's key) and linear_cross_entropy (a fused loss whose host loops keep
+// dh: not checked yet). A scalar operand (x * s, pow(x, s)) is a constant
+// on a dual tape: one with a tangent is refused.
 #pragma once
 
 #include "grad/core.hpp"
@@ -75,5 +77,53 @@ template <>
 inline constexpr bool carries_tangent<Softmax> = true;
 template <>
 inline constexpr bool carries_tangent<LogSoftmax> = true;
+template <>
+inline constexpr bool carries_tangent<Abs> = true;
+template <>
+inline constexpr bool carries_tangent<ClampMin> = true;
+template <>
+inline constexpr bool carries_tangent<ClampMax> = true;
+template <>
+inline constexpr bool carries_tangent<Maximum> = true;
+template <>
+inline constexpr bool carries_tangent<Minimum> = true;
+template <>
+inline constexpr bool carries_tangent<WhereTrue> = true;
+template <>
+inline constexpr bool carries_tangent<WhereFalse> = true;
+template <>
+inline constexpr bool carries_tangent<PowScalar> = true;
+template <>
+inline constexpr bool carries_tangent<Slice> = true;
+template <>
+inline constexpr bool carries_tangent<Concat> = true;
+template <>
+inline constexpr bool carries_tangent<AxisMax> = true;
+template <>
+inline constexpr bool carries_tangent<AxisMin> = true;
+template <>
+inline constexpr bool carries_tangent<MatmulNt> = true;
+template <>
+inline constexpr bool carries_tangent<RmsNorm> = true;
+template <>
+inline constexpr bool carries_tangent<LayerNorm> = true;
+template <>
+inline constexpr bool carries_tangent<AddScaled> = true;
+template <>
+inline constexpr bool carries_tangent<SiluMul> = true;
+template <>
+inline constexpr bool carries_tangent<CrossEntropy> = true;
+template <>
+inline constexpr bool carries_tangent<Embedding> = true;
+template <>
+inline constexpr bool carries_tangent<CausalAttentionProbs> = true;
+template <>
+inline constexpr bool carries_tangent<AttentionContext> = true;
+template <>
+inline constexpr bool carries_tangent<HeadsMajor> = true;
+template <>
+inline constexpr bool carries_tangent<RowsMajor> = true;
+template <>
+inline constexpr bool carries_tangent<RopeHeadsMajor> = true;
 
 }  // namespace grad

@@ -12,6 +12,8 @@
 //                            tangent of the gradient along v is H v)
 //   hessian(f, x)            H, column j = H e_j (n HVPs)
 //   jacobian(f, x[, mode])   J by n JVPs or m VJPs, the cheaper by default
+//   mixed(f, theta, x, u)    f(theta, x), grad_theta f and (d2f / dtheta dx) u:
+//                            gradient penalties, physics-informed losses
 //
 // The values (f(x), the gradient) have the bits a plain Tape<T> gives: the
 // value part of a dual number is computed by the same operations.
@@ -213,6 +215,37 @@ HvpResult<T> hvp(F&& f, const Tensor<T>& x, const Tensor<T>& v) {
   auto [grad, hv] = detail::unzip(tp.grad(xv));
   const Dual<T> y = tp.value(out)[0];
   return {y.value, y.tangent, std::move(grad), std::move(hv)};
+}
+
+template <class T>
+struct MixedResult {
+  T value;          // f(theta, x)
+  Tensor<T> grad;   // the gradient with respect to theta (the plain tape's bits)
+  Tensor<T> mixed;  // its derivative along u in x: (d/dx grad_theta f) u
+};
+
+// The mixed form, for gradient penalties and physics-informed losses: f
+// (one element) of parameters theta and an input x; x carries the tangent
+// u, theta none, so the reverse walk's tangent of the gradient with respect
+// to theta is the mixed second derivative (d2f / dtheta dx) u. With u =
+// grad_x f, twice that is the gradient of the penalty |grad_x f|^2 with
+// respect to theta (WGAN-GP; docs/second_order.md).
+template <class F, Scalar T>
+MixedResult<T> mixed(F&& f, const Tensor<T>& theta, const Tensor<T>& x, const Tensor<T>& u) {
+  detail::check_input("mixed", theta);
+  detail::check_input("mixed", x);
+  detail::check_direction("mixed", "tangent u", x, u);
+  Tape<Dual<T>> tp;
+  tp.throw_on_error(true);
+  const Var<Dual<T>> tv = tp.param(detail::zip(theta, Tensor<T>(theta.shape())));
+  const Var<Dual<T>> xv = tp.constant(detail::zip(x, u));
+  static_assert(std::is_invocable_v<F&, Var<Dual<T>>, Var<Dual<T>>>, "f must take (theta, x), two Vars");
+  auto of_theta = [&](Var<Dual<T>> t) { return f(t, xv); };
+  const Var<Dual<T>> out = detail::call("mixed", of_theta, tv);
+  detail::require_one_element("mixed", tp, out);
+  tp.backward(out);
+  auto [grad, second] = detail::unzip(tp.grad(tv));
+  return {tp.value(out)[0].value, std::move(grad), std::move(second)};
 }
 
 // The Hessian of f (one element) at x, shape x.shape ++ x.shape (row-major:

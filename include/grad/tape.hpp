@@ -450,10 +450,18 @@ class Tape {
   template <class Op>
   Var<T> record(Var<T> a, Var<T> b, const Dims& out, T scalar = T(0), std::uint32_t axis = 0,
                 std::span<const std::size_t> extra = {}) {
-    if constexpr (!Scalar<T> && !carries_tangent<Op>)
+    if constexpr (!Scalar<T> && !carries_tangent<Op>) {
       return invalid(tangent_refusal(Op::name));
-    else
+    } else {
+      // A scalar operand is a constant there: a body may test its value
+      // (pow's integral exponents) and would drop a tangent of its own.
+      if constexpr (!Scalar<T>)
+        if (tangent_of(scalar) != 0)
+          return invalid(std::string(Op::name) +
+                         ": the scalar operand carries a tangent; on a tape of dual numbers a scalar operand is a "
+                         "constant (record a varying one as a tensor)");
       return record_node<Op>(a, b, out, scalar, axis, extra);
+    }
   }
   template <class Op>
   Var<T> record_node(Var<T> a, Var<T> b, const Dims& out, T scalar, std::uint32_t axis,

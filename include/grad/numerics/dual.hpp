@@ -35,6 +35,17 @@ struct Dual {
     requires(std::is_arithmetic_v<U> && !std::is_same_v<U, T>)
   explicit constexpr Dual(U v) : value(static_cast<T>(v)) {}
 
+  // The value part as another number type, explicitly: what a tag's body
+  // does with an index or an integer test (an id, an integral exponent).
+  // It drops the tangent, which is why only the ops whose tangents the
+  // suite checks are recorded on a dual tape (grad/dual.hpp). Not bool: a
+  // dual number is never a condition by accident.
+  template <class U>
+    requires(std::is_arithmetic_v<U> && !std::is_same_v<U, bool>)
+  explicit constexpr operator U() const {
+    return static_cast<U>(value);
+  }
+
   // Hidden friends: found by argument-dependent lookup only, and they take a
   // T or a number where a Dual is expected (one conversion), as a tag's body
   // mixes them.
@@ -79,12 +90,29 @@ struct Dual {
     const T y = exact_sigmoid(x.value);
     return {y, (y * (T(1) - y)) * x.tangent};
   }
+  // The tangent alone (the tape refuses a scalar operand that has one).
+  friend constexpr T tangent_of(Dual x) { return x.tangent; }
+
   // unary.hpp's sqrt_of: IEEE square root; (sqrt x)' = x' / (2 y).
   friend Dual sqrt_of(Dual x) {
     const T y = std::sqrt(x.value);
     return {y, x.tangent / (y + y)};
   }
 };
+
+// |x| as abs's body takes it (exact_math_detail::magnitude_of<T>, named
+// with its type, so no lookup finds an overload): the value's sign bit
+// cleared; the tangent times the sign of x (0 at 0, torch's sgn; NaN at NaN).
+namespace exact_math_detail {
+template <>
+GRAD_HD GRAD_INLINE constexpr Dual<float> magnitude_of<Dual<float>>(Dual<float> x) {
+  return {magnitude_of<float>(x.value), x.value > 0 ? x.tangent : x.value < 0 ? -x.tangent : x.value == 0 ? 0.0f * x.tangent : x.value};
+}
+template <>
+GRAD_HD GRAD_INLINE constexpr Dual<double> magnitude_of<Dual<double>>(Dual<double> x) {
+  return {magnitude_of<double>(x.value), x.value > 0 ? x.tangent : x.value < 0 ? -x.tangent : x.value == 0 ? 0.0 * x.tangent : x.value};
+}
+}  // namespace exact_math_detail
 
 template <class T>
 inline constexpr bool is_dual_v = false;
@@ -97,10 +125,9 @@ inline constexpr bool is_tape_scalar_v<Dual<T>> = true;
 
 }  // namespace grad
 
-// quiet_NaN() for Tape::scalar's "no value": NaN in both parts.
+// The value part's limits; quiet_NaN() (Tape::scalar's "no value") NaN in both parts.
 template <class T>
-struct std::numeric_limits<grad::Dual<T>> {
-  static constexpr bool is_specialized = false;  // no range of its own: only the NaN below
+struct std::numeric_limits<grad::Dual<T>> : std::numeric_limits<T> {  // T's range and digits (read by the id checks)
   static constexpr grad::Dual<T> quiet_NaN() noexcept {
     return {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::quiet_NaN()};
   }
