@@ -20,6 +20,10 @@
 // on a dual tape: one with a tangent is refused.
 #pragma once
 
+#include <cstddef>
+#include <type_traits>
+#include <vector>
+
 #include "grad/core.hpp"
 #include "grad/numerics/dual.hpp"
 
@@ -125,5 +129,75 @@ template <>
 inline constexpr bool carries_tangent<RowsMajor> = true;
 template <>
 inline constexpr bool carries_tangent<RopeHeadsMajor> = true;
+
+// ---- the matrix products' host loops on dual numbers ----
+// (a b)' = a' b + a b': the value part is the plain tape's gemm on the
+// value parts (so its bits), the tangent two more gemms of the parts, added
+// element by element. Fixed orders throughout: the same bits on every
+// instruction set. contract.hpp's item_forward / item_backward find these.
+namespace dual_detail {
+
+// The value and tangent parts of n dual numbers, side by side.
+template <class T>
+struct Parts {
+  std::vector<T> value, tangent;
+  Parts(const Dual<T>* p, std::size_t n) : value(n), tangent(n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      value[i] = p[i].value;
+      tangent[i] = p[i].tangent;
+    }
+  }
+};
+
+// out[i] = (value[i], first[i] + second[i]).
+template <class T>
+void join(Dual<T>* out, const std::vector<T>& value, const std::vector<T>& first, const std::vector<T>& second) {
+  for (std::size_t i = 0; i < value.size(); ++i) out[i] = Dual<T>(value[i], first[i] + second[i]);
+}
+
+}  // namespace dual_detail
+
+template <class Derived, class T>
+void dual_forward(const MatrixProduct<Derived>&, const NodeArgs<Dual<T>>& x, Dual<T>* y) {
+  const std::size_t m = x.a.dims.back(1), k = x.a.dims.back(), n = x.b.dims.back();
+  const std::size_t batches = x.out.size() / (m * n == 0 ? 1 : m * n);
+  const dual_detail::Parts<T> a(x.a.data, x.a.dims.size()), b(x.b.data, x.b.dims.size());
+  std::vector<T> value(m * n), first(m * n), second(m * n);
+  for (std::size_t s = 0; s < batches; ++s) {
+    const std::size_t ia = s * m * k, ib = s * k * n;
+    gemm_nn(a.value.data() + ia, b.value.data() + ib, value.data(), m, k, n);
+    gemm_nn(a.tangent.data() + ia, b.value.data() + ib, first.data(), m, k, n);
+    gemm_nn(a.value.data() + ia, b.tangent.data() + ib, second.data(), m, k, n);
+    dual_detail::join(y + s * m * n, value, first, second);
+  }
+}
+
+// dA = G B^T and dB = A^T G, each with its tangent G' B^T + G B'^T
+// (A'^T G + A^T G').
+template <class Derived, int In, class T>
+void dual_backward(const MatrixProduct<Derived>&, std::integral_constant<int, In>, const NodeArgs<Dual<T>>& x,
+                   const Dual<T>*, const Dual<T>* g, Dual<T>* dx) {
+  const std::size_t m = x.a.dims.back(1), k = x.a.dims.back(), n = x.b.dims.back();
+  const std::size_t batches = x.out.size() / (m * n == 0 ? 1 : m * n);
+  const dual_detail::Parts<T> grad(g, x.out.size());
+  const dual_detail::Parts<T> other(In == 0 ? x.b.data : x.a.data, In == 0 ? x.b.dims.size() : x.a.dims.size());
+  const std::size_t size = In == 0 ? m * k : k * n;
+  std::vector<T> value(size), first(size), second(size);
+  for (std::size_t s = 0; s < batches; ++s) {
+    const std::size_t ig = s * m * n;
+    if constexpr (In == 0) {
+      const std::size_t ib = s * k * n;
+      gemm_nt(grad.value.data() + ig, other.value.data() + ib, value.data(), m, n, k);
+      gemm_nt(grad.tangent.data() + ig, other.value.data() + ib, first.data(), m, n, k);
+      gemm_nt(grad.value.data() + ig, other.tangent.data() + ib, second.data(), m, n, k);
+    } else {
+      const std::size_t ia = s * m * k;
+      gemm_tn(other.value.data() + ia, grad.value.data() + ig, value.data(), m, k, n);
+      gemm_tn(other.tangent.data() + ia, grad.value.data() + ig, first.data(), m, k, n);
+      gemm_tn(other.value.data() + ia, grad.tangent.data() + ig, second.data(), m, k, n);
+    }
+    dual_detail::join(dx + s * size, value, first, second);
+  }
+}
 
 }  // namespace grad

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "grad/config.hpp"
 #include "grad/numerics/isa.hpp"
@@ -162,17 +163,34 @@ template <class Op>
 inline constexpr bool carries_tangent = false;
 
 // The host loops of such a tape: the per-item bodies, one item after
-// another on the calling thread. They are the reference every fast loop
+// another on the calling thread (in the best instruction set's copy, so
+// that fma_hd is one instruction). They are the reference every fast loop
 // equals bit for bit, so a value computed here has the plain tape's bits.
+// The scalar type may bring a faster loop of its own for an op, found by
+// argument-dependent lookup: dual_forward(op, x, y) and
+// dual_backward(op, std::integral_constant<int, In>, x, y, g, dx) (a dual
+// number's matrix products: grad/dual.hpp).
 template <class Op, class T>
 void item_forward(const NodeArgs<T>& x, T* y) {
-  const std::size_t n = forward_items<Op>(x);
-  for (std::size_t w = 0; w < n; ++w) Op::forward_item(x, y, w);
+  if constexpr (requires { dual_forward(Op{}, x, y); }) {
+    dual_forward(Op{}, x, y);
+    return;
+  }
+  with_best_isa([&] {
+    const std::size_t n = forward_items<Op>(x);
+    for (std::size_t w = 0; w < n; ++w) Op::forward_item(x, y, w);
+  });
 }
 template <class Op, int In, class T>
 void item_backward(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
-  const std::size_t n = backward_items<Op, In>(x);
-  for (std::size_t w = 0; w < n; ++w) Op::template backward_item<In>(x, y, g, dx, w);
+  if constexpr (requires { dual_backward(Op{}, std::integral_constant<int, In>{}, x, y, g, dx); }) {
+    dual_backward(Op{}, std::integral_constant<int, In>{}, x, y, g, dx);
+    return;
+  }
+  with_best_isa([&] {
+    const std::size_t n = backward_items<Op, In>(x);
+    for (std::size_t w = 0; w < n; ++w) Op::template backward_item<In>(x, y, g, dx, w);
+  });
 }
 
 // Host loops made of the per-item bodies, for tags that need no faster
