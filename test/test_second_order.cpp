@@ -352,6 +352,40 @@ TEST_CASE("mixed: a WGAN-GP penalty's gradient with respect to the critic's weig
                     "mixed: the tangent u has shape [3] but x has shape [4, 3]; expected the same shape");
 }
 
+TEST_CASE("docs/second_order.md's physics-informed recipe: the gradient of a loss on u'(t)") {
+  // u(theta, t) = tanh(t w1) w2^T, theta = [w1; w2] [2, H], t [N, 1]; the
+  // loss L = mean((u'(t) - cos t)^2) on the derivative in t. u'(t_i) is the
+  // gradient of sum(u) in t (each u_i reads t_i alone), and
+  // grad_theta L = (2 / N) (d2 sum(u) / dtheta dt) r with r = u' - cos t.
+  const std::size_t hidden = 5, n = 7;
+  Rng rng(41);
+  const Tensor<double> theta = random_tensor<double>({2, hidden}, rng);
+  Tensor<double> t({n, 1});
+  for (std::size_t i = 0; i < n; ++i) t[i] = -1.5 + 0.5 * double(i);
+  auto u_sum = [&](auto th, auto time) {
+    const auto w1 = slice(th, {0, 0}, {1, hidden}), w2 = slice(th, {1, 0}, {2, hidden});
+    return sum(matmul_nt(tanh(matmul(time, w1)), w2));
+  };
+  auto residual = [&](const Tensor<double>& th) {
+    Tensor<double> r = func::value_and_grad([&](auto time) { return u_sum(func::constant(time, th), time); }, t).grad;
+    for (std::size_t i = 0; i < n; ++i) r[i] -= std::cos(t[i]);
+    return r;
+  };
+  auto loss = [&](const Tensor<double>& th) {
+    const Tensor<double> r = residual(th);
+    return std::inner_product(r.data().begin(), r.data().end(), r.data().begin(), 0.0) / double(n);
+  };
+  const func::MixedResult<double> m = func::mixed(u_sum, theta, t, residual(theta));
+  const double h = 1e-5;
+  for (std::size_t k = 0; k < theta.size(); ++k) {
+    CAPTURE(k);
+    Tensor<double> up = theta, down = theta;
+    up[k] += h;
+    down[k] -= h;
+    CHECK(2.0 / double(n) * m.mixed[k] == doctest::Approx((loss(up) - loss(down)) / (2 * h)).epsilon(1e-7));
+  }
+}
+
 TEST_CASE("jacobian: forward and reverse agree, and with the jvp of each column") {
   Rng rng(12);
   const Tensor<double> x = random_tensor<double>({2, 3}, rng);
