@@ -245,6 +245,20 @@ TEST_CASE("the piecewise, layout, norm, id and attention ops carry a tangent too
   }, rows, 27);
 }
 
+TEST_CASE("the composites of nn.hpp and classify.hpp carry a tangent through their ops") {
+  Rng rng(19);
+  const Tensor<double> x = random_tensor<double>({4, 3}, rng);
+  const Tensor<double> w = random_tensor<double>({3, 5}, rng), b = random_tensor<double>({5}, rng);
+  const Tensor<double> g = random_tensor<double>({5}, rng, 0.5, 1.5), onehot({4, 5}, {1, 0, 0, 0, 0, 0, 0, 1, 0, 0,
+                                                                                      0, 0, 0, 0, 1, 0, 1, 0, 0, 0});
+  const std::vector<int> labels{0, 2, 4, 1};
+  auto C = [&](auto xv, const Tensor<double>& t) { return func::constant(xv, t); };
+  check_function("nn::linear_bias, nn::layernorm, nn::silu, cross_entropy_labels", [&](auto v) {
+    const auto h = nn::silu(nn::layernorm(nn::linear_bias(v, C(v, w), C(v, b)), C(v, g), C(v, b), 1e-5));
+    return cross_entropy_labels(h, labels) + nn::cross_entropy_onehot(h * h, C(v, onehot));
+  }, x, 31);
+}
+
 TEST_CASE("a quadratic form's Hessian is A + A^T, and its HVP is (A + A^T) v") {
   const std::size_t n = 5;
   Rng rng(11);
