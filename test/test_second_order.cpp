@@ -179,25 +179,36 @@ TEST_CASE("every op that carries a tangent: jvp and hvp against central differen
   const Tensor<double> left = random_tensor<double>({5, 3}, rng);
   auto C = [&](auto xv, const Tensor<double>& t) { return func::constant(xv, t); };
 
-  check_function("add, sub, mul, div, neg (broadcasting)", [&](auto v) {
-    return (v * v + C(v, row)) / (C(v, c) - v * 3.0 + 4.0) - (-v) * C(v, row);
-  }, x, 1);
-  check_function("scalar forms", [](auto v) { return (2.0 - v) / 3.0 + 1.5 / (v * v + 1.0) - v; }, x, 2);
-  check_function("relu, sigmoid, tanh, gelu", [](auto v) { return relu(v) * sigmoid(v) + tanh(v * v) * gelu(v); },
-                 x, 3);
-  check_function("exp, log, sqrt", [](auto v) { return exp(v) * log(v) + sqrt(v) / v; }, pos, 4);
-  check_function("sum, mean, row_sum", [](auto v) { return row_sum(v * v) * mean(tanh(v)) + sum(v * v * v); }, x, 5);
-  check_function("matmul, transpose", [&](auto v) {
-    const auto first = matmul(C(v, left), tanh(matmul(v, C(v, m))));          // [5, 2]
-    const auto second = transpose(matmul(matmul(transpose(v), v * v), C(v, m)));  // [2, 4]
-    return matmul(first, second);
-  }, x, 6);
-  check_function("bmm, reshape", [](auto v) {
-    const auto b = reshape(v, {2, 3, 2});
-    return bmm(b, reshape(tanh(b), {2, 2, 3}));
-  }, x, 7);
-  check_function("softmax, log_softmax", [](auto v) { return softmax(v * v, 1) * log_softmax(v, 0); }, x, 8);
-  check_function("mse", [&](auto v) { return mse(tanh(v), C(v, c)); }, x, 9);
+  check_function(
+      "add, sub, mul, div, neg (broadcasting)",
+      [&](auto v) { return (v * v + C(v, row)) / (C(v, c) - v * 3.0 + 4.0) - (-v) * C(v, row); }, x, 1);
+  check_function(
+      "scalar forms", [](auto v) { return (2.0 - v) / 3.0 + 1.5 / (v * v + 1.0) - v; }, x, 2);
+  check_function(
+      "relu, sigmoid, tanh, gelu", [](auto v) { return relu(v) * sigmoid(v) + tanh(v * v) * gelu(v); }, x, 3);
+  check_function(
+      "exp, log, sqrt", [](auto v) { return exp(v) * log(v) + sqrt(v) / v; }, pos, 4);
+  check_function(
+      "sum, mean, row_sum", [](auto v) { return row_sum(v * v) * mean(tanh(v)) + sum(v * v * v); }, x, 5);
+  check_function(
+      "matmul, transpose",
+      [&](auto v) {
+        const auto first = matmul(C(v, left), tanh(matmul(v, C(v, m))));              // [5, 2]
+        const auto second = transpose(matmul(matmul(transpose(v), v * v), C(v, m)));  // [2, 4]
+        return matmul(first, second);
+      },
+      x, 6);
+  check_function(
+      "bmm, reshape",
+      [](auto v) {
+        const auto b = reshape(v, {2, 3, 2});
+        return bmm(b, reshape(tanh(b), {2, 2, 3}));
+      },
+      x, 7);
+  check_function(
+      "softmax, log_softmax", [](auto v) { return softmax(v * v, 1) * log_softmax(v, 0); }, x, 8);
+  check_function(
+      "mse", [&](auto v) { return mse(tanh(v), C(v, c)); }, x, 9);
 }
 
 TEST_CASE("the piecewise, layout, norm, id and attention ops carry a tangent too") {
@@ -210,29 +221,42 @@ TEST_CASE("the piecewise, layout, norm, id and attention ops carry a tangent too
   const Tensor<double> scale = random_tensor<double>({4}, rng, 0.5, 1.5);
   auto C = [&](auto xv, const Tensor<double>& t) { return func::constant(xv, t); };
 
-  check_function("abs, clamp, maximum, minimum, where", [&](auto v) {
-    return abs(v) * clamp(v, -0.25, 2.0) + maximum(v, C(v, c)) * minimum(v * v, C(v, c)) +
-           where(C(v, cond), tanh(v), v * v);
-  }, x, 21);
-  check_function("pow with a scalar exponent", [](auto v) { return pow(v, 3.0) + pow(v, 2.5) - pow(v, -2.0); }, pos, 22);
-  check_function("slice, concat, max and min over an axis", [](auto v) {
-    const auto s = slice(v, {0, 1}, {2, 4});                    // [2, 3]
-    const auto top = max(v * v, 1);                             // [3, 1]
-    const auto low = reshape(min(tanh(v), 0, false), {4, 1});  // [4] -> [4, 1]
-    return concat(top, low, 0) * sum(s * s);                    // [7, 1]
-  }, x, 23);
-  check_function("matmul_nt, rms_norm, layer_norm, add_scaled, silu_mul", [&](auto v) {
-    const auto n = rms_norm(v, C(v, scale), 1e-5) + layer_norm(v * v, 1e-5);
-    return matmul_nt(add_scaled(n, v, 0.5), silu_mul(v, tanh(v)));
-  }, x, 24);
-  check_function("cross_entropy_ids, embedding", [&](auto v) {
-    const auto rows = embedding(v, C(v, Tensor<double>({2}, {2, 0})));  // [2, 4]
-    return cross_entropy_ids(v * 2.0, C(v, ids)) * sum(rows * rows);
-  }, x, 25);
+  check_function(
+      "abs, clamp, maximum, minimum, where",
+      [&](auto v) {
+        return abs(v) * clamp(v, -0.25, 2.0) + maximum(v, C(v, c)) * minimum(v * v, C(v, c)) +
+               where(C(v, cond), tanh(v), v * v);
+      },
+      x, 21);
+  check_function(
+      "pow with a scalar exponent", [](auto v) { return pow(v, 3.0) + pow(v, 2.5) - pow(v, -2.0); }, pos, 22);
+  check_function(
+      "slice, concat, max and min over an axis",
+      [](auto v) {
+        const auto s = slice(v, {0, 1}, {2, 4});                   // [2, 3]
+        const auto top = max(v * v, 1);                            // [3, 1]
+        const auto low = reshape(min(tanh(v), 0, false), {4, 1});  // [4] -> [4, 1]
+        return concat(top, low, 0) * sum(s * s);                   // [7, 1]
+      },
+      x, 23);
+  check_function(
+      "matmul_nt, rms_norm, layer_norm, add_scaled, silu_mul",
+      [&](auto v) {
+        const auto n = rms_norm(v, C(v, scale), 1e-5) + layer_norm(v * v, 1e-5);
+        return matmul_nt(add_scaled(n, v, 0.5), silu_mul(v, tanh(v)));
+      },
+      x, 24);
+  check_function(
+      "cross_entropy_ids, embedding",
+      [&](auto v) {
+        const auto rows = embedding(v, C(v, Tensor<double>({2}, {2, 0})));  // [2, 4]
+        return cross_entropy_ids(v * 2.0, C(v, ids)) * sum(rows * rows);
+      },
+      x, 25);
   const Tensor<double> q = random_tensor<double>({2, 3, 2}, rng);  // N = 2, t = 3, hd = 2
-  check_function("causal_attention_probs, attention_context", [](auto v) {
-    return attention_context(causal_attention_probs(v, tanh(v), 0.7), v * v);
-  }, q, 26);
+  check_function(
+      "causal_attention_probs, attention_context",
+      [](auto v) { return attention_context(causal_attention_probs(v, tanh(v), 0.7), v * v); }, q, 26);
   Tensor<double> table({2, 3, 2});  // RoPE's cos and sin for t = 3, hd = 2
   for (std::size_t p = 0; p < 3; ++p)
     for (std::size_t h = 0; h < 2; ++h) {
@@ -240,23 +264,26 @@ TEST_CASE("the piecewise, layout, norm, id and attention ops carry a tangent too
       table[6 + p * 2 + h] = std::sin(0.3 * double(p + 1) * double(h + 1));
     }
   const Tensor<double> rows = random_tensor<double>({6, 4}, rng);  // batch 2 * t 3, heads 2 * hd 2
-  check_function("heads_major, rows_major, rope_heads_major", [&](auto v) {
-    return rows_major(heads_major(v, 2, 2) * rope_heads_major(tanh(v), C(v, table)), 2);
-  }, rows, 27);
+  check_function(
+      "heads_major, rows_major, rope_heads_major",
+      [&](auto v) { return rows_major(heads_major(v, 2, 2) * rope_heads_major(tanh(v), C(v, table)), 2); }, rows, 27);
 }
 
 TEST_CASE("the composites of nn.hpp and classify.hpp carry a tangent through their ops") {
   Rng rng(19);
   const Tensor<double> x = random_tensor<double>({4, 3}, rng);
   const Tensor<double> w = random_tensor<double>({3, 5}, rng), b = random_tensor<double>({5}, rng);
-  const Tensor<double> g = random_tensor<double>({5}, rng, 0.5, 1.5), onehot({4, 5}, {1, 0, 0, 0, 0, 0, 0, 1, 0, 0,
-                                                                                      0, 0, 0, 0, 1, 0, 1, 0, 0, 0});
+  const Tensor<double> g = random_tensor<double>({5}, rng, 0.5, 1.5),
+                       onehot({4, 5}, {1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0});
   const std::vector<int> labels{0, 2, 4, 1};
   auto C = [&](auto xv, const Tensor<double>& t) { return func::constant(xv, t); };
-  check_function("nn::linear_bias, nn::layernorm, nn::silu, cross_entropy_labels", [&](auto v) {
-    const auto h = nn::silu(nn::layernorm(nn::linear_bias(v, C(v, w), C(v, b)), C(v, g), C(v, b), 1e-5));
-    return cross_entropy_labels(h, labels) + nn::cross_entropy_onehot(h * h, C(v, onehot));
-  }, x, 31);
+  check_function(
+      "nn::linear_bias, nn::layernorm, nn::silu, cross_entropy_labels",
+      [&](auto v) {
+        const auto h = nn::silu(nn::layernorm(nn::linear_bias(v, C(v, w), C(v, b)), C(v, g), C(v, b), 1e-5));
+        return cross_entropy_labels(h, labels) + nn::cross_entropy_onehot(h * h, C(v, onehot));
+      },
+      x, 31);
 }
 
 TEST_CASE("a quadratic form's Hessian is A + A^T, and its HVP is (A + A^T) v") {
@@ -351,7 +378,8 @@ TEST_CASE("mixed: a WGAN-GP penalty's gradient with respect to the critic's weig
     return std::inner_product(g.data().begin(), g.data().end(), g.data().begin(), 0.0);
   };
   const func::MixedResult<double> r = func::mixed(critic, W, x, grad_x(W));
-  const func::GradResult<double> plain = func::value_and_grad([&](auto w) { return critic(w, func::constant(w, x)); }, W);
+  const func::GradResult<double> plain =
+      func::value_and_grad([&](auto w) { return critic(w, func::constant(w, x)); }, W);
   CHECK(std::memcmp(&r.value, &plain.value, sizeof(double)) == 0);
   CHECK(bitwise_equal<double>(r.grad.data(), plain.grad.data()));
   const double h = 1e-5;
@@ -459,7 +487,8 @@ TEST_CASE("docs/second_order.md's example: Newton's method on logistic regressio
   grad::Tensor<double> w({d, 1});
   for (int step = 0; step < 8; ++step) {
     const auto g = grad::func::value_and_grad(nll, w);
-    norms.push_back(std::sqrt(std::inner_product(g.grad.data().begin(), g.grad.data().end(), g.grad.data().begin(), 0.0)));
+    norms.push_back(
+        std::sqrt(std::inner_product(g.grad.data().begin(), g.grad.data().end(), g.grad.data().begin(), 0.0)));
     if (norms.back() < 1e-14) break;
     const grad::Tensor<double> h = grad::func::hessian(nll, w);  // X^T diag(p (1 - p)) X / N
     const std::vector<double> delta = solve(h, g.grad);
@@ -493,27 +522,34 @@ TEST_CASE("bad input: clear errors naming the function, the shapes and the eleme
     }
     return std::string("no error");
   };
-  CHECK(message([&] { func::jvp(f, x, Tensor<double>({3}, {1, 2, 3})); }) ==
-        "jvp: the tangent v has shape [3] but x has shape [2, 2]; expected the same shape");
-  CHECK(message([&] { func::hvp(f, x, Tensor<double>({4}, {1, 2, 3, 4})); }) ==
-        "hvp: the tangent v has shape [4] but x has shape [2, 2]; expected the same shape");
-  CHECK(message([&] { func::hvp(f, x, Tensor<double>({2, 2}, {1, NAN, 3, 4})); }) ==
-        "hvp: element 1 of the tangent v is nan; expected finite numbers");
-  CHECK(message([&] { func::jvp(f, x, Tensor<double>({2, 2}, {1, 2, INFINITY, 4})); }) ==
-        "jvp: element 2 of the tangent v is inf; expected finite numbers");
+  CHECK(message([&] {
+          func::jvp(f, x, Tensor<double>({3}, {1, 2, 3}));
+        }) == "jvp: the tangent v has shape [3] but x has shape [2, 2]; expected the same shape");
+  CHECK(message([&] {
+          func::hvp(f, x, Tensor<double>({4}, {1, 2, 3, 4}));
+        }) == "hvp: the tangent v has shape [4] but x has shape [2, 2]; expected the same shape");
+  CHECK(message([&] {
+          func::hvp(f, x, Tensor<double>({2, 2}, {1, NAN, 3, 4}));
+        }) == "hvp: element 1 of the tangent v is nan; expected finite numbers");
+  CHECK(message([&] {
+          func::jvp(f, x, Tensor<double>({2, 2}, {1, 2, INFINITY, 4}));
+        }) == "jvp: element 2 of the tangent v is inf; expected finite numbers");
   CHECK(message([&] { func::hvp([](auto v) { return decltype(v){}; }, x, x); }) ==
         "hvp: f recorded nothing: it returned a default-constructed Var, not a node of x's tape");
   CHECK(message([&] { func::hvp([](auto v) { return tanh(v); }, x, x); }) ==
         "hvp: f's output has shape [2, 2]; expected a single element (reduce it with sum or mean)");
-  CHECK(message([&] { func::vjp([](auto v) { return tanh(v); }, x, Tensor<double>({4}, {1, 1, 1, 1})); }) ==
-        "vjp: the cotangent u has shape [4] but f(x) has shape [2, 2]; expected the same shape");
-  CHECK(message([&] { func::hessian(f, Tensor<double>()); }) == "hessian: x has shape [] with no elements; expected at least one");
+  CHECK(message([&] {
+          func::vjp([](auto v) { return tanh(v); }, x, Tensor<double>({4}, {1, 1, 1, 1}));
+        }) == "vjp: the cotangent u has shape [4] but f(x) has shape [2, 2]; expected the same shape");
+  CHECK(message([&] { func::hessian(f, Tensor<double>()); }) ==
+        "hessian: x has shape [] with no elements; expected at least one");
   // An op without a tangent rule yet is refused by name when recorded.
   const std::string refused = message([&] { func::hvp([](auto v) { return sum(pow(v, v)); }, x, x); });
   CHECK(refused.rfind("grad: pow: cannot be recorded on a tape of dual numbers", 0) == 0);
   CHECK(refused.find("the ops that do: add, sub, mul, div, neg") != std::string::npos);
-  CHECK(message([&] { func::jvp([](auto v) { return dropout(v, 0.5, 7); }, x, x); }).rfind(
-            "grad: dropout: cannot be recorded on a tape of dual numbers", 0) == 0);
+  CHECK(message([&] {
+          func::jvp([](auto v) { return dropout(v, 0.5, 7); }, x, x);
+        }).rfind("grad: dropout: cannot be recorded on a tape of dual numbers", 0) == 0);
   // The value-returning Tape<Dual> API poisons instead of throwing.
   Tape<D> tp;
   auto p = tp.param(Tensor<D>({2}, {D(1, 0), D(2, 1)}));

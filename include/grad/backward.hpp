@@ -146,7 +146,7 @@ bool Tape<T>::walk(Var<T> loss) {
     Node<T>& n = nodes_[i];
     if (!n.touched || !backward_steps_[n.op]) continue;
     while (scopes > 0 && scopes_[scopes - 1].begin > i) --scopes;  // passed without a step inside
-    if (scopes > 0 && i < scopes_[scopes - 1].end) {  // the walk's first step inside this scope
+    if (scopes > 0 && i < scopes_[scopes - 1].end) {               // the walk's first step inside this scope
       const Scope s = scopes_[--scopes];
       if (!replay(s.begin, s.end, i)) return false;
     }

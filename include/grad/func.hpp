@@ -57,10 +57,10 @@ struct GradResult {
 };
 template <class T>
 struct HvpResult {
-  T value;              // f(x)
-  T directional;        // the gradient . v (f's own tangent along v)
-  Tensor<T> grad;       // the gradient, x's shape (the plain tape's bits)
-  Tensor<T> hvp;        // H v, x's shape
+  T value;         // f(x)
+  T directional;   // the gradient . v (f's own tangent along v)
+  Tensor<T> grad;  // the gradient, x's shape (the plain tape's bits)
+  Tensor<T> hvp;   // H v, x's shape
 };
 
 enum class Mode { automatic, forward, reverse };
@@ -94,15 +94,16 @@ void check_direction(std::string_view fn, std::string_view what, const Tensor<T>
     if (!std::isfinite(v[i])) {
       char number[32];
       std::snprintf(number, sizeof number, "%g", static_cast<double>(v[i]));
-      throw std::invalid_argument(std::string(fn) + ": element " + std::to_string(i) + " of the " +
-                                  std::string(what) + " is " + number + "; expected finite numbers");
+      throw std::invalid_argument(std::string(fn) + ": element " + std::to_string(i) + " of the " + std::string(what) +
+                                  " is " + number + "; expected finite numbers");
     }
 }
 
 template <class T>
 void check_input(std::string_view fn, const Tensor<T>& x) {
-  if (x.size() == 0) throw std::invalid_argument(std::string(fn) + ": x has shape " + shape_text(x.shape()) +
-                                                 " with no elements; expected at least one");
+  if (x.size() == 0)
+    throw std::invalid_argument(std::string(fn) + ": x has shape " + shape_text(x.shape()) +
+                                " with no elements; expected at least one");
 }
 
 // f(x) recorded, checked to be a Var of x's tape.

@@ -18,6 +18,10 @@
 
 namespace grad {
 
+// An arithmetic type other than T.
+template <class U, class T>
+concept OtherNumber = std::is_arithmetic_v<U> && !std::is_same_v<U, T>;
+
 template <Scalar T>
 struct Dual {
   using scalar_type = T;
@@ -31,8 +35,7 @@ struct Dual {
   constexpr Dual(T v, T t) : value(v), tangent(t) {}
   // Other arithmetic types convert to T first (a count in mean's n, a
   // double literal on a float tape: the bits T(x) gives the plain tape).
-  template <class U>
-    requires(std::is_arithmetic_v<U> && !std::is_same_v<U, T>)
+  template <OtherNumber<T> U>
   explicit constexpr Dual(U v) : value(static_cast<T>(v)) {}
 
   // The value part as another number type, explicitly: what a tag's body
@@ -40,8 +43,7 @@ struct Dual {
   // It drops the tangent, which is why only the ops whose tangents the
   // suite checks are recorded on a dual tape (grad/dual.hpp). Not bool: a
   // dual number is never a condition by accident.
-  template <class U>
-    requires(std::is_arithmetic_v<U> && !std::is_same_v<U, bool>)
+  template <OtherNumber<bool> U>
   explicit constexpr operator U() const {
     return static_cast<U>(value);
   }
@@ -106,11 +108,17 @@ struct Dual {
 namespace exact_math_detail {
 template <>
 GRAD_HD GRAD_INLINE constexpr Dual<float> magnitude_of<Dual<float>>(Dual<float> x) {
-  return {magnitude_of<float>(x.value), x.value > 0 ? x.tangent : x.value < 0 ? -x.tangent : x.value == 0 ? 0.0f * x.tangent : x.value};
+  return {magnitude_of<float>(x.value), x.value > 0    ? x.tangent
+                                        : x.value < 0  ? -x.tangent
+                                        : x.value == 0 ? 0.0f * x.tangent
+                                                       : x.value};
 }
 template <>
 GRAD_HD GRAD_INLINE constexpr Dual<double> magnitude_of<Dual<double>>(Dual<double> x) {
-  return {magnitude_of<double>(x.value), x.value > 0 ? x.tangent : x.value < 0 ? -x.tangent : x.value == 0 ? 0.0 * x.tangent : x.value};
+  return {magnitude_of<double>(x.value), x.value > 0    ? x.tangent
+                                         : x.value < 0  ? -x.tangent
+                                         : x.value == 0 ? 0.0 * x.tangent
+                                                        : x.value};
 }
 }  // namespace exact_math_detail
 
