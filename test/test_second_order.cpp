@@ -286,6 +286,27 @@ TEST_CASE("the composites of nn.hpp and classify.hpp carry a tangent through the
       x, 31);
 }
 
+TEST_CASE("a recompute scope on a dual tape gives the HVP of the same function recorded whole") {
+  Rng rng(23);
+  const Tensor<double> x = random_tensor<double>({3, 4}, rng), v = random_tensor<double>({3, 4}, rng);
+  const Tensor<double> m = random_tensor<double>({4, 4}, rng);
+  auto layer = [&](auto h) { return tanh(matmul(h, func::constant(h, m))); };
+  auto whole = [&](auto h) { return mean(layer(layer(h)) * h); };
+  auto scoped = [&](auto h) {
+    const auto inner = recompute(*h.tape(), [&] { return layer(layer(h)); });  // values computed again in backward
+    return mean(inner * h);
+  };
+  const func::HvpResult<double> a = func::hvp(whole, x, v), b = func::hvp(scoped, x, v);
+  CHECK(bitwise_equal<double>(a.grad.data(), b.grad.data()));
+  CHECK(bitwise_equal<double>(a.hvp.data(), b.hvp.data()));
+  Tape<D> tp;  // the scope's values were computed again
+  std::vector<D> duals(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) duals[i] = D(x[i], v[i]);
+  const Var<D> p = tp.param(Tensor<D>(x.shape(), duals));
+  REQUIRE(tp.backward(scoped(p)));
+  CHECK(tp.recomputed_nodes() > 0);
+}
+
 TEST_CASE("a quadratic form's Hessian is A + A^T, and its HVP is (A + A^T) v") {
   const std::size_t n = 5;
   Rng rng(11);
