@@ -507,11 +507,13 @@ class Tape {
     std::string carried;
     boost::mp11::mp_for_each<OpList>([&](auto tag) {
       using Tag = decltype(tag);
-      if constexpr (Tag::arity > 0 && carries_tangent<Tag>) carried += (carried.empty() ? "" : ", ") + std::string(Tag::name);
+      if constexpr (Tag::arity > 0 && carries_tangent<Tag>)
+        carried += (carried.empty() ? "" : ", ") + std::string(Tag::name);
     });
     return std::string(op) +
            ": cannot be recorded on a tape of dual numbers (Tape<grad::Dual<T>>, grad/dual.hpp): its bodies do not "
-           "carry a tangent yet; the ops that do: " + carried;
+           "carry a tangent yet; the ops that do: " +
+           carried;
   }
   static constexpr std::string_view unwatched =
       "anomaly detection and profiling are not available on a tape of dual numbers";
