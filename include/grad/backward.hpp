@@ -129,10 +129,11 @@ bool Tape<T>::walk(Var<T> loss) {
   nodes_[loss.index_].grad[0] = T(1);
   nodes_[loss.index_].touched = true;
 #if defined(GRAD_COMPILED_KERNELS)
-  boost::mp11::mp_for_each<OpList>([&](auto op) {
-    using Op = decltype(op);
-    if constexpr (Op::arity > 0) backward_steps_[op_code<Op>] = &Tape::backward_node<Op>;
-  });
+  if constexpr (Scalar<T>)  // a dual tape knows the steps of the ops it recorded (learn_backward)
+    boost::mp11::mp_for_each<OpList>([&](auto op) {
+      using Op = decltype(op);
+      if constexpr (Op::arity > 0) backward_steps_[op_code<Op>] = &Tape::backward_node<Op>;
+    });
 #endif
   // Recompute scopes (recompute.hpp) at or below the loss, not yet replayed:
   // the first node of one that the walk must step through brings back the
@@ -145,12 +146,16 @@ bool Tape<T>::walk(Var<T> loss) {
     Node<T>& n = nodes_[i];
     if (!n.touched || !backward_steps_[n.op]) continue;
     while (scopes > 0 && scopes_[scopes - 1].begin > i) --scopes;  // passed without a step inside
-    if (scopes > 0 && i < scopes_[scopes - 1].end) {  // the walk's first step inside this scope
+    if (scopes > 0 && i < scopes_[scopes - 1].end) {               // the walk's first step inside this scope
       const Scope s = scopes_[--scopes];
       if (!replay(s.begin, s.end, i)) return false;
     }
     if (watch_ != 0) [[unlikely]] {
-      if (!backward_watched(i)) return false;  // timed and/or checked (inspect/tape_hooks.hpp)
+      if constexpr (Scalar<T>) {
+        if (!backward_watched(i)) return false;  // timed and/or checked (inspect/tape_hooks.hpp)
+      } else {
+        return fail("backward: " + std::string(unwatched));
+      }
     } else {
       (this->*backward_steps_[n.op])(n);
     }
@@ -175,7 +180,10 @@ void Tape<T>::backward_node(Node<T>& n) {
         if (scratch_.size() < size) scratch_.resize(size);
         target = scratch_.data();
       }
-      Op::template backward_tensor<In>(x, n.value, n.grad, target);
+      if constexpr (Scalar<T>)
+        Op::template backward_tensor<In>(x, n.value, n.grad, target);
+      else
+        item_backward<Op, In>(x, n.value, n.grad, target);  // a dual tape: the per-item bodies
       if (in.touched) backward_detail::add_into(in.grad, target, size);
       in.touched = true;
     };

@@ -58,4 +58,11 @@ inline constexpr bool is_scalar_v<double> = true;
 template <class T>
 concept Scalar = is_scalar_v<T>;
 
+// What a Tape<T> may hold: float, double, and a scalar type that opts in by
+// specialising this (a dual number, numerics/dual.hpp). A tape over such a
+// type runs the ops' per-item bodies (contract.hpp: item_forward) and
+// records only the ops that say they carry it (carries_tangent).
+template <class T>
+inline constexpr bool is_tape_scalar_v = is_scalar_v<T>;
+
 }  // namespace grad

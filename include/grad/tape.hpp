@@ -65,7 +65,7 @@ struct TapeError : std::runtime_error {
 
 template <class T>
 class Tape {
-  static_assert(Scalar<T>, "Tape<T> is for T = float or double");
+  static_assert(is_tape_scalar_v<T>, "Tape<T> is for T = float or double (or grad::Dual of one: grad/dual.hpp)");
 
  public:
   // A tape state: its node count and the serial of its last node, which
@@ -456,9 +456,28 @@ class Tape {
 
   // Appends one node of op Op and computes its value eagerly. Operands must
   // have passed accept() and the shapes the op's checks.
+  // On a tape of dual numbers an op that does not carry a tangent
+  // (carries_tangent) is refused here, by name, and none of its code is
+  // instantiated for the dual type.
   template <class Op>
   Var<T> record(Var<T> a, Var<T> b, const Dims& out, T scalar = T(0), std::uint32_t axis = 0,
                 std::span<const std::size_t> extra = {}) {
+    if constexpr (!Scalar<T> && !carries_tangent<Op>) {
+      return invalid(tangent_refusal(Op::name));
+    } else {
+      // A scalar operand is a constant there: a body may test its value
+      // (pow's integral exponents) and would drop a tangent of its own.
+      if constexpr (!Scalar<T>)
+        if (tangent_of(scalar) != 0)
+          return invalid(std::string(Op::name) +
+                         ": the scalar operand carries a tangent; on a tape of dual numbers a scalar operand is a "
+                         "constant (record a varying one as a tensor)");
+      return record_node<Op>(a, b, out, scalar, axis, extra);
+    }
+  }
+  template <class Op>
+  Var<T> record_node(Var<T> a, Var<T> b, const Dims& out, T scalar, std::uint32_t axis,
+                     std::span<const std::size_t> extra) {
     if (nodes_.size() >= no_node) return invalid(std::string(Op::name) + ": tape is full (2^32 - 1 nodes)");
     if (!checked_element_count(out.span()))
       return invalid(std::string(Op::name) + ": output shape " + shape_string(out) +
@@ -484,12 +503,32 @@ class Tape {
       n.extra = static_cast<std::uint32_t>(extras_.size());
       extras_.insert(extras_.end(), extra.begin(), extra.end());
     }
-    if (watch_ != 0) [[unlikely]]
-      return record_watched<Op>(n);  // the same, timed and/or checked (inspect/tape_hooks.hpp)
+    if (watch_ != 0) [[unlikely]] {
+      if constexpr (Scalar<T>)
+        return record_watched<Op>(n);  // the same, timed and/or checked (inspect/tape_hooks.hpp)
+      else
+        return invalid(std::string(Op::name) + ": " + std::string(unwatched));
+    }
     forward<Op>(forward_args(n), n.value);
     learn_backward<Op>();
     return push(n);
   }
+
+  // Why Op is refused on a tape of dual numbers, naming the ops that are not.
+  static std::string tangent_refusal(std::string_view op) {
+    std::string carried;
+    boost::mp11::mp_for_each<OpList>([&](auto tag) {
+      using Tag = decltype(tag);
+      if constexpr (Tag::arity > 0 && carries_tangent<Tag>)
+        carried += (carried.empty() ? "" : ", ") + std::string(Tag::name);
+    });
+    return std::string(op) +
+           ": cannot be recorded on a tape of dual numbers (Tape<grad::Dual<T>>, grad/dual.hpp): its bodies do not "
+           "carry a tangent yet; the ops that do: " +
+           carried;
+  }
+  static constexpr std::string_view unwatched =
+      "anomaly detection and profiling are not available on a tape of dual numbers";
 
   // What an op returns when it records nothing: the tape is (now) poisoned.
   Var<T> invalid(std::string message) {
@@ -537,6 +576,9 @@ class Tape {
       return invalid(op + ": tensor of shape " + shape_string(shape) + " has rank " + std::to_string(shape.size()) +
                      "; at most " + std::to_string(max_rank) + " is supported");
     if (size == 0) return invalid(op + ": tensor of shape " + shape_string(shape) + " has no elements");
+    if (!Scalar<T> && storage != Storage::native)
+      return invalid(op + ": a tape of dual numbers holds its leaves native, not as " +
+                     std::string(storage_name(storage)));
     Node<T> n;
     n.op = op_code<Op>;
     n.dims = shape.empty() ? Dims::of(std::array<std::size_t, 1>{1}) : Dims::of(shape);
@@ -556,6 +598,8 @@ class Tape {
     if (!allocate(n, Op::name, false)) return rejected();  // a leaf's value is kept, inside a recompute scope too
     if (zeros_of) {  // all zero bytes: zeros in every storage (a block of scale 0 holds zeros, or -0)
       std::memset(static_cast<void*>(n.value), 0, held_bytes(storage, size, sizeof(T)));
+    } else if constexpr (!Scalar<T>) {  // a dual tape's leaves are native (refused above otherwise)
+      std::copy(t.data().begin(), t.data().end(), n.value);
     } else if (quantized(storage)) {
       if (std::string why = quantize_leaf(t, n); !why.empty()) {
         values_.rewind(values_at);
@@ -578,8 +622,12 @@ class Tape {
     } else {
       std::copy(t.data().begin(), t.data().end(), n.value);
     }
-    if (watch_ & inspect_detail::watch_anomalies) [[unlikely]]
-      return check_leaf(push(n));
+    if (watch_ & inspect_detail::watch_anomalies) [[unlikely]] {
+      if constexpr (Scalar<T>)
+        return check_leaf(push(n));
+      else
+        return invalid(op + ": " + std::string(unwatched));
+    }
     return push(n);
   }
 
@@ -788,13 +836,18 @@ class Tape {
   // there beside the walk), so a consumer's unit compiles none of the ops'
   // loops (else each unit that records attention compiles its loops and the
   // gemm's, three instruction-set copies of each). Same source, same bits.
+  // A tape over another scalar (a dual number) runs the per-item bodies.
   template <class Op>
   static void forward(const NodeArgs<T>& x, T* y) {
+    if constexpr (!Scalar<T>) {
+      item_forward<Op>(x, y);
+    } else {
 #if defined(GRAD_COMPILED_KERNELS)
-    forward_by_code(op_code<Op>, x, y);
+      forward_by_code(op_code<Op>, x, y);
 #else
-    Op::forward_tensor(x, y);
+      Op::forward_tensor(x, y);
 #endif
+    }
   }
   static void forward_by_code(std::uint8_t code, const NodeArgs<T>& x, T* y);
 
@@ -806,9 +859,12 @@ class Tape {
   using BackwardStep = void (Tape::*)(Node<T>&);
   template <class Op>
   void learn_backward() {
-#if !defined(GRAD_COMPILED_KERNELS)
-    if constexpr (Op::arity > 0) backward_steps_[op_code<Op>] = &Tape::backward_node<Op>;
+#if defined(GRAD_COMPILED_KERNELS)
+    constexpr bool walk_knows = Scalar<T>;  // the library's walk enters every step; a dual tape's is not compiled there
+#else
+    constexpr bool walk_knows = false;
 #endif
+    if constexpr (Op::arity > 0 && !walk_knows) backward_steps_[op_code<Op>] = &Tape::backward_node<Op>;
   }
   std::array<BackwardStep, op_count> backward_steps_{};
   // Each recorded op's forward, for replay (record<Op> enters it).

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "grad/config.hpp"
 #include "grad/numerics/isa.hpp"
@@ -152,6 +153,44 @@ GRAD_HD std::size_t backward_items(const NodeArgs<T>& x) {
     return Op::template backward_items<In>(x);
   else
     return (In == 0 ? x.a.dims : x.b.dims).size();
+}
+
+// Whether op Op may be recorded on a tape whose scalar is not float or
+// double (a dual number: grad/dual.hpp lists the ops whose per-item bodies
+// carry a tangent, specialising this). Any other op is refused by name when
+// recorded on such a tape, before any of its code is instantiated for it.
+template <class Op>
+inline constexpr bool carries_tangent = false;
+
+// The host loops of such a tape: the per-item bodies, one item after
+// another on the calling thread (in the best instruction set's copy, so
+// that fma_hd is one instruction). They are the reference every fast loop
+// equals bit for bit, so a value computed here has the plain tape's bits.
+// The scalar type may bring a faster loop of its own for an op, found by
+// argument-dependent lookup: dual_forward(op, x, y) and
+// dual_backward(op, std::integral_constant<int, In>, x, y, g, dx) (a dual
+// number's matrix products: grad/dual.hpp).
+template <class Op, class T>
+void item_forward(const NodeArgs<T>& x, T* y) {
+  if constexpr (requires { dual_forward(Op{}, x, y); }) {
+    dual_forward(Op{}, x, y);
+    return;
+  }
+  with_best_isa([&] {
+    const std::size_t n = forward_items<Op>(x);
+    for (std::size_t w = 0; w < n; ++w) Op::forward_item(x, y, w);
+  });
+}
+template <class Op, int In, class T>
+void item_backward(const NodeArgs<T>& x, const T* y, const T* g, T* dx) {
+  if constexpr (requires { dual_backward(Op{}, std::integral_constant<int, In>{}, x, y, g, dx); }) {
+    dual_backward(Op{}, std::integral_constant<int, In>{}, x, y, g, dx);
+    return;
+  }
+  with_best_isa([&] {
+    const std::size_t n = backward_items<Op, In>(x);
+    for (std::size_t w = 0; w < n; ++w) Op::template backward_item<In>(x, y, g, dx, w);
+  });
 }
 
 // Host loops made of the per-item bodies, for tags that need no faster

@@ -1,0 +1,142 @@
+// Dual<T>: a value and a tangent (T = float or double), the scalar of a
+// forward-mode tape (Tape<Dual<T>>, grad/dual.hpp). Arithmetic carries the
+// tangent by the chain rule; the value part of every operation is the plain
+// operation on the value parts, computed by the very code a plain T uses
+// (IEEE + - * /, fma_hd, exact_math.hpp's functions), so it has the plain
+// tape's bits. The tags' bodies find the math below by argument-dependent
+// lookup (exact_tanh(Dual<T>) ...): no tag is written twice.
+//
+// Comparisons read the value part alone: a branch (relu's x <= 0) takes the
+// side the plain value would take, and the tangent follows that side.
+#pragma once
+
+#include <limits>
+#include <type_traits>
+
+#include "grad/config.hpp"
+#include "grad/numerics/exact_math.hpp"
+
+namespace grad {
+
+// An arithmetic type other than T.
+template <class U, class T>
+concept OtherNumber = std::is_arithmetic_v<U> && !std::is_same_v<U, T>;
+
+template <Scalar T>
+struct Dual {
+  using scalar_type = T;
+  T value = T(0);
+  T tangent = T(0);
+
+  constexpr Dual() = default;
+  // A constant: tangent zero. Implicit, so a plain number (a tag's T(0.5),
+  // a scalar operand) is a dual number wherever one is expected.
+  constexpr Dual(T v) : value(v) {}  // NOLINT(google-explicit-constructor)
+  constexpr Dual(T v, T t) : value(v), tangent(t) {}
+  // Other arithmetic types convert to T first (a count in mean's n, a
+  // double literal on a float tape: the bits T(x) gives the plain tape).
+  template <OtherNumber<T> U>
+  explicit constexpr Dual(U v) : value(static_cast<T>(v)) {}
+
+  // The value part as another number type, explicitly: what a tag's body
+  // does with an index or an integer test (an id, an integral exponent).
+  // It drops the tangent, which is why only the ops whose tangents the
+  // suite checks are recorded on a dual tape (grad/dual.hpp). Not bool: a
+  // dual number is never a condition by accident.
+  template <OtherNumber<bool> U>
+  explicit constexpr operator U() const {
+    return static_cast<U>(value);
+  }
+
+  // Hidden friends: found by argument-dependent lookup only, and they take a
+  // T or a number where a Dual is expected (one conversion), as a tag's body
+  // mixes them.
+  friend constexpr Dual operator+(Dual a, Dual b) { return {a.value + b.value, a.tangent + b.tangent}; }
+  friend constexpr Dual operator-(Dual a, Dual b) { return {a.value - b.value, a.tangent - b.tangent}; }
+  friend constexpr Dual operator-(Dual a) { return {-a.value, -a.tangent}; }
+  // (a b)' = a' b + a b', in that order.
+  friend constexpr Dual operator*(Dual a, Dual b) {
+    return {a.value * b.value, a.tangent * b.value + a.value * b.tangent};
+  }
+  // (a / b)' = (a' - q b') / b with q = a / b, the value itself.
+  friend constexpr Dual operator/(Dual a, Dual b) {
+    const T q = a.value / b.value;
+    return {q, (a.tangent - q * b.tangent) / b.value};
+  }
+  friend constexpr bool operator==(Dual a, Dual b) { return a.value == b.value; }
+  friend constexpr bool operator!=(Dual a, Dual b) { return a.value != b.value; }
+  friend constexpr bool operator<(Dual a, Dual b) { return a.value < b.value; }
+  friend constexpr bool operator<=(Dual a, Dual b) { return a.value <= b.value; }
+  friend constexpr bool operator>(Dual a, Dual b) { return a.value > b.value; }
+  friend constexpr bool operator>=(Dual a, Dual b) { return a.value >= b.value; }
+
+  // a b + c with the value part's one rounding (fma_hd); tangent
+  // a' b + a b' + c', each product rounded, summed left to right.
+  friend Dual fma_hd(Dual a, Dual b, Dual c) {
+    return {fma_hd(a.value, b.value, c.value), (a.tangent * b.value + a.value * b.tangent) + c.tangent};
+  }
+
+  // The exact tier. Each value part is exact_math.hpp's function of the
+  // value part; each tangent reuses that value y where the derivative is a
+  // function of it.
+  friend Dual exact_exp(Dual x) {
+    const T y = exact_exp(x.value);
+    return {y, y * x.tangent};
+  }
+  friend Dual exact_log(Dual x) { return {exact_log(x.value), x.tangent / x.value}; }
+  friend Dual exact_tanh(Dual x) {
+    const T y = exact_tanh(x.value);
+    return {y, fma_hd(-y, y, T(1)) * x.tangent};  // 1 - y^2
+  }
+  friend Dual exact_sigmoid(Dual x) {
+    const T y = exact_sigmoid(x.value);
+    return {y, (y * (T(1) - y)) * x.tangent};
+  }
+  // The tangent alone (the tape refuses a scalar operand that has one).
+  friend constexpr T tangent_of(Dual x) { return x.tangent; }
+
+  // unary.hpp's sqrt_of: IEEE square root; (sqrt x)' = x' / (2 y).
+  friend Dual sqrt_of(Dual x) {
+    const T y = std::sqrt(x.value);
+    return {y, x.tangent / (y + y)};
+  }
+};
+
+// |x| as abs's body takes it (exact_math_detail::magnitude_of<T>, named
+// with its type, so no lookup finds an overload): the value's sign bit
+// cleared; the tangent times the sign of x (0 at 0, torch's sgn; NaN at NaN).
+namespace exact_math_detail {
+template <>
+GRAD_HD GRAD_INLINE constexpr Dual<float> magnitude_of<Dual<float>>(Dual<float> x) {
+  return {magnitude_of<float>(x.value), x.value > 0    ? x.tangent
+                                        : x.value < 0  ? -x.tangent
+                                        : x.value == 0 ? 0.0f * x.tangent
+                                                       : x.value};
+}
+template <>
+GRAD_HD GRAD_INLINE constexpr Dual<double> magnitude_of<Dual<double>>(Dual<double> x) {
+  return {magnitude_of<double>(x.value), x.value > 0    ? x.tangent
+                                         : x.value < 0  ? -x.tangent
+                                         : x.value == 0 ? 0.0 * x.tangent
+                                                        : x.value};
+}
+}  // namespace exact_math_detail
+
+template <class T>
+inline constexpr bool is_dual_v = false;
+template <class T>
+inline constexpr bool is_dual_v<Dual<T>> = true;
+
+// A tape over dual numbers is a tape (contract.hpp's extension point).
+template <class T>
+inline constexpr bool is_tape_scalar_v<Dual<T>> = true;
+
+}  // namespace grad
+
+// The value part's limits; quiet_NaN() (Tape::scalar's "no value") NaN in both parts.
+template <class T>
+struct std::numeric_limits<grad::Dual<T>> : std::numeric_limits<T> {  // T's range and digits (read by the id checks)
+  static constexpr grad::Dual<T> quiet_NaN() noexcept {
+    return {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::quiet_NaN()};
+  }
+};

@@ -1,0 +1,594 @@
+// Second-order derivatives (grad/func.hpp over Tape<Dual<T>>): every op
+// that carries a tangent against central differences of its forward (the
+// tangent) and of its gradient (the Hessian-vector product), the value parts
+// against the plain tape bit for bit, Hessians against analytic ones and
+// PyTorch's, Newton's method, and bad input.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <grad/func.hpp>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "oracle/second_order_golden.hpp"
+#include "support.hpp"
+
+using namespace grad;
+using namespace grad::testing;
+using D = Dual<double>;
+
+namespace {
+
+// f(x) on a plain tape: the values a dual tape's value parts must equal.
+template <class T, class F>
+Tensor<T> plain_forward(F f, const Tensor<T>& x) {
+  Tape<T> tp;
+  const Var<T> out = f(tp.param(x));
+  REQUIRE(tp.ok());
+  return tp.value(out).tensor();
+}
+
+Tensor<double> axpy(const Tensor<double>& x, double a, const Tensor<double>& v) {
+  Tensor<double> y = x;
+  for (std::size_t i = 0; i < y.size(); ++i) y[i] = x[i] + a * v[i];
+  return y;
+}
+
+double max_abs(const Tensor<double>& t) {
+  double m = 0;
+  for (double x : t.data()) m = std::max(m, std::abs(x));
+  return m;
+}
+
+// |a - b| <= tol * (1 + max|b|) element by element.
+void check_close(const Tensor<double>& a, const Tensor<double>& b, double tol) {
+  REQUIRE(a.shape() == b.shape());
+  const double scale = 1 + max_abs(b);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    CAPTURE(i);
+    CHECK(std::abs(a[i] - b[i]) <= tol * scale);
+  }
+}
+
+// The whole check for one function f (any output shape) at x:
+//  - jvp: the value part has the plain tape's bits, the tangent matches
+//    central differences of f along v;
+//  - hvp of s(x) = sum(f(x) * w) (fixed random weights): the value and the
+//    gradient have value_and_grad's bits, H v matches central differences
+//    of the gradient along v, and the directional derivative is grad . v.
+template <class F>
+void check_function(const std::string& name, F f, const Tensor<double>& x, std::uint64_t seed) {
+  CAPTURE(name);
+  Rng rng(seed);
+  const Tensor<double> v = random_tensor<double>(x.shape(), rng);
+
+  const func::JvpResult<double> j = func::jvp(f, x, v);
+  const Tensor<double> plain = plain_forward<double>(f, x);
+  CHECK(bitwise_equal<double>(j.value.data(), plain.data()));
+  const double h = 1e-6;
+  Tensor<double> fd = plain_forward<double>(f, axpy(x, h, v));
+  const Tensor<double> below = plain_forward<double>(f, axpy(x, -h, v));
+  for (std::size_t i = 0; i < fd.size(); ++i) fd[i] = (fd[i] - below[i]) / (2 * h);
+  check_close(j.tangent, fd, 1e-6);
+
+  const Tensor<double> w = random_tensor<double>(plain.shape(), rng, 0.5, 1.5);
+  auto s = [&](auto xv) { return sum(f(xv) * func::constant(xv, w)); };
+  const func::HvpResult<double> r = func::hvp(s, x, v);
+  const func::GradResult<double> g = func::value_and_grad(s, x);
+  CHECK(std::memcmp(&r.value, &g.value, sizeof(double)) == 0);
+  CHECK(bitwise_equal<double>(r.grad.data(), g.grad.data()));
+  double dot = 0;
+  for (std::size_t i = 0; i < v.size(); ++i) dot += g.grad[i] * v[i];
+  CHECK(std::abs(r.directional - dot) <= 1e-12 * (1 + std::abs(dot)));
+  const double k = 1e-5;
+  Tensor<double> gfd = func::value_and_grad(s, axpy(x, k, v)).grad;
+  const Tensor<double> gbelow = func::value_and_grad(s, axpy(x, -k, v)).grad;
+  for (std::size_t i = 0; i < gfd.size(); ++i) gfd[i] = (gfd[i] - gbelow[i]) / (2 * k);
+  check_close(r.hvp, gfd, 1e-6);
+}
+
+// Solves a x = b (n x n, row-major) by Gaussian elimination with partial pivoting.
+std::vector<double> solve(std::vector<double> a, std::vector<double> b) {
+  const std::size_t n = b.size();
+  for (std::size_t c = 0; c < n; ++c) {
+    std::size_t p = c;
+    for (std::size_t r = c + 1; r < n; ++r)
+      if (std::abs(a[r * n + c]) > std::abs(a[p * n + c])) p = r;
+    for (std::size_t k = 0; k < n; ++k) std::swap(a[c * n + k], a[p * n + k]);
+    std::swap(b[c], b[p]);
+    for (std::size_t r = c + 1; r < n; ++r) {
+      const double m = a[r * n + c] / a[c * n + c];
+      for (std::size_t k = c; k < n; ++k) a[r * n + k] -= m * a[c * n + k];
+      b[r] -= m * b[c];
+    }
+  }
+  std::vector<double> x(n);
+  for (std::size_t r = n; r-- > 0;) {
+    double s = b[r];
+    for (std::size_t k = r + 1; k < n; ++k) s -= a[r * n + k] * x[k];
+    x[r] = s / a[r * n + r];
+  }
+  return x;
+}
+
+// Logistic regression's mean negative log-likelihood of weights w [d, 1]
+// on rows X [N, d] with labels y [N, 1] in {0, 1}.
+struct Logistic {
+  Tensor<double> X, y;
+  template <class V>
+  V operator()(V w) const {
+    const V p = sigmoid(matmul(func::constant(w, X), w));
+    const V labels = func::constant(w, y);
+    return -mean(labels * log(p) + (1.0 - labels) * log(1.0 - p));
+  }
+};
+
+Logistic logistic_problem(std::size_t n, std::size_t d, std::uint64_t seed) {
+  Rng rng(seed);
+  Logistic l{random_tensor<double>({n, d}, rng, -2, 2), Tensor<double>({n, 1})};
+  for (std::size_t i = 0; i < n; ++i) l.X[i * d] = 1;  // an intercept column
+  const Tensor<double> truth = random_tensor<double>({d, 1}, rng, -1, 1);
+  for (std::size_t i = 0; i < n; ++i) {
+    double z = 0;
+    for (std::size_t k = 0; k < d; ++k) z += l.X[i * d + k] * truth[k];
+    l.y[i] = rng.uniform(0, 1) < 1 / (1 + std::exp(-z)) ? 1 : 0;  // noisy labels: not separable
+  }
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("a dual number's value part is the plain function's, bit for bit, and its tangent the derivative") {
+  for (double x : {-30.0, -3.5, -0.7, -1e-3, 0.0, 2e-5, 0.3, 1.1, 4.0, 25.0}) {
+    CAPTURE(x);
+    const D d(x, 1.0);
+    auto same = [](double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; };
+    CHECK(same(exact_tanh(d).value, exact_tanh(x)));
+    CHECK(same(exact_sigmoid(d).value, exact_sigmoid(x)));
+    CHECK(same(exact_exp(D(x / 10, 1)).value, exact_exp(x / 10)));
+    const double h = 1e-6;
+    CHECK(exact_tanh(d).tangent == doctest::Approx((std::tanh(x + h) - std::tanh(x - h)) / (2 * h)).epsilon(1e-7));
+    CHECK(exact_sigmoid(d).tangent ==
+          doctest::Approx((1 / (1 + std::exp(-x - h)) - 1 / (1 + std::exp(-x + h))) / (2 * h)).epsilon(1e-7));
+    if (x > 0) {
+      CHECK(same(exact_log(d).value, exact_log(x)));
+      CHECK(exact_log(d).tangent == doctest::Approx(1 / x).epsilon(1e-15));
+      CHECK(same(sqrt_of(d).value, std::sqrt(x)));
+    }
+  }
+  // Products, quotients and fma keep the value part's one rounding each.
+  const D a(0.1, 2.0), b(0.7, -1.0), c(-0.3, 0.5);
+  CHECK((a * b).value == 0.1 * 0.7);
+  CHECK((a * b).tangent == 2.0 * 0.7 + 0.1 * -1.0);
+  CHECK((a / b).value == 0.1 / 0.7);
+  CHECK((a / b).tangent == doctest::Approx((2.0 * 0.7 - 0.1 * -1.0) / (0.7 * 0.7)).epsilon(1e-15));
+  CHECK(fma_hd(a, b, c).value == std::fma(0.1, 0.7, -0.3));
+  CHECK(fma_hd(a, b, c).tangent == doctest::Approx(2.0 * 0.7 + 0.1 * -1.0 + 0.5).epsilon(1e-15));
+  CHECK(D(1.0, 5.0) < D(2.0, -5.0));  // comparisons read the value part
+}
+
+TEST_CASE("every op that carries a tangent: jvp and hvp against central differences, values bit-equal") {
+  Rng rng(7);
+  const Tensor<double> x = away_from_zero<double>({3, 4}, rng, 0.3, 1.2);
+  const Tensor<double> pos = random_tensor<double>({3, 4}, rng, 0.5, 2.0);
+  const Tensor<double> c = random_tensor<double>({3, 4}, rng);
+  const Tensor<double> row = away_from_zero<double>({4}, rng, 0.5, 1.5);
+  const Tensor<double> m = random_tensor<double>({4, 2}, rng);
+  const Tensor<double> left = random_tensor<double>({5, 3}, rng);
+  auto C = [&](auto xv, const Tensor<double>& t) { return func::constant(xv, t); };
+
+  check_function(
+      "add, sub, mul, div, neg (broadcasting)",
+      [&](auto v) { return (v * v + C(v, row)) / (C(v, c) - v * 3.0 + 4.0) - (-v) * C(v, row); }, x, 1);
+  check_function(
+      "scalar forms", [](auto v) { return (2.0 - v) / 3.0 + 1.5 / (v * v + 1.0) - v; }, x, 2);
+  check_function(
+      "relu, sigmoid, tanh, gelu", [](auto v) { return relu(v) * sigmoid(v) + tanh(v * v) * gelu(v); }, x, 3);
+  check_function(
+      "exp, log, sqrt", [](auto v) { return exp(v) * log(v) + sqrt(v) / v; }, pos, 4);
+  check_function(
+      "sum, mean, row_sum", [](auto v) { return row_sum(v * v) * mean(tanh(v)) + sum(v * v * v); }, x, 5);
+  check_function(
+      "matmul, transpose",
+      [&](auto v) {
+        const auto first = matmul(C(v, left), tanh(matmul(v, C(v, m))));              // [5, 2]
+        const auto second = transpose(matmul(matmul(transpose(v), v * v), C(v, m)));  // [2, 4]
+        return matmul(first, second);
+      },
+      x, 6);
+  check_function(
+      "bmm, reshape",
+      [](auto v) {
+        const auto b = reshape(v, {2, 3, 2});
+        return bmm(b, reshape(tanh(b), {2, 2, 3}));
+      },
+      x, 7);
+  check_function(
+      "softmax, log_softmax", [](auto v) { return softmax(v * v, 1) * log_softmax(v, 0); }, x, 8);
+  check_function(
+      "mse", [&](auto v) { return mse(tanh(v), C(v, c)); }, x, 9);
+}
+
+TEST_CASE("the piecewise, layout, norm, id and attention ops carry a tangent too") {
+  Rng rng(17);
+  const Tensor<double> x = away_from_zero<double>({3, 4}, rng, 0.3, 1.2);
+  const Tensor<double> pos = random_tensor<double>({3, 4}, rng, 0.5, 2.0);
+  const Tensor<double> c = random_tensor<double>({3, 4}, rng);
+  const Tensor<double> cond({3, 4}, {1, 0, 0, 1, 1, 1, 0, 0, 1, 0, 1, 0});
+  const Tensor<double> ids({3}, {2, 0, 3});
+  const Tensor<double> scale = random_tensor<double>({4}, rng, 0.5, 1.5);
+  auto C = [&](auto xv, const Tensor<double>& t) { return func::constant(xv, t); };
+
+  check_function(
+      "abs, clamp, maximum, minimum, where",
+      [&](auto v) {
+        return abs(v) * clamp(v, -0.25, 2.0) + maximum(v, C(v, c)) * minimum(v * v, C(v, c)) +
+               where(C(v, cond), tanh(v), v * v);
+      },
+      x, 21);
+  check_function(
+      "pow with a scalar exponent", [](auto v) { return pow(v, 3.0) + pow(v, 2.5) - pow(v, -2.0); }, pos, 22);
+  check_function(
+      "slice, concat, max and min over an axis",
+      [](auto v) {
+        const auto s = slice(v, {0, 1}, {2, 4});                   // [2, 3]
+        const auto top = max(v * v, 1);                            // [3, 1]
+        const auto low = reshape(min(tanh(v), 0, false), {4, 1});  // [4] -> [4, 1]
+        return concat(top, low, 0) * sum(s * s);                   // [7, 1]
+      },
+      x, 23);
+  check_function(
+      "matmul_nt, rms_norm, layer_norm, add_scaled, silu_mul",
+      [&](auto v) {
+        const auto n = rms_norm(v, C(v, scale), 1e-5) + layer_norm(v * v, 1e-5);
+        return matmul_nt(add_scaled(n, v, 0.5), silu_mul(v, tanh(v)));
+      },
+      x, 24);
+  check_function(
+      "cross_entropy_ids, embedding",
+      [&](auto v) {
+        const auto rows = embedding(v, C(v, Tensor<double>({2}, {2, 0})));  // [2, 4]
+        return cross_entropy_ids(v * 2.0, C(v, ids)) * sum(rows * rows);
+      },
+      x, 25);
+  const Tensor<double> q = random_tensor<double>({2, 3, 2}, rng);  // N = 2, t = 3, hd = 2
+  check_function(
+      "causal_attention_probs, attention_context",
+      [](auto v) { return attention_context(causal_attention_probs(v, tanh(v), 0.7), v * v); }, q, 26);
+  Tensor<double> table({2, 3, 2});  // RoPE's cos and sin for t = 3, hd = 2
+  for (std::size_t p = 0; p < 3; ++p)
+    for (std::size_t h = 0; h < 2; ++h) {
+      table[p * 2 + h] = std::cos(0.3 * double(p + 1) * double(h + 1));
+      table[6 + p * 2 + h] = std::sin(0.3 * double(p + 1) * double(h + 1));
+    }
+  const Tensor<double> rows = random_tensor<double>({6, 4}, rng);  // batch 2 * t 3, heads 2 * hd 2
+  check_function(
+      "heads_major, rows_major, rope_heads_major",
+      [&](auto v) { return rows_major(heads_major(v, 2, 2) * rope_heads_major(tanh(v), C(v, table)), 2); }, rows, 27);
+}
+
+TEST_CASE("the composites of nn.hpp and classify.hpp carry a tangent through their ops") {
+  Rng rng(19);
+  const Tensor<double> x = random_tensor<double>({4, 3}, rng);
+  const Tensor<double> w = random_tensor<double>({3, 5}, rng), b = random_tensor<double>({5}, rng);
+  const Tensor<double> g = random_tensor<double>({5}, rng, 0.5, 1.5),
+                       onehot({4, 5}, {1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0});
+  const std::vector<int> labels{0, 2, 4, 1};
+  auto C = [&](auto xv, const Tensor<double>& t) { return func::constant(xv, t); };
+  check_function(
+      "nn::linear_bias, nn::layernorm, nn::silu, cross_entropy_labels",
+      [&](auto v) {
+        const auto h = nn::silu(nn::layernorm(nn::linear_bias(v, C(v, w), C(v, b)), C(v, g), C(v, b), 1e-5));
+        return cross_entropy_labels(h, labels) + nn::cross_entropy_onehot(h * h, C(v, onehot));
+      },
+      x, 31);
+}
+
+TEST_CASE("a recompute scope on a dual tape gives the HVP of the same function recorded whole") {
+  Rng rng(23);
+  const Tensor<double> x = random_tensor<double>({3, 4}, rng), v = random_tensor<double>({3, 4}, rng);
+  const Tensor<double> m = random_tensor<double>({4, 4}, rng);
+  auto layer = [&](auto h) { return tanh(matmul(h, func::constant(h, m))); };
+  auto whole = [&](auto h) { return mean(layer(layer(h)) * h); };
+  auto scoped = [&](auto h) {
+    const auto inner = recompute(*h.tape(), [&] { return layer(layer(h)); });  // values computed again in backward
+    return mean(inner * h);
+  };
+  const func::HvpResult<double> a = func::hvp(whole, x, v), b = func::hvp(scoped, x, v);
+  CHECK(bitwise_equal<double>(a.grad.data(), b.grad.data()));
+  CHECK(bitwise_equal<double>(a.hvp.data(), b.hvp.data()));
+  Tape<D> tp;  // the scope's values were computed again
+  std::vector<D> duals(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) duals[i] = D(x[i], v[i]);
+  const Var<D> p = tp.param(Tensor<D>(x.shape(), duals));
+  REQUIRE(tp.backward(scoped(p)));
+  CHECK(tp.recomputed_nodes() > 0);
+}
+
+TEST_CASE("a quadratic form's Hessian is A + A^T, and its HVP is (A + A^T) v") {
+  const std::size_t n = 5;
+  Rng rng(11);
+  const Tensor<double> A = random_tensor<double>({n, n}, rng);
+  const Tensor<double> x = random_tensor<double>({n, 1}, rng);
+  auto f = [&](auto v) { return sum(v * matmul(func::constant(v, A), v)); };
+  const Tensor<double> h = func::hessian(f, x);
+  REQUIRE(h.shape() == Shape{n, 1, n, 1});
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      CAPTURE(i);
+      CAPTURE(j);
+      CHECK(h[i * n + j] == doctest::Approx(A[i * n + j] + A[j * n + i]).epsilon(1e-14));
+    }
+  const Tensor<double> v = random_tensor<double>({n, 1}, rng);
+  const func::HvpResult<double> r = func::hvp(f, x, v);
+  for (std::size_t i = 0; i < n; ++i) {
+    double e = 0;
+    for (std::size_t j = 0; j < n; ++j) e += (A[i * n + j] + A[j * n + i]) * v[j];
+    CHECK(r.hvp[i] == doctest::Approx(e).epsilon(1e-13));
+  }
+}
+
+TEST_CASE("logistic regression's Hessian is X^T diag(p (1 - p)) X / N") {
+  const std::size_t n = 30, d = 4;
+  const Logistic f = logistic_problem(n, d, 5);
+  Rng rng(6);
+  const Tensor<double> w = random_tensor<double>({d, 1}, rng);
+  const Tensor<double> h = func::hessian(f, w);
+  double scale = 0;
+  std::vector<double> expected(d * d, 0.0);
+  for (std::size_t i = 0; i < n; ++i) {
+    double z = 0;
+    for (std::size_t k = 0; k < d; ++k) z += f.X[i * d + k] * w[k];
+    const double p = 1 / (1 + std::exp(-z));
+    for (std::size_t a = 0; a < d; ++a)
+      for (std::size_t b = 0; b < d; ++b) expected[a * d + b] += f.X[i * d + a] * p * (1 - p) * f.X[i * d + b] / n;
+  }
+  for (double e : expected) scale = std::max(scale, std::abs(e));
+  for (std::size_t k = 0; k < d * d; ++k) {
+    CAPTURE(k);
+    CHECK(std::abs(h[k] - expected[k]) <= 1e-12 * scale);
+  }
+}
+
+TEST_CASE("value, gradient, HVP, JVP and Hessian against torch.autograd.functional in float64") {
+  // test/oracle/second_order.py made the golden values from the same inputs.
+  auto grid = [](std::size_t rows, std::size_t cols, std::size_t offset) {
+    Tensor<double> t({rows, cols});
+    for (std::size_t i = 0; i < rows; ++i)
+      for (std::size_t j = 0; j < cols; ++j) t[i * cols + j] = (double((offset + 5 * i + 3 * j) % 13) - 6) / 16.0;
+    return t;
+  };
+  const Tensor<double> X = grid(2, 3, 1), C = grid(2, 4, 4), W = grid(3, 4, 7), V = grid(3, 4, 2);
+  auto f = [&](auto w) {
+    const auto probs = softmax(tanh(matmul(func::constant(w, X), w)), 1);
+    return sum(probs * func::constant(w, C)) + mean(gelu(w) * w) + sum(log(sigmoid(w)));
+  };
+  namespace golden = second_order_golden;
+  auto near = [](double a, double b) { return std::abs(a - b) <= 1e-12 * std::max(1.0, std::abs(b)); };
+  const func::HvpResult<double> r = func::hvp(f, W, V);
+  CHECK(near(r.value, golden::value));
+  CHECK(near(r.directional, golden::directional));
+  CHECK(near(func::jvp(f, W, V).tangent[0], golden::directional));
+  const Tensor<double> h = func::hessian(f, W);
+  for (std::size_t i = 0; i < 12; ++i) {
+    CAPTURE(i);
+    CHECK(near(r.grad[i], golden::grad[i]));
+    CHECK(near(r.hvp[i], golden::hvp[i]));
+    for (std::size_t j = 0; j < 12; ++j) {
+      CAPTURE(j);
+      CHECK(near(h[i * 12 + j], golden::hessian[i * 12 + j]));
+    }
+  }
+}
+
+TEST_CASE("mixed: a WGAN-GP penalty's gradient with respect to the critic's weights") {
+  // D(W, x) = sum(tanh(x W) * c); the penalty P(W) = |grad_x D|^2 has the
+  // gradient 2 (d2D / dW dx) grad_x D, one mixed() call.
+  Rng rng(31);
+  const Tensor<double> W = random_tensor<double>({3, 2}, rng);
+  const Tensor<double> x = random_tensor<double>({4, 3}, rng);
+  const Tensor<double> c = random_tensor<double>({4, 2}, rng);
+  auto critic = [&](auto w, auto input) { return sum(tanh(matmul(input, w)) * func::constant(w, c)); };
+  auto grad_x = [&](const Tensor<double>& weights) {
+    return func::value_and_grad([&](auto input) { return critic(func::constant(input, weights), input); }, x).grad;
+  };
+  auto penalty = [&](const Tensor<double>& weights) {
+    const Tensor<double> g = grad_x(weights);
+    return std::inner_product(g.data().begin(), g.data().end(), g.data().begin(), 0.0);
+  };
+  const func::MixedResult<double> r = func::mixed(critic, W, x, grad_x(W));
+  const func::GradResult<double> plain =
+      func::value_and_grad([&](auto w) { return critic(w, func::constant(w, x)); }, W);
+  CHECK(std::memcmp(&r.value, &plain.value, sizeof(double)) == 0);
+  CHECK(bitwise_equal<double>(r.grad.data(), plain.grad.data()));
+  const double h = 1e-5;
+  for (std::size_t k = 0; k < W.size(); ++k) {
+    CAPTURE(k);
+    Tensor<double> up = W, down = W;
+    up[k] += h;
+    down[k] -= h;
+    CHECK(2 * r.mixed[k] == doctest::Approx((penalty(up) - penalty(down)) / (2 * h)).epsilon(1e-7));
+  }
+  CHECK_THROWS_WITH(func::mixed(critic, W, x, Tensor<double>({3}, {1, 2, 3})),
+                    "mixed: the tangent u has shape [3] but x has shape [4, 3]; expected the same shape");
+}
+
+TEST_CASE("docs/second_order.md's physics-informed recipe: the gradient of a loss on u'(t)") {
+  // u(theta, t) = tanh(t w1) w2^T, theta = [w1; w2] [2, H], t [N, 1]; the
+  // loss L = mean((u'(t) - cos t)^2) on the derivative in t. u'(t_i) is the
+  // gradient of sum(u) in t (each u_i reads t_i alone), and
+  // grad_theta L = (2 / N) (d2 sum(u) / dtheta dt) r with r = u' - cos t.
+  const std::size_t hidden = 5, n = 7;
+  Rng rng(41);
+  const Tensor<double> theta = random_tensor<double>({2, hidden}, rng);
+  Tensor<double> t({n, 1});
+  for (std::size_t i = 0; i < n; ++i) t[i] = -1.5 + 0.5 * double(i);
+  auto u_sum = [&](auto th, auto time) {
+    const auto w1 = slice(th, {0, 0}, {1, hidden}), w2 = slice(th, {1, 0}, {2, hidden});
+    return sum(matmul_nt(tanh(matmul(time, w1)), w2));
+  };
+  auto residual = [&](const Tensor<double>& th) {
+    Tensor<double> r = func::value_and_grad([&](auto time) { return u_sum(func::constant(time, th), time); }, t).grad;
+    for (std::size_t i = 0; i < n; ++i) r[i] -= std::cos(t[i]);
+    return r;
+  };
+  auto loss = [&](const Tensor<double>& th) {
+    const Tensor<double> r = residual(th);
+    return std::inner_product(r.data().begin(), r.data().end(), r.data().begin(), 0.0) / double(n);
+  };
+  const func::MixedResult<double> m = func::mixed(u_sum, theta, t, residual(theta));
+  const double h = 1e-5;
+  for (std::size_t k = 0; k < theta.size(); ++k) {
+    CAPTURE(k);
+    Tensor<double> up = theta, down = theta;
+    up[k] += h;
+    down[k] -= h;
+    CHECK(2.0 / double(n) * m.mixed[k] == doctest::Approx((loss(up) - loss(down)) / (2 * h)).epsilon(1e-7));
+  }
+}
+
+TEST_CASE("jacobian: forward and reverse agree, and with the jvp of each column") {
+  Rng rng(12);
+  const Tensor<double> x = random_tensor<double>({2, 3}, rng);
+  const Tensor<double> m = random_tensor<double>({3, 4}, rng);
+  auto f = [&](auto v) { return tanh(matmul(v, func::constant(v, m))); };  // [2, 3] -> [2, 4]
+  const Tensor<double> fwd = func::jacobian(f, x, func::Mode::forward);
+  const Tensor<double> rev = func::jacobian(f, x, func::Mode::reverse);
+  REQUIRE(fwd.shape() == Shape{2, 4, 2, 3});
+  check_close(fwd, rev, 1e-14);
+  // d tanh(x m)[i, j] / dx[i, k] = (1 - y^2) m[k, j]; other rows 0.
+  const Tensor<double> y = plain_forward<double>(f, x);
+  for (std::size_t i = 0; i < 2; ++i)
+    for (std::size_t j = 0; j < 4; ++j)
+      for (std::size_t r = 0; r < 2; ++r)
+        for (std::size_t k = 0; k < 3; ++k) {
+          const double e = r == i ? (1 - y[i * 4 + j] * y[i * 4 + j]) * m[k * 4 + j] : 0.0;
+          CHECK(fwd[((i * 4 + j) * 2 + r) * 3 + k] == doctest::Approx(e).epsilon(1e-13));
+        }
+  const func::VjpResult<double> u = func::vjp(f, x, Tensor<double>::ones({2, 4}));
+  for (std::size_t k = 0; k < 6; ++k) {
+    double col = 0;
+    for (std::size_t i = 0; i < 8; ++i) col += rev[i * 6 + k];
+    CHECK(u.grad[k] == doctest::Approx(col).epsilon(1e-14));
+  }
+}
+
+TEST_CASE("float: a Tape<Dual<float>>'s value parts have Tape<float>'s bits") {
+  Rng rng(13);
+  const Tensor<float> x = random_tensor<float>({3, 5}, rng);
+  const Tensor<float> v = random_tensor<float>({3, 5}, rng);
+  const Tensor<float> m = random_tensor<float>({5, 2}, rng);
+  auto g = [&](auto a) { return mean(gelu(matmul(tanh(a), func::constant(a, m)))) + sum(exp(a) * 0.25f); };
+  const func::JvpResult<float> j = func::jvp(g, x, v);
+  CHECK(bitwise_equal<float>(j.value.data(), plain_forward<float>(g, x).data()));
+  const func::HvpResult<float> r = func::hvp(g, x, v);
+  const func::GradResult<float> p = func::value_and_grad(g, x);
+  CHECK(std::memcmp(&r.value, &p.value, sizeof(float)) == 0);
+  CHECK(bitwise_equal<float>(r.grad.data(), p.grad.data()));
+}
+
+TEST_CASE("docs/second_order.md's example: Newton's method on logistic regression converges quadratically") {
+  const std::size_t d = 3;
+  const Logistic problem = logistic_problem(60, d, 21);
+  const Tensor<double>& X = problem.X;
+  const Tensor<double>& y = problem.y;
+  auto solve = [](const Tensor<double>& h, const Tensor<double>& g) {
+    return ::solve(std::vector<double>(h.data().begin(), h.data().end()),
+                   std::vector<double>(g.data().begin(), g.data().end()));
+  };
+  std::vector<double> norms;
+  // The page's code, with the gradient's norm noted at each step.
+  auto nll = [&](auto w) {
+    const auto p = grad::sigmoid(grad::matmul(grad::func::constant(w, X), w));
+    const auto labels = grad::func::constant(w, y);
+    return -grad::mean(labels * grad::log(p) + (1.0 - labels) * grad::log(1.0 - p));
+  };
+  grad::Tensor<double> w({d, 1});
+  for (int step = 0; step < 8; ++step) {
+    const auto g = grad::func::value_and_grad(nll, w);
+    norms.push_back(
+        std::sqrt(std::inner_product(g.grad.data().begin(), g.grad.data().end(), g.grad.data().begin(), 0.0)));
+    if (norms.back() < 1e-14) break;
+    const grad::Tensor<double> h = grad::func::hessian(nll, w);  // X^T diag(p (1 - p)) X / N
+    const std::vector<double> delta = solve(h, g.grad);
+    for (std::size_t k = 0; k < d; ++k) w[k] -= delta[k];
+  }
+  CAPTURE(norms.size());
+  REQUIRE(norms.size() <= 6);  // from 0.1 to below 1e-14 in five steps
+  CHECK(norms.back() < 1e-14);
+  // Quadratic: once close (|g| < 0.05), each step squares the error up to a constant.
+  int quadratic_steps = 0;
+  for (std::size_t k = 0; k + 1 < norms.size(); ++k) {
+    CAPTURE(k);
+    CAPTURE(norms[k]);
+    CAPTURE(norms[k + 1]);
+    if (norms[k] < 0.05 && norms[k + 1] > 1e-15) {
+      CHECK(norms[k + 1] <= 10 * norms[k] * norms[k]);
+      ++quadratic_steps;
+    }
+  }
+  CHECK(quadratic_steps >= 2);
+}
+
+TEST_CASE("bad input: clear errors naming the function, the shapes and the element") {
+  const Tensor<double> x({2, 2}, {1, 2, 3, 4});
+  auto f = [](auto v) { return sum(tanh(v)); };
+  auto message = [](auto&& call) {
+    try {
+      call();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK(message([&] {
+          func::jvp(f, x, Tensor<double>({3}, {1, 2, 3}));
+        }) == "jvp: the tangent v has shape [3] but x has shape [2, 2]; expected the same shape");
+  CHECK(message([&] {
+          func::hvp(f, x, Tensor<double>({4}, {1, 2, 3, 4}));
+        }) == "hvp: the tangent v has shape [4] but x has shape [2, 2]; expected the same shape");
+  CHECK(message([&] {
+          func::hvp(f, x, Tensor<double>({2, 2}, {1, NAN, 3, 4}));
+        }) == "hvp: element 1 of the tangent v is nan; expected finite numbers");
+  CHECK(message([&] {
+          func::jvp(f, x, Tensor<double>({2, 2}, {1, 2, INFINITY, 4}));
+        }) == "jvp: element 2 of the tangent v is inf; expected finite numbers");
+  CHECK(message([&] { func::hvp([](auto v) { return decltype(v){}; }, x, x); }) ==
+        "hvp: f recorded nothing: it returned a default-constructed Var, not a node of x's tape");
+  CHECK(message([&] { func::hvp([](auto v) { return tanh(v); }, x, x); }) ==
+        "hvp: f's output has shape [2, 2]; expected a single element (reduce it with sum or mean)");
+  CHECK(message([&] {
+          func::vjp([](auto v) { return tanh(v); }, x, Tensor<double>({4}, {1, 1, 1, 1}));
+        }) == "vjp: the cotangent u has shape [4] but f(x) has shape [2, 2]; expected the same shape");
+  CHECK(message([&] { func::hessian(f, Tensor<double>()); }) ==
+        "hessian: x has shape [] with no elements; expected at least one");
+  // An op without a tangent rule yet is refused by name when recorded.
+  const std::string refused = message([&] { func::hvp([](auto v) { return sum(pow(v, v)); }, x, x); });
+  CHECK(refused.rfind("grad: pow: cannot be recorded on a tape of dual numbers", 0) == 0);
+  CHECK(refused.find("the ops that do: add, sub, mul, div, neg") != std::string::npos);
+  CHECK(message([&] {
+          func::jvp([](auto v) { return dropout(v, 0.5, 7); }, x, x);
+        }).rfind("grad: dropout: cannot be recorded on a tape of dual numbers", 0) == 0);
+  // The value-returning Tape<Dual> API poisons instead of throwing.
+  Tape<D> tp;
+  auto p = tp.param(Tensor<D>({2}, {D(1, 0), D(2, 1)}));
+  CHECK_FALSE(pow(p, p).valid());
+  CHECK(tp.error().rfind("grad: pow: cannot be recorded on a tape of dual numbers", 0) == 0);
+  // A scalar operand is a constant: one with a tangent is refused (pow's
+  // integral exponents would drop it).
+  Tape<D> scaled;
+  auto q = scaled.param(Tensor<D>({2}, {D(1, 0), D(2, 1)}));
+  CHECK_FALSE(pow(q, D(2, 1)).valid());
+  CHECK(scaled.error() ==
+        "grad: pow_scalar: the scalar operand carries a tangent; on a tape of dual numbers a scalar operand is a "
+        "constant (record a varying one as a tensor)");
+  Tape<D> watched;
+  watched.detect_anomalies(true);
+  CHECK_FALSE(watched.param(Tensor<D>({1}, {D(1, 0)})).valid());
+  CHECK(watched.error() == "grad: param: anomaly detection and profiling are not available on a tape of dual numbers");
+  Tape<D> held;
+  CHECK_FALSE(held.constant(Tensor<D>({2}, {D(1), D(2)}), Storage::bf16).valid());
+  CHECK(held.error() == "grad: const: a tape of dual numbers holds its leaves native, not as bf16");
+}
