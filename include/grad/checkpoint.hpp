@@ -84,6 +84,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "grad/atomic_file.hpp"
 #include "grad/opt.hpp"
 #include "grad/regular_file.hpp"
 
@@ -221,47 +222,10 @@ inline std::vector<unsigned char> frame(const char (&magic)[8], std::uint32_t ve
 // a regular file (a FIFO, a device) is refused: the rename would replace it.
 inline std::string write_atomically(const std::string& path, const std::vector<unsigned char>& bytes,
                                     const char* noun) {
-  if (std::string why = output_path_problem(path); !why.empty()) return why;
-  std::string tmp = path + ".tmp.XXXXXX";
-  const int fd = ::mkostemp(tmp.data(), O_CLOEXEC);  // a name no other writer has
-  if (fd < 0) return "cannot create a temporary file '" + tmp + "': " + std::strerror(errno);
-  ::fchmod(fd, 0644);  // mkostemp creates 0600; a checkpoint is as readable as any output file
-  std::size_t written = 0;
-  while (written < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return "writing '" + tmp + "' failed: " + why;
-    }
-    written += static_cast<std::size_t>(n);
-  }
-  // The data must be on disk before the rename makes it the file.
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    return "flushing '" + tmp + "' failed: " + why;
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    return "renaming '" + tmp + "' into place failed: " + why;
-  }
-  // The rename itself is durable only once the directory entry is on disk.
-  // (The directory is the path up to its last '/': no <filesystem>, which
-  // costs every unit that includes grad.hpp a third of a second to parse.)
-  const std::size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0 || ::fsync(dfd) != 0) {
-    const std::string why = std::strerror(errno);
-    if (dfd >= 0) ::close(dfd);
-    return "the " + std::string(noun) + " was written, but flushing its directory failed: " + why;
-  }
-  ::close(dfd);
-  return {};
+  AtomicFile file;
+  if (std::string why = file.open(path); !why.empty()) return why;
+  if (std::string why = file.write(bytes); !why.empty()) return why;
+  return file.commit(noun);
 }
 
 struct Frame {

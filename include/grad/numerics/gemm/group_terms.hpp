@@ -109,9 +109,9 @@ template <QuantFormat F, std::size_t Lanes>
       const Fv m1 = Q::halves(gb + 2 * L + 2 * lane) * __builtin_convertvector(min, Fv);
       constexpr std::size_t qs_at = F == QuantFormat::q4_k ? 16 * L : 48 * L;
       const std::uint8_t* qs = gb + qs_at + 32 * (s / 2) * L + lane;
-      const int shift = s % 2 == 0 ? 0 : 4;
       for (std::size_t l = 0; l < 32; ++l) {
-        Iv q = (Q::bytes(qs + l * L) >> shift) & 0xF;
+        const Iv b = Q::bytes(qs + l * L);  // 0 .. 255: its high nibble needs no mask
+        Iv q = s % 2 == 0 ? b & 0xF : b >> 4;
         if constexpr (F == QuantFormat::q5_k) q = q | ((Q::bytes(gb + 16 * L + l * L + lane) >> static_cast<int>(s)) & 1) << 4;
         Q::put(out + l * stride + lane, d1 * __builtin_convertvector(q, Fv) - m1);
       }

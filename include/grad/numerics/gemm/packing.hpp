@@ -77,41 +77,62 @@ template <class T, std::size_t Lanes, std::size_t NV, class Format>
     jr += width;
   }
 }
-// A quantized b held in columns (rs == 1: a projection as llama.cpp holds
-// it), a block of whole 32-term runs: its groups of sixteen columns
-// dequantized (group_terms.hpp) straight into a [kc, nc] buffer of T, a
-// column outside a whole group from its memory row; packed from there.
-template <class T, std::size_t Lanes, std::size_t NV, QuantFormat F>
-[[gnu::always_inline]] inline void pack_b_grouped(const Strided<T>& b, std::size_t p0, std::size_t kc, std::size_t j0, std::size_t nc,
-                           T* out, T* values) {
+// Terms [p0, p0 + kc) (whole 32-term runs) of a quantized b's columns
+// [col0, col0 + cols) held in row groups, dequantized into dst[p * ld + j]:
+// whole groups of sixteen by group_terms.hpp, a column outside one from its
+// memory row.
+template <class T, std::size_t Lanes, QuantFormat F>
+[[gnu::always_inline]] inline void dequantize_grouped(const QuantRows& m, const std::uint8_t* held, std::size_t p0,
+                                                      std::size_t kc, std::size_t col0, std::size_t cols, T* dst,
+                                                      std::size_t ld) {
   constexpr std::size_t L = group_lanes, B = quant_info(F).block_elements;
-  const QuantRows m{F, b.lines, b.cs};
-  const auto* held = reinterpret_cast<const std::uint8_t*>(b.p);
   alignas(64) float terms[group_terms * L];
-  std::vector<float> row;
-  for (std::size_t j = 0; j < nc;) {
-    const std::size_t col = j0 + j;
-    if (col % L == 0 && j + L <= nc && m.lanes(col / L) == L) {
+  for (std::size_t j = 0; j < cols;) {
+    const std::size_t col = col0 + j;
+    if (col % L == 0 && j + L <= cols && m.lanes(col / L) == L) {
       for (std::size_t p = 0; p < kc; p += group_terms) {
-        const std::size_t term = p0 + p;
-        const std::uint8_t* gb = held + m.group_block(col / L, term / B);
+        const std::uint8_t* gb = held + m.group_block(col / L, (p0 + p) / B);
+        const std::size_t s = (p0 + p) % B / group_terms;
         if constexpr (std::is_same_v<T, float>) {
-          dequantize_group_terms<F, Lanes>(gb, term % B / group_terms, values + p * nc + j, nc);
+          dequantize_group_terms<F, Lanes>(gb, s, dst + p * ld + j, ld);
         } else {
-          dequantize_group_terms<F, Lanes>(gb, term % B / group_terms, terms, L);
+          dequantize_group_terms<F, Lanes>(gb, s, terms, L);
           for (std::size_t t = 0; t < group_terms; ++t)
-            for (std::size_t l = 0; l < L; ++l) values[(p + t) * nc + j + l] = static_cast<T>(terms[t * L + l]);
+            for (std::size_t l = 0; l < L; ++l) dst[(p + t) * ld + j + l] = static_cast<T>(terms[t * L + l]);
         }
       }
       j += L;
     } else {
+      thread_local std::vector<float> row;
       row.resize(kc);
       read_row(m, held, col, p0, kc, row.data());
-      for (std::size_t p = 0; p < kc; ++p) values[p * nc + j] = static_cast<T>(row[p]);
+      for (std::size_t p = 0; p < kc; ++p) dst[p * ld + j] = static_cast<T>(row[p]);
       ++j;
     }
   }
-  pack_b_from<T, Lanes, NV, T>(Strided<T>{values, nc, 1}, 0, kc, 0, nc, out);
+}
+
+// A quantized b held in columns (rs == 1: a projection as llama.cpp holds
+// it), a block of whole 32-term runs: a strip of whole groups dequantized
+// straight into its packed place (term p's sixteen outputs are a run of the
+// strip's row p), any other strip through a buffer and packed from there.
+template <class T, std::size_t Lanes, std::size_t NV, QuantFormat F>
+[[gnu::always_inline]] inline void pack_b_grouped(const Strided<T>& b, std::size_t p0, std::size_t kc, std::size_t j0,
+                                                  std::size_t nc, T* out, T* values) {
+  constexpr std::size_t L = group_lanes;
+  const QuantRows m{F, b.lines, b.cs};
+  const auto* held = reinterpret_cast<const std::uint8_t*>(b.p);
+  for (std::size_t jr = 0; jr < nc;) {
+    const std::size_t width = strip_width<T, Lanes, NV>(nc - jr), cols = std::min(width, nc - jr), col = j0 + jr;
+    if (cols == width && width % L == 0 && col % L == 0 && m.lanes((col + width - 1) / L) == L) {
+      dequantize_grouped<T, Lanes, F>(m, held, p0, kc, col, width, out, width);
+    } else {
+      dequantize_grouped<T, Lanes, F>(m, held, p0, kc, col, cols, values, cols);
+      pack_b_from<T, Lanes, NV, T>(Strided<T>{values, cols, 1}, 0, kc, 0, cols, out);
+    }
+    out += kc * width;
+    jr += width;
+  }
 }
 
 // A quantized b's block: its values dequantized (exactly, numerics/held.hpp)
