@@ -6,8 +6,10 @@
 //   numerics/        what the host loops are built from: simd.hpp (vector packs),
 //                    isa.hpp (run-time instruction set, GRAD_ISA), parallel.hpp
 //                    (the thread pool), gemm.hpp (its stages in gemm/: reference,
-//                    problem, split, blocked, one_row, packing, terms, micro_kernel),
-//                    exact_math.hpp, fixed_order.hpp
+//                    problem, split, blocked, one_row, group_terms, packing, terms,
+//                    micro_kernel), exact_math.hpp, fixed_order.hpp, quant.hpp and
+//                    quant_rows.hpp (llama.cpp's blocks; a matrix's rows in groups
+//                    of sixteen), held.hpp (a constant held in 16 bits or blocks)
 //   tags/            one tag per op: its shape rule, GRAD_HD per-item bodies and
 //                    host loops (contract.hpp says what a tag is; family.hpp the
 //                    Unary/Binary families); op_list.hpp lists them (OpList, with_op)
@@ -51,6 +53,11 @@
 //   emit.hpp         grad::emit: a recorded step as standalone C++/CUDA source (emit/:
 //                    spelling.hpp the tokens, source.hpp EmitPlan and emit(), files.hpp
 //                    write_source and emit_files)
+//
+// Second-order derivatives are opt-in, so a program that names no dual type
+// compiles no dual code: <grad/func.hpp> (grad::func::jvp, hvp, hessian,
+// jacobian, mixed over Tape<Dual<T>>; numerics/dual.hpp, dual.hpp;
+// docs/second_order.md).
 //
 // This header is all of them: every header-only public header. <grad/core.hpp>
 // is the lean one (about 2/3 of the parse time). Not here, because they link a
