@@ -134,9 +134,11 @@ inline constexpr bool is_tape_scalar_v<Dual<T>> = true;
 }  // namespace grad
 
 // The value part's limits; quiet_NaN() (Tape::scalar's "no value") NaN in both parts.
+namespace std {
 template <class T>
-struct std::numeric_limits<grad::Dual<T>> : std::numeric_limits<T> {  // T's range and digits (read by the id checks)
+struct numeric_limits<grad::Dual<T>> : numeric_limits<T> {  // T's range and digits (read by the id checks)
   static constexpr grad::Dual<T> quiet_NaN() noexcept {
-    return {std::numeric_limits<T>::quiet_NaN(), std::numeric_limits<T>::quiet_NaN()};
+    return {numeric_limits<T>::quiet_NaN(), numeric_limits<T>::quiet_NaN()};
   }
 };
+}  // namespace std
