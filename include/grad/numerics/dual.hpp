@@ -106,19 +106,20 @@ struct Dual {
 // with its type, so no lookup finds an overload): the value's sign bit
 // cleared; the tangent times the sign of x (0 at 0, torch's sgn; NaN at NaN).
 namespace exact_math_detail {
+template <class T>
+GRAD_HD GRAD_INLINE constexpr Dual<T> dual_magnitude(Dual<T> x) {
+  return {magnitude_of<T>(x.value), x.value > 0    ? x.tangent
+                                    : x.value < 0  ? -x.tangent
+                                    : x.value == 0 ? T(0) * x.tangent
+                                                   : x.value};
+}
 template <>
 GRAD_HD GRAD_INLINE constexpr Dual<float> magnitude_of<Dual<float>>(Dual<float> x) {
-  return {magnitude_of<float>(x.value), x.value > 0    ? x.tangent
-                                        : x.value < 0  ? -x.tangent
-                                        : x.value == 0 ? 0.0f * x.tangent
-                                                       : x.value};
+  return dual_magnitude(x);
 }
 template <>
 GRAD_HD GRAD_INLINE constexpr Dual<double> magnitude_of<Dual<double>>(Dual<double> x) {
-  return {magnitude_of<double>(x.value), x.value > 0    ? x.tangent
-                                         : x.value < 0  ? -x.tangent
-                                         : x.value == 0 ? 0.0 * x.tangent
-                                                        : x.value};
+  return dual_magnitude(x);
 }
 }  // namespace exact_math_detail
 
