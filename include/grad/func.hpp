@@ -158,6 +158,20 @@ void require_one_element(std::string_view fn, Tape<S>& tp, Var<S> out) {
                                 "; expected a single element (reduce it with sum or mean)");
 }
 
+// Column j of `out` (a row-major [rows, x.size()] matrix) is column(e_j), a
+// tensor of `rows` elements, for each unit tangent e_j of x's shape: the
+// Hessian by HVPs, a Jacobian by JVPs.
+template <class T, class Column>
+void columns_by_unit_tangents(const Tensor<T>& x, std::size_t rows, Tensor<T>& out, Column column) {
+  const std::size_t n = x.size();
+  Tensor<T> e(x.shape());
+  for (std::size_t j = 0; j < n; ++j) {
+    e[j] = T(1);
+    const Tensor<T> c = column(e);
+    e[j] = T(0);
+    for (std::size_t i = 0; i < rows; ++i) out[i * n + j] = c[i];
+  }
+}
 }  // namespace detail
 
 // f(x) and its tangent J v (forward mode: x's values carry v's tangents).
@@ -254,15 +268,8 @@ MixedResult<T> mixed(F&& f, const Tensor<T>& theta, const Tensor<T>& x, const Te
 template <class F, Scalar T>
 Tensor<T> hessian(F&& f, const Tensor<T>& x) {
   detail::check_input("hessian", x);
-  const std::size_t n = x.size();
   Tensor<T> h(detail::joined(x.shape(), x.shape()));
-  Tensor<T> e(x.shape());
-  for (std::size_t j = 0; j < n; ++j) {
-    e[j] = T(1);
-    const HvpResult<T> r = hvp(f, x, e);
-    e[j] = T(0);
-    for (std::size_t i = 0; i < n; ++i) h[i * n + j] = r.hvp[i];
-  }
+  detail::columns_by_unit_tangents(x, x.size(), h, [&](const Tensor<T>& e) { return hvp(f, x, e).hvp; });
   return h;
 }
 
@@ -284,13 +291,7 @@ Tensor<T> jacobian(F&& f, const Tensor<T>& x, Mode mode = Mode::automatic) {
   if (mode == Mode::automatic) mode = n <= m ? Mode::forward : Mode::reverse;
   Tensor<T> jac(detail::joined(out_shape, x.shape()));
   if (mode == Mode::forward) {
-    Tensor<T> e(x.shape());
-    for (std::size_t j = 0; j < n; ++j) {
-      e[j] = T(1);
-      const JvpResult<T> r = jvp(f, x, e);
-      e[j] = T(0);
-      for (std::size_t i = 0; i < m; ++i) jac[i * n + j] = r.tangent[i];
-    }
+    detail::columns_by_unit_tangents(x, m, jac, [&](const Tensor<T>& e) { return jvp(f, x, e).tangent; });
   } else {
     Tensor<T> u(out_shape);
     for (std::size_t i = 0; i < m; ++i) {
