@@ -8,13 +8,27 @@
 //
 // Comparisons read the value part alone: a branch (relu's x <= 0) takes the
 // side the plain value would take, and the tangent follows that side.
+//
+// Dual<P> with P a simd::Pack is a pack of dual numbers: the value parts of
+// P::lanes consecutive Dual<T> in one pack, their tangents in another. The
+// elementwise families' host loops (tags/family.hpp) run the tags' bodies on
+// it as they run them on a Pack<T>, every lane doing a scalar Dual<T>'s
+// operations: the same bits, a pack's speed. Its load and store take the
+// parts apart and put them back together (two shuffles each way).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 #include "grad/config.hpp"
 #include "grad/numerics/exact_math.hpp"
+#include "grad/numerics/simd.hpp"
+
+GRAD_SIMD_DIAGNOSTICS_BEGIN
 
 namespace grad {
 
@@ -22,8 +36,27 @@ namespace grad {
 template <class U, class T>
 concept OtherNumber = std::is_arithmetic_v<U> && !std::is_same_v<U, T>;
 
-template <Scalar T>
-struct Dual {
+// What the parts of a dual number may be: float, double or a pack of one.
+template <class T>
+concept DualPart = Scalar<T> || simd::is_pack<T>;
+
+template <DualPart T>
+struct Dual;
+
+namespace dual_detail {
+// What a host loop asks of a pack (simd::Stream, map_streams): the element
+// type and the lanes. Nothing for a scalar dual number.
+template <class T>
+struct Lanes {};
+template <class E, std::size_t B>
+struct Lanes<simd::Pack<E, B>> {
+  using value_type = Dual<E>;
+  static constexpr std::size_t lanes = B / sizeof(E);
+};
+}  // namespace dual_detail
+
+template <DualPart T>
+struct Dual : dual_detail::Lanes<T> {
   using scalar_type = T;
   T value = T(0);
   T tangent = T(0);
@@ -46,6 +79,49 @@ struct Dual {
   template <OtherNumber<bool> U>
   explicit constexpr operator U() const {
     return static_cast<U>(value);
+  }
+
+  // A pack of dual numbers: every lane s (a broadcast operand), and the
+  // lanes of p[0], ..., p[lanes - 1] (load, store).
+  template <class S>
+    requires(simd::is_pack<T> && std::is_same_v<S, Dual<simd::element_t<T>>>)
+  GRAD_INLINE Dual(S s) : value(s.value), tangent(s.tangent) {}  // NOLINT(google-explicit-constructor): a broadcast
+  GRAD_INLINE static Dual load(const Dual<simd::element_t<T>>* p)
+    requires simd::is_pack<T>
+  {
+    using V = typename T::V;
+    V lo, hi;  // the parts of the first and the second half, interleaved
+    std::memcpy(&lo, p, sizeof(V));
+    std::memcpy(&hi, p + T::lanes / 2, sizeof(V));
+#if defined(__GNUC__) && !defined(__clang__)
+    return {T::raw(__builtin_shuffle(lo, hi, lane_order(0))), T::raw(__builtin_shuffle(lo, hi, lane_order(1)))};
+#else
+    Dual r;
+    for (std::size_t j = 0; j < T::lanes; ++j) {
+      const V& half = j < T::lanes / 2 ? lo : hi;
+      r.value.v[j] = half[2 * (j % (T::lanes / 2))];
+      r.tangent.v[j] = half[2 * (j % (T::lanes / 2)) + 1];
+    }
+    return r;
+#endif
+  }
+  GRAD_INLINE void store(Dual<simd::element_t<T>>* p) const
+    requires simd::is_pack<T>
+  {
+    using V = typename T::V;
+#if defined(__GNUC__) && !defined(__clang__)
+    const V lo = __builtin_shuffle(value.v, tangent.v, interleave_order(0));
+    const V hi = __builtin_shuffle(value.v, tangent.v, interleave_order(T::lanes / 2));
+#else
+    V lo, hi;
+    for (std::size_t j = 0; j < T::lanes; ++j) {
+      V& half = j < T::lanes / 2 ? lo : hi;
+      half[2 * (j % (T::lanes / 2))] = value.v[j];
+      half[2 * (j % (T::lanes / 2)) + 1] = tangent.v[j];
+    }
+#endif
+    std::memcpy(static_cast<void*>(p), &lo, sizeof(V));
+    std::memcpy(static_cast<void*>(p + T::lanes / 2), &hi, sizeof(V));
   }
 
   // Hidden friends: found by argument-dependent lookup only, and they take a
@@ -97,8 +173,34 @@ struct Dual {
 
   // unary.hpp's sqrt_of: IEEE square root; (sqrt x)' = x' / (2 y).
   friend Dual sqrt_of(Dual x) {
-    const T y = std::sqrt(x.value);
+    T y;
+    if constexpr (simd::is_pack<T>)
+      y = simd::sqrt(x.value);
+    else
+      y = std::sqrt(x.value);
     return {y, x.tangent / (y + y)};
+  }
+
+ private:
+  // The shuffles' lane indices (a pack's: its parts, from the two halves
+  // of the interleaved memory; and back). Integer vectors of T's lane width.
+  template <class I, std::size_t L, std::size_t... J>
+  static constexpr auto indices(std::index_sequence<J...>, auto index) {
+    typedef I M __attribute__((vector_size(L * sizeof(I))));
+    return M{static_cast<I>(index(J))...};
+  }
+  using Index = std::conditional_t<sizeof(simd::element_t<T>) == 8, std::int64_t, std::int32_t>;
+  // Part `part` (0 value, 1 tangent) of lane j sits at 2 j + part of lo ++ hi.
+  static constexpr auto lane_order(std::size_t part) {
+    constexpr std::size_t L = sizeof(T) / sizeof(simd::element_t<T>);
+    return indices<Index, L>(std::make_index_sequence<L>{}, [part](std::size_t j) { return 2 * j + part; });
+  }
+  // Memory slot k of a half starting at lane `first`: lane first + k / 2's
+  // value (k even, index into value) or tangent (k odd, index L + lane).
+  static constexpr auto interleave_order(std::size_t first) {
+    constexpr std::size_t L = sizeof(T) / sizeof(simd::element_t<T>);
+    return indices<Index, L>(std::make_index_sequence<L>{},
+                             [first](std::size_t k) { return (k % 2 ? L : 0) + first + k / 2; });
   }
 };
 
@@ -129,10 +231,22 @@ template <class T>
 inline constexpr bool is_dual_v<Dual<T>> = true;
 
 // A tape over dual numbers is a tape (contract.hpp's extension point).
-template <class T>
+template <Scalar T>
 inline constexpr bool is_tape_scalar_v<Dual<T>> = true;
 
+// A host loop over dual numbers runs on packs of them.
+namespace simd {
+template <Scalar E, std::size_t B>
+struct pack_of<Dual<E>, B> {
+  using type = Dual<Pack<E, B>>;
+};
+template <Scalar E, std::size_t B>
+inline constexpr bool is_pack<Dual<Pack<E, B>>> = true;
+}  // namespace simd
+
 }  // namespace grad
+
+GRAD_SIMD_DIAGNOSTICS_END
 
 // The value part's limits; quiet_NaN() (Tape::scalar's "no value") NaN in both parts.
 namespace std {

@@ -135,6 +135,14 @@ struct element<Pack<T, B>> {
 template <class T>
 using element_t = typename element<T>::type;
 
+// The pack of Bytes bytes that a host loop over elements of T runs on:
+// Pack<T, Bytes> for float and double. Another element type opts in by
+// specialising it (a dual number's pack: numerics/dual.hpp).
+template <class T, std::size_t Bytes>
+struct pack_of {
+  using type = Pack<T, Bytes>;
+};
+
 #if GRAD_SIMD
 
 // Lanes of T in Bytes bytes. A scalar converts implicitly (every lane gets

@@ -82,7 +82,7 @@ concept PackFunctors = requires {
 // The pack a with_best_isa copy of width W runs on (T itself where there
 // is no vector code: nvcc, other compilers).
 template <class T, class W>
-using pack_for = std::conditional_t<GRAD_SIMD != 0, simd::Pack<T, W::bytes>, T>;
+using pack_for = std::conditional_t<GRAD_SIMD != 0, typename simd::pack_of<T, W::bytes>::type, T>;
 
 // The largest of x[0], x[1], ..., x[n-1] as softmax and cross-entropy take
 // it: serially, a later element replacing the maximum only when greater (a
@@ -383,9 +383,10 @@ void unary_forward(const NodeArgs<T>& x, T* y) {
   parallel_ranges(x.out.size(), elementwise_grain, [&](std::size_t lo, std::size_t hi) {
     with_best_isa([&](auto width) {
       using P = pack_for<T, decltype(width)>;
-      // A tag may bring a host loop of its own for a whole run
-      // (forward_array), which must give every element forward()'s bits.
-      if constexpr (requires { Op::template forward_array<P>(a, y, hi, s); })
+      // A tag may bring a host loop of its own for a whole run of float
+      // or double (forward_array), which must give every element
+      // forward()'s bits.
+      if constexpr (Scalar<T> && requires { Op::template forward_array<P>(a, y, hi, s); })
         Op::template forward_array<P>(a + lo, y + lo, hi - lo, s);
       else
         kernels_detail::run_map<P, PackFunctors<Op>>(
