@@ -4,7 +4,9 @@
 // workload B's MLP (512-1024-1024-512 relu, batch 256, mse), each beside
 // grad's own gradient of the same loss (forward + backward on a
 // Tape<double>); and a jvp beside the forward alone. The HVP is with respect
-// to every weight and bias, along a fixed direction v. The goal: HVP <= 3x
+// to every weight and bias, along a fixed direction v; the jvp along the
+// same direction (jvp) or along the input, the weights fixed (jvp_input:
+// func::jvp of the network as a function of its input). The goal: HVP <= 3x
 // the gradient, jvp <= 2x the forward; bench/second_order.sh runs this
 // beside PyTorch's torch.autograd.functional.hvp (bench/peer_torch_hvp.py).
 #include <benchmark/benchmark.h>
@@ -55,16 +57,19 @@ const Workload workload_b{{512, 1024, 1024, 512}, 256, false};
 template <class S>
 class Net {
  public:
-  Net(const Workload& w, bool params) : w_(w) {
+  // along_input: the tangents are the input's (the weights carry none),
+  // else the weights' and biases'.
+  Net(const Workload& w, bool params, bool along_input = false) : w_(w) {
     const std::size_t layers = w.widths.size() - 1;
-    x_ = tp_.constant(lifted<S>(filled({w.batch, w.widths[0]}, 1, 1), grad::Tensor<double>({w.batch, w.widths[0]})));
+    const grad::Shape xs{w.batch, w.widths[0]};
+    x_ = tp_.constant(lifted<S>(filled(xs, 1, 1), along_input ? filled(xs, 1, 3) : grad::Tensor<double>(xs)));
     const grad::Shape out{w.batch, w.widths.back()};
     target_ = tp_.constant(lifted<S>(filled(out, 0.5, 2), grad::Tensor<double>(out)));
     for (std::size_t l = 0; l < layers; ++l) {
       const grad::Shape ws{w.widths[l], w.widths[l + 1]}, bs{w.widths[l + 1]};
       const double scale = 1.7 / double(w.widths[l]);
-      const auto wv = lifted<S>(filled(ws, scale, 10 + l), filled(ws, 1, 30 + l));
-      const auto bv = lifted<S>(filled(bs, 0.1, 20 + l), filled(bs, 1, 40 + l));
+      const auto wv = lifted<S>(filled(ws, scale, 10 + l), along_input ? grad::Tensor<double>(ws) : filled(ws, 1, 30 + l));
+      const auto bv = lifted<S>(filled(bs, 0.1, 20 + l), along_input ? grad::Tensor<double>(bs) : filled(bs, 1, 40 + l));
       weights_.push_back(params ? tp_.param(wv) : tp_.constant(wv));
       biases_.push_back(params ? tp_.param(bv) : tp_.constant(bv));
     }
@@ -103,8 +108,8 @@ class Net {
 };
 
 template <class S, bool Backward>
-void run(benchmark::State& state, const Workload& w) {
-  Net<S> net(w, Backward);
+void run(benchmark::State& state, const Workload& w, bool along_input = false) {
+  Net<S> net(w, Backward, along_input);
   auto once = [&] { return Backward ? net.gradient() : net.forward(); };
   once();  // the first pass reserves the tape's capacity
   for (auto _ : state) benchmark::DoNotOptimize(once());
@@ -115,10 +120,12 @@ void BM_A_gradient(benchmark::State& s) { run<double, true>(s, workload_a); }
 void BM_A_hvp(benchmark::State& s) { run<Dual<double>, true>(s, workload_a); }
 void BM_A_forward(benchmark::State& s) { run<double, false>(s, workload_a); }
 void BM_A_jvp(benchmark::State& s) { run<Dual<double>, false>(s, workload_a); }
+void BM_A_jvp_input(benchmark::State& s) { run<Dual<double>, false>(s, workload_a, true); }
 void BM_B_gradient(benchmark::State& s) { run<double, true>(s, workload_b); }
 void BM_B_hvp(benchmark::State& s) { run<Dual<double>, true>(s, workload_b); }
 void BM_B_forward(benchmark::State& s) { run<double, false>(s, workload_b); }
 void BM_B_jvp(benchmark::State& s) { run<Dual<double>, false>(s, workload_b); }
+void BM_B_jvp_input(benchmark::State& s) { run<Dual<double>, false>(s, workload_b, true); }
 
 }  // namespace
 
@@ -126,9 +133,11 @@ BENCHMARK(BM_A_gradient)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_A_hvp)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_A_forward)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_A_jvp)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_A_jvp_input)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_B_gradient)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_B_hvp)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_B_forward)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_B_jvp)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_B_jvp_input)->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

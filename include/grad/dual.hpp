@@ -154,10 +154,11 @@ void dual_backward(const Op&, std::integral_constant<int, In>, const NodeArgs<Du
 // value parts (so its bits); the tangent is one chain of fmas per element,
 // over a' b's terms and then on over a b''s (the gemm continued, as a later
 // cache block continues it). An operand whose tangent is zero throughout (a
-// constant, an input that carries none) drops its half of the chain: a jvp
-// costs two products where one operand is such, an HVP's first layer
-// likewise. Fixed orders throughout: the same bits on every instruction set
-// and thread count. contract.hpp's item_forward / item_backward find these.
+// constant, an input that carries none) drops its half of the chain, and
+// the value and the tangent are then one gemm: a jvp along a network's
+// input costs one product of twice the rows per layer. Fixed orders
+// throughout: the same bits on every instruction set and thread count.
+// contract.hpp's item_forward / item_backward find these.
 namespace dual_detail {
 
 // Working memory for one product: the operands' parts side by side and
@@ -234,53 +235,92 @@ void join(Dual<T>* out, std::size_t n, const T* value, const T* tangent) {
   });
 }
 
-// The value and tangent parts of n dual numbers, each contiguous, and
-// whether every tangent is zero.
+// The parts of a rows x cols dual matrix at p, written to dst (2 rows cols
+// numbers): stacked (every value, row-major, then every tangent) or paired
+// (each row's values, then that row's tangents). Returns whether every
+// tangent is zero.
 template <class T>
-struct Parts {
-  T* value;
-  T* tangent;
-  bool flat;
-  Parts(const Dual<T>* p, std::size_t n, Scratch<T>& scratch)
-      : value(scratch.take(n)), tangent(scratch.take(n)), flat(split(p, n, value, tangent)) {}
-};
-
-// out[0, size) = p q on dual numbers: product(x, y, c, continued) computes
-// c = x y (or c += x y, continuing each element's chain) on one pair of
-// parts, offsets ip and iq into p's and q's.
-template <class T, class Product>
-void dual_product(Dual<T>* out, std::size_t size, const Parts<T>& p, std::size_t ip, const Parts<T>& q,
-                  std::size_t iq, T* value, T* tangent, Product product) {
-  product(p.value + ip, q.value + iq, value, false);
-  if (!p.flat) product(p.tangent + ip, q.value + iq, tangent, false);
-  if (!q.flat) product(p.value + ip, q.tangent + iq, tangent, !p.flat);
-  join(out, size, value, p.flat && q.flat ? nullptr : tangent);
+bool split_matrix(const Dual<T>* p, std::size_t rows, std::size_t cols, bool paired, T* dst) {
+  if (!paired) return split(p, rows * cols, dst, dst + rows * cols);
+  bool flat = true;
+  for (std::size_t r = 0; r < rows; ++r) flat &= split(p + r * cols, cols, dst + 2 * r * cols, dst + 2 * r * cols + cols);
+  return flat;
 }
 
-// C = X Y (continued: C += X Y) with X and Y strided as gemm_nn, gemm_nt
-// and gemm_tn read them (their operands A B, G B^T, A^T G).
+// One operand of a dual product C = X Y as the gemm reads it: its value and
+// tangent parts, and both at once (X: [X; X'], twice the rows; Y: [Y Y'],
+// twice the columns), which the layouts above make single strided views.
 template <class T>
-void gemm_parts(gemm_detail::Strided<T> x, gemm_detail::Strided<T> y, T* c, std::size_t m, std::size_t n,
-                std::size_t k, bool continued) {
-  gemm_detail::multiply<T>(gemm_detail::best_isa(), {x, y, c, m, n, k, continued});
+struct DualOperand {
+  gemm_detail::Strided<T> value, tangent, both;
+  bool flat;
+};
+
+// out (m x n) = X Y on dual numbers, X m x k, Y k x n; buffer: 2 m n
+// numbers. value = X Y; tangent = X' Y + X Y' as one chain per element
+// (X' Y's terms, then X Y''s continued). Where Y carries no tangent the two
+// products are one of twice the rows ([X; X'] Y), where X carries none one
+// of twice the columns (X [Y Y']): the same fmas, one pass over the other
+// operand.
+template <class T>
+void dual_product(Dual<T>* out, const DualOperand<T>& x, const DualOperand<T>& y, std::size_t m, std::size_t n,
+                  std::size_t k, T* buffer) {
+  const auto isa = gemm_detail::best_isa();
+  auto gemm = [&](gemm_detail::Strided<T> a, gemm_detail::Strided<T> b, T* c, std::size_t rows, std::size_t cols,
+                  bool continued) { gemm_detail::multiply<T>(isa, {a, b, c, rows, cols, k, continued}); };
+  if (x.flat && y.flat) {
+    gemm(x.value, y.value, buffer, m, n, false);
+    join(out, m * n, buffer, static_cast<const T*>(nullptr));
+  } else if (y.flat) {
+    gemm(x.both, y.value, buffer, 2 * m, n, false);
+    join(out, m * n, buffer, buffer + m * n);
+  } else if (x.flat) {
+    gemm(x.value, y.both, buffer, m, 2 * n, false);
+    for (std::size_t r = 0; r < m; ++r) join(out + r * n, n, buffer + 2 * r * n, buffer + 2 * r * n + n);
+  } else {
+    gemm(x.value, y.value, buffer, m, n, false);
+    gemm(x.tangent, y.value, buffer + m * n, m, n, false);
+    gemm(x.value, y.tangent, buffer + m * n, m, n, true);
+    join(out, m * n, buffer, buffer + m * n);
+  }
+}
+
+// The operands of the three products (element (r, c) of a part at
+// p[r * rs + c * cs]): a row-major m x k matrix stacked, as X; paired, as Y;
+// its transpose from a stacked copy as Y, from a paired copy as X.
+template <class T>
+DualOperand<T> rows_stacked(const T* p, std::size_t rows, std::size_t cols, bool flat) {
+  return {{p, cols, 1}, {p + rows * cols, cols, 1}, {p, cols, 1}, flat};
+}
+template <class T>
+DualOperand<T> rows_paired(const T* p, std::size_t cols, bool flat) {
+  return {{p, 2 * cols, 1}, {p + cols, 2 * cols, 1}, {p, 2 * cols, 1}, flat};
+}
+template <class T>
+DualOperand<T> transposed_stacked(const T* p, std::size_t rows, std::size_t cols, bool flat) {
+  return {{p, 1, cols}, {p + rows * cols, 1, cols}, {p, 1, cols}, flat};
+}
+template <class T>
+DualOperand<T> transposed_paired(const T* p, std::size_t cols, bool flat) {
+  return {{p, 1, 2 * cols}, {p + cols, 1, 2 * cols}, {p, 1, 2 * cols}, flat};
 }
 
 }  // namespace dual_detail
 
 template <class Derived, class T>
 void dual_forward(const MatrixProduct<Derived>&, const NodeArgs<Dual<T>>& x, Dual<T>* y) {
+  using namespace dual_detail;
   const std::size_t m = x.a.dims.back(1), k = x.a.dims.back(), n = x.b.dims.back();
   const std::size_t batches = x.out.size() / (m * n == 0 ? 1 : m * n);
-  const std::size_t sa = x.a.dims.size(), sb = x.b.dims.size();
-  dual_detail::Scratch<T> scratch(2 * (sa + sb + m * n));
-  const dual_detail::Parts<T> a(x.a.data, sa, scratch), b(x.b.data, sb, scratch);
-  T* const value = scratch.take(m * n);
-  T* const tangent = scratch.take(m * n);
-  for (std::size_t s = 0; s < batches; ++s)  // C = A B
-    dual_detail::dual_product(y + s * m * n, m * n, a, s * m * k, b, s * k * n, value, tangent,
-                              [&](const T* p, const T* q, T* c, bool continued) {
-                                dual_detail::gemm_parts<T>({p, k, 1}, {q, n, 1}, c, m, n, k, continued);
-                              });
+  Scratch<T> scratch(2 * (m * k + k * n + m * n));
+  T* const a = scratch.take(2 * m * k);
+  T* const b = scratch.take(2 * k * n);
+  T* const buffer = scratch.take(2 * m * n);
+  for (std::size_t s = 0; s < batches; ++s) {  // C [m, n] = A [m, k] B [k, n]
+    const bool a_flat = split_matrix(x.a.data + s * m * k, m, k, false, a);
+    const bool b_flat = split_matrix(x.b.data + s * k * n, k, n, true, b);
+    dual_product(y + s * m * n, rows_stacked(a, m, k, a_flat), rows_paired(b, n, b_flat), m, n, k, buffer);
+  }
 }
 
 // dA = G B^T and dB = A^T G, each with its tangent G' B^T + G B'^T
@@ -288,26 +328,24 @@ void dual_forward(const MatrixProduct<Derived>&, const NodeArgs<Dual<T>>& x, Dua
 template <class Derived, int In, class T>
 void dual_backward(const MatrixProduct<Derived>&, std::integral_constant<int, In>, const NodeArgs<Dual<T>>& x,
                    const Dual<T>*, const Dual<T>* g, Dual<T>* dx) {
+  using namespace dual_detail;
   const std::size_t m = x.a.dims.back(1), k = x.a.dims.back(), n = x.b.dims.back();
   const std::size_t batches = x.out.size() / (m * n == 0 ? 1 : m * n);
-  const std::size_t size = In == 0 ? m * k : k * n;
-  const std::size_t so = (In == 0 ? x.b : x.a).dims.size();
-  dual_detail::Scratch<T> scratch(2 * (x.out.size() + so + size));
-  const dual_detail::Parts<T> grad(g, x.out.size(), scratch);
-  const dual_detail::Parts<T> other(In == 0 ? x.b.data : x.a.data, so, scratch);
-  T* const value = scratch.take(size);
-  T* const tangent = scratch.take(size);
+  Scratch<T> scratch(2 * (m * n + (In == 0 ? k * n + m * k : m * k + k * n)));
+  T* const gp = scratch.take(2 * m * n);
+  T* const other = scratch.take(2 * (In == 0 ? k * n : m * k));
+  T* const buffer = scratch.take(2 * (In == 0 ? m * k : k * n));
   for (std::size_t s = 0; s < batches; ++s) {
-    if constexpr (In == 0)  // dA [m, k] = G [m, n] B^T
-      dual_detail::dual_product(dx + s * size, size, grad, s * m * n, other, s * k * n, value, tangent,
-                                [&](const T* p, const T* q, T* c, bool continued) {
-                                  dual_detail::gemm_parts<T>({p, n, 1}, {q, 1, n}, c, m, k, n, continued);
-                                });
-    else  // dB [k, n] = A^T [k, m] G [m, n]
-      dual_detail::dual_product(dx + s * size, size, other, s * m * k, grad, s * m * n, value, tangent,
-                                [&](const T* p, const T* q, T* c, bool continued) {
-                                  dual_detail::gemm_parts<T>({p, 1, k}, {q, n, 1}, c, k, n, m, continued);
-                                });
+    if constexpr (In == 0) {  // dA [m, k] = G [m, n] B^T
+      const bool g_flat = split_matrix(g + s * m * n, m, n, false, gp);
+      const bool b_flat = split_matrix(x.b.data + s * k * n, k, n, false, other);
+      dual_product(dx + s * m * k, rows_stacked(gp, m, n, g_flat), transposed_stacked(other, k, n, b_flat), m, k, n,
+                   buffer);
+    } else {  // dB [k, n] = A^T [k, m] G [m, n]
+      const bool a_flat = split_matrix(x.a.data + s * m * k, m, k, true, other);
+      const bool g_flat = split_matrix(g + s * m * n, m, n, true, gp);
+      dual_product(dx + s * k * n, transposed_paired(other, k, a_flat), rows_paired(gp, n, g_flat), k, n, m, buffer);
+    }
   }
 }
 

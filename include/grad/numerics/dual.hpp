@@ -161,7 +161,7 @@ struct Dual : dual_detail::Lanes<T> {
   }
   friend Dual exact_log(Dual x) { return {exact_log(x.value), x.tangent / x.value}; }
   friend Dual exact_tanh(Dual x) {
-    const T y = exact_tanh(x.value);
+    const T y = tanh_value(x.value);
     return {y, fma_hd(-y, y, T(1)) * x.tangent};  // 1 - y^2
   }
   friend Dual exact_sigmoid(Dual x) {
@@ -182,6 +182,20 @@ struct Dual : dual_detail::Lanes<T> {
   }
 
  private:
+  // exact_tanh's value; on a pack whose lanes all take one arm, that arm
+  // alone (as exact_tanh_packs skips work by blocks): the same operations
+  // for every lane, so the same bits.
+  GRAD_INLINE static T tanh_value(T x) {
+    if constexpr (simd::is_pack<T>) {
+      using namespace exact_math_detail;
+      using E = simd::element_t<T>;
+      const T a = magnitude_of<T>(x);
+      if (!simd::any_at_least(a, E(Format<E>::tanh_split))) return tanh_finish<T>(x, tanh_near<T>(a));
+      if (simd::all_at_least(a, E(Format<E>::tanh_split))) return tanh_finish<T>(x, tanh_far<T>(a));
+    }
+    return exact_tanh(x);
+  }
+
   // The shuffles' lane indices (a pack's: its parts, from the two halves
   // of the interleaved memory; and back). Integer vectors of T's lane width.
   template <class I, std::size_t L, std::size_t... J>
