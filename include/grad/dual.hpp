@@ -349,4 +349,36 @@ void dual_backward(const MatrixProduct<Derived>&, std::integral_constant<int, In
   }
 }
 
+// matmul_nt: y = a b^T (a [..., k] as rows x k, b [n, k]); dA = G B and
+// dB = G^T A, with the same gemms' layouts as the plain tag's host loops.
+template <class T>
+void dual_forward(const MatmulNt&, const NodeArgs<Dual<T>>& x, Dual<T>* y) {
+  using namespace dual_detail;
+  const auto [rows, k, n] = MatmulNt::sizes(x);
+  Scratch<T> scratch(2 * (rows * k + n * k + rows * n));
+  T* const a = scratch.take(2 * rows * k);
+  T* const b = scratch.take(2 * n * k);
+  const bool a_flat = split_matrix(x.a.data, rows, k, false, a), b_flat = split_matrix(x.b.data, n, k, false, b);
+  dual_product(y, rows_stacked(a, rows, k, a_flat), transposed_stacked(b, n, k, b_flat), rows, n, k,
+               scratch.take(2 * rows * n));
+}
+template <int In, class T>
+void dual_backward(const MatmulNt&, std::integral_constant<int, In>, const NodeArgs<Dual<T>>& x, const Dual<T>*,
+                   const Dual<T>* g, Dual<T>* dx) {
+  using namespace dual_detail;
+  const auto [rows, k, n] = MatmulNt::sizes(x);
+  Scratch<T> scratch(2 * (rows * n + (In == 0 ? n * k + rows * k : rows * k + n * k)));
+  T* const gp = scratch.take(2 * rows * n);
+  if constexpr (In == 0) {  // dA [rows, k] = G [rows, n] B [n, k]
+    T* const b = scratch.take(2 * n * k);
+    const bool g_flat = split_matrix(g, rows, n, false, gp), b_flat = split_matrix(x.b.data, n, k, true, b);
+    dual_product(dx, rows_stacked(gp, rows, n, g_flat), rows_paired(b, k, b_flat), rows, k, n,
+                 scratch.take(2 * rows * k));
+  } else {  // dB [n, k] = G^T [n, rows] A [rows, k]
+    T* const a = scratch.take(2 * rows * k);
+    const bool g_flat = split_matrix(g, rows, n, true, gp), a_flat = split_matrix(x.a.data, rows, k, true, a);
+    dual_product(dx, transposed_paired(gp, n, g_flat), rows_paired(a, k, a_flat), n, k, rows, scratch.take(2 * n * k));
+  }
+}
+
 }  // namespace grad
