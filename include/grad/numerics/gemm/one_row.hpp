@@ -119,7 +119,12 @@ template <class T, std::size_t Lanes, class Format = T>
     const auto* b = bp + j * pr.b.cs;
     V acc = V{};
     if (pr.continued) __builtin_memcpy(&acc, c + j, sizeof(V));
+    const bool ahead = j + 2 * Lanes <= j1;
     for (std::size_t p = 0; p < terms; p += Lanes) {
+      if (ahead) {
+        GRAD_GEMM_UNROLL
+        for (std::size_t l = 0; l < Lanes; ++l) __builtin_prefetch(b + (Lanes + l) * pr.b.cs + p, 0, 2);
+      }
       alignas(64) T square[Lanes * Lanes];
       E::square(b + p, pr.b.cs, square, Lanes);
       GRAD_GEMM_UNROLL
