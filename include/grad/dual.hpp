@@ -5,8 +5,11 @@
 // hessian on it; docs/second_order.md explains it.
 //
 // Nothing here is compiled by a program that does not include this header:
-// the tape reaches the per-item bodies for a dual type only through
-// `if constexpr` branches that a float or double tape discards.
+// the tape reaches a dual type's loops (contract.hpp's item_forward: the
+// per-item bodies, or the faster loops below, found by argument-dependent
+// lookup: the elementwise families on packs of dual numbers, the matrix
+// products by gemm) only through `if constexpr` branches that a float or
+// double tape discards.
 //
 // The ops below carry a tangent: their per-item bodies are templates over
 // the scalar whose every operation has a rule for Dual<T> (numerics/dual.hpp).
