@@ -8,10 +8,15 @@
 #include <algorithm>
 #include <cmath>
 #include <grad/func.hpp>
+#include <map>
 #include <numeric>
+#include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "op_cases.hpp"
+#include "oracle/second_order_cases_golden.hpp"
 #include "oracle/second_order_golden.hpp"
 #include "support.hpp"
 
@@ -381,6 +386,138 @@ TEST_CASE("value, gradient, HVP, JVP and Hessian against torch.autograd.function
       CHECK(near(h[i * 12 + j], golden::hessian[i * 12 + j]));
     }
   }
+}
+
+namespace {
+
+// The tangent of element e of a case's param p: a multiple of 1/8 in
+// [-1/2, 1/2], exact in binary; oracle/second_order_cases.py builds the same.
+double case_tangent(std::size_t p, std::size_t e) { return double(int((5 * e + 3 * p + 2) % 9) - 4) / 8.0; }
+
+// The dump's key of a case name (test_op_cases.cpp's key_of).
+std::string case_key(std::string name) {
+  for (char& ch : name)
+    if (ch == ' ' || ch == ',' || ch == '/') ch = '_';
+  return name;
+}
+
+// The ops of a case's tape that do not carry a tangent (grad/dual.hpp), by name.
+std::vector<std::string> ops_without_tangent(const OpCase<double>& c, std::set<std::uint8_t>& ops) {
+  RecordedCase<double> r;
+  record_case(c, r);
+  REQUIRE(r.tp.ok());
+  std::vector<std::string> missing;
+  for (const Node<double>& n : r.tp.nodes())
+    with_op(n.op, [&](auto op) {
+      using Op = decltype(op);
+      if constexpr (Op::arity > 0) {
+        ops.insert(n.op);
+        if (!carries_tangent<Op>) missing.emplace_back(Op::name);
+      }
+    });
+  return missing;
+}
+
+}  // namespace
+
+TEST_CASE("every case of the op table on a dual tape: JVP and HVP against torch.autograd.functional, 1e-12") {
+  // oracle/second_order_cases.py replayed the table's tapes (each node its
+  // tag's torch expression) in float64 torch; per case: the loss
+  // sum(out * weights), its directional derivative, out's JVP and each
+  // param's HVP along case_tangent. Here the same case runs on a
+  // Tape<Dual<double>>: the table instantiated for dual numbers draws the
+  // same values (checked), the params carry the tangents, the constants
+  // (ids, masks, weights) none. Each element within 1e-12 of torch's,
+  // relative to max(1, |torch's|).
+  // At a tie (maximum, minimum, max and min over an axis) the function has
+  // no derivative and the JVP is a convention: torch's is the mean of the
+  // tied operands' tangents (its backward splits the gradient evenly, and
+  // the plain tape's backward does the same), a dual tape's the tangent of
+  // the operand its forward picks. The JVPs of the two cases on ties are
+  // not compared, their HVPs are (they agree: the gradient's split is the
+  // plain backward's).
+  const std::set<std::string> ties{"maximum and minimum ties", "max and min over an axis with ties"};
+  std::map<std::string_view, const second_order_cases_golden::Case*> golden;
+  for (const auto& g : second_order_cases_golden::cases) golden[g.key] = &g;
+  const std::vector<OpCase<double>> plain = op_cases<double>();
+  const std::vector<OpCase<D>> duals = op_cases<D>();
+  REQUIRE(plain.size() == duals.size());
+  std::set<std::uint8_t> checked;
+  std::vector<std::string> refused;
+  std::size_t cases = 0;
+  for (std::size_t k = 0; k < plain.size(); ++k) {
+    if (plain[k].large) continue;  // the dump (and so the oracle) leaves them out
+    const OpCase<D>& c = duals[k];
+    const std::string key = case_key(c.name);
+    CAPTURE(key);
+    std::set<std::uint8_t> ops;
+    const std::vector<std::string> missing = ops_without_tangent(plain[k], ops);
+    Tape<D> tp;
+    std::vector<Var<D>> vars;
+    REQUIRE(c.params.size() == plain[k].params.size());
+    for (std::size_t p = 0; p < c.params.size(); ++p) {
+      const Tensor<double>& x = plain[k].params[p];
+      REQUIRE(c.params[p].size() == x.size());
+      std::vector<D> values(x.size());
+      for (std::size_t e = 0; e < x.size(); ++e) {
+        REQUIRE(std::memcmp(&c.params[p][e].value, &x[e], sizeof(double)) == 0);  // the same draws
+        values[e] = D(x[e], case_tangent(p, e));
+      }
+      vars.push_back(tp.param(Tensor<D>(x.shape(), std::move(values))));
+    }
+    for (const auto& t : c.constants) vars.push_back(tp.constant(t));
+    const Var<D> out = c.build(tp, vars);
+    const Var<D> loss = weighted_sum(out);
+    if (!missing.empty()) {
+      // An op without a tangent rule is refused by name when recorded.
+      CHECK_FALSE(tp.ok());
+      CHECK(tp.error().rfind("grad: " + missing.front() + ": cannot be recorded on a tape of dual numbers", 0) == 0);
+      refused.push_back(c.name + " (" + missing.front() + ")");
+      continue;
+    }
+    REQUIRE(tp.ok());
+    REQUIRE(tp.backward(loss));
+    const auto found = golden.find(key);
+    REQUIRE_MESSAGE(found != golden.end(), "no golden values: regenerate oracle/second_order_cases_golden.hpp");
+    const second_order_cases_golden::Case& g = *found->second;
+    std::size_t at = 0;
+    auto compare = [&](std::string_view part, std::size_t element, double got) {
+      REQUIRE(at < g.size);
+      const double want = g.values[at++];
+      if (!(std::abs(got - want) <= 1e-12 * std::max(1.0, std::abs(want))))
+        FAIL_CHECK(key << ": " << part << " element " << element << " is " << got << ", torch " << want);
+    };
+    const D value = tp.value(loss)[0];
+    compare("loss", 0, value.value);
+    const View<D> y = tp.value(out);
+    if (ties.count(c.name)) {
+      at += 1 + y.size();  // the JVP at a tie is a convention: see above
+    } else {
+      compare("directional derivative", 0, value.tangent);
+      for (std::size_t e = 0; e < y.size(); ++e) compare("jvp of the output", e, y[e].tangent);
+    }
+    for (std::size_t p = 0; p < c.params.size(); ++p) {
+      const View<D> h = tp.grad(vars[p]);
+      const std::string part = "hvp of param " + std::to_string(p);
+      for (std::size_t e = 0; e < h.size(); ++e) compare(part, e, h[e].tangent);
+    }
+    CHECK(at == g.size);
+    checked.insert(ops.begin(), ops.end());
+    ++cases;
+  }
+  MESSAGE(cases << " cases checked; refused on a dual tape, as grad/dual.hpp says: " << [&] {
+    std::string s;
+    for (const std::string& r : refused) s += (s.empty() ? "" : "; ") + r;
+    return s;
+  }());
+  // Every op that carries a tangent is in a checked case.
+  boost::mp11::mp_for_each<OpList>([&](auto op) {
+    using Op = decltype(op);
+    if constexpr (Op::arity > 0 && carries_tangent<Op>) {
+      CAPTURE(Op::name);
+      CHECK(checked.count(op_code<Op>) == 1);
+    }
+  });
 }
 
 TEST_CASE("mixed: a WGAN-GP penalty's gradient with respect to the critic's weights") {
