@@ -678,7 +678,7 @@ TEST_CASE("docs/second_order.md's Laplace approximation: the Hessian of an MLP's
   };
   // The mode by Levenberg-Marquardt: the posterior is not convex (Newton from
   // theta0 diverges), so each step solves (H + lambda I) delta = g, taken
-  // when the NLP falls (lambda / 4), else lambda * 4; Newton near the mode.
+  // unless the NLP rises (lambda / 4), else lambda * 4; Newton near the mode.
   grad::Tensor<double> theta({d});
   for (std::size_t k = 0; k < d; ++k) theta[k] = double(int((7 * k + 3) % 11) - 5) / 8;
   const grad::Tensor<double> h0 = grad::func::hessian(nlp, theta);  // [17, 17]
@@ -691,13 +691,16 @@ TEST_CASE("docs/second_order.md's Laplace approximation: the Hessian of an MLP's
     if (std::sqrt(dot(g.grad, g.grad)) < 1e-11) break;
     const grad::Tensor<double> h = grad::func::hessian(nlp, theta);
     for (;; lambda *= 4) {
+      REQUIRE_MESSAGE(lambda < 1e12, "Levenberg-Marquardt found no step at step ", steps);  // a NaN H or g
       std::vector<double> a(h.data().begin(), h.data().end());
       for (std::size_t k = 0; k < d; ++k) a[k * d + k] += lambda;
       if (!cholesky(a, d, l)) continue;  // not positive definite yet
       const std::vector<double> delta = cholesky_solve(l, std::vector<double>(g.grad.data().begin(), g.grad.data().end()));
       grad::Tensor<double> candidate = theta;
       for (std::size_t k = 0; k < d; ++k) candidate[k] -= delta[k];
-      if (grad::func::value_and_grad(nlp, candidate).value < g.value) {
+      // <=: at the mode the NLP is flat to its rounding, and the last step
+      // (|g| ~ 3e-11) may not lower it by an ulp.
+      if (grad::func::value_and_grad(nlp, candidate).value <= g.value) {
         theta = candidate;
         lambda /= 4;
         break;

@@ -83,7 +83,7 @@ def value_and_grad(f, x):
 
 
 def laplace_map(max_steps=60):
-    """Levenberg-Marquardt on NLP: step -(H + lam I)^-1 g, accepted when NLP falls (lam / 4), else lam * 4
+    """Levenberg-Marquardt on NLP: step -(H + lam I)^-1 g, taken unless NLP rises (lam / 4), else lam * 4
     (also while H + lam I is not positive definite); stops once |g| < 1e-11."""
     th, lam = L_THETA0.clone(), 1.0
     for step in range(max_steps):
@@ -95,7 +95,7 @@ def laplace_map(max_steps=60):
             L, info = torch.linalg.cholesky_ex(H + lam * torch.eye(L_D))
             if info == 0:
                 candidate = th - torch.cholesky_solve(g.reshape(L_D, 1), L).reshape(L_D)
-                if nlp(candidate).item() < f:
+                if nlp(candidate).item() <= f:  # at the mode the NLP is flat to rounding: equal is taken
                     th, lam = candidate, lam / 4
                     break
             lam *= 4
