@@ -12,6 +12,10 @@
 //   test_device_parity       the device engine, every backend, mode and schedule
 //   oracle/cases.py          float64 PyTorch, from the tapes this table
 //                            records (cases_golden.txt): no graph written twice
+//   test_second_order        each case on a Tape<Dual<double>> (the table
+//                            instantiated for Dual<double>): JVP and HVP against
+//                            float64 PyTorch's, from the same tapes
+//                            (oracle/second_order_cases.py)
 //
 // Adding an op: its tag, its entry in OpList, and its cases here.
 #pragma once

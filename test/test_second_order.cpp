@@ -1,17 +1,28 @@
 // Second-order derivatives (grad/func.hpp over Tape<Dual<T>>): every op
 // that carries a tangent against central differences of its forward (the
-// tangent) and of its gradient (the Hessian-vector product), the value parts
-// against the plain tape bit for bit, Hessians against analytic ones and
-// PyTorch's, Newton's method, and bad input.
+// tangent) and of its gradient (the Hessian-vector product), and every case
+// of the op table (op_cases.hpp) against float64 PyTorch's JVP and HVP
+// (oracle/second_order_cases.py); the value parts against the plain tape bit
+// for bit; Hessians against analytic ones and PyTorch's; docs/second_order.md's
+// worked examples (Newton's method, a Laplace approximation, WGAN-GP's
+// penalty and a physics-informed fit, the last three against torch's
+// create_graph=True or torch.autograd.functional: oracle/second_order.py);
+// and bad input. The suite never runs Python: the oracles' headers are
+// committed.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <grad/func.hpp>
+#include <map>
 #include <numeric>
+#include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "op_cases.hpp"
+#include "oracle/second_order_cases_golden.hpp"
 #include "oracle/second_order_golden.hpp"
 #include "support.hpp"
 
@@ -383,6 +394,140 @@ TEST_CASE("value, gradient, HVP, JVP and Hessian against torch.autograd.function
   }
 }
 
+namespace {
+
+// The tangent of element e of a case's param p: a multiple of 1/8 in
+// [-1/2, 1/2], exact in binary; oracle/second_order_cases.py builds the same.
+double case_tangent(std::size_t p, std::size_t e) { return double(int((5 * e + 3 * p + 2) % 9) - 4) / 8.0; }
+
+// The dump's key of a case name (test_op_cases.cpp's key_of).
+std::string case_key(std::string name) {
+  for (char& ch : name)
+    if (ch == ' ' || ch == ',' || ch == '/') ch = '_';
+  return name;
+}
+
+// The ops of a case's tape that do not carry a tangent (grad/dual.hpp), by name.
+std::vector<std::string> ops_without_tangent(const OpCase<double>& c, std::set<std::uint8_t>& ops) {
+  RecordedCase<double> r;
+  record_case(c, r);
+  REQUIRE(r.tp.ok());
+  std::vector<std::string> missing;
+  for (const Node<double>& n : r.tp.nodes())
+    with_op(n.op, [&](auto op) {
+      using Op = decltype(op);
+      if constexpr (Op::arity > 0) {
+        ops.insert(n.op);
+        if (!carries_tangent<Op>) missing.emplace_back(Op::name);
+      }
+    });
+  return missing;
+}
+
+}  // namespace
+
+TEST_CASE("every case of the op table on a dual tape: JVP and HVP against torch.autograd.functional, 1e-12") {
+  // oracle/second_order_cases.py replayed the table's tapes (each node its
+  // tag's torch expression) in float64 torch; per case: the loss
+  // sum(out * weights), its directional derivative, out's JVP and each
+  // param's HVP along case_tangent. Here the same case runs on a
+  // Tape<Dual<double>>: the table instantiated for dual numbers draws the
+  // same values (checked), the params carry the tangents, the constants
+  // (ids, masks, weights) none. Each element within 1e-12 of torch's,
+  // relative to max(1, |torch's|).
+  // At a tie (maximum, minimum, max and min over an axis) the function has
+  // no derivative and the JVP is a convention: torch's is the mean of the
+  // tied operands' tangents (its backward splits the gradient evenly, and
+  // the plain tape's backward does the same), a dual tape's the tangent of
+  // the operand its forward picks. The JVPs of the two cases on ties are
+  // not compared, their HVPs are (they agree: the gradient's split is the
+  // plain backward's).
+  const std::set<std::string> ties{"maximum and minimum ties", "max and min over an axis with ties"};
+  std::map<std::string_view, const second_order_cases_golden::Case*> golden;
+  for (const auto& g : second_order_cases_golden::cases) golden[g.key] = &g;
+  const std::vector<OpCase<double>> plain = op_cases<double>();
+  const std::vector<OpCase<D>> duals = op_cases<D>();
+  REQUIRE(plain.size() == duals.size());
+  std::set<std::uint8_t> checked;
+  std::vector<std::string> refused;
+  std::size_t cases = 0, ties_seen = 0;
+  for (std::size_t k = 0; k < plain.size(); ++k) {
+    if (plain[k].large) continue;  // the dump (and so the oracle) leaves them out
+    const OpCase<D>& c = duals[k];
+    const std::string key = case_key(c.name);
+    CAPTURE(key);
+    std::set<std::uint8_t> ops;
+    const std::vector<std::string> missing = ops_without_tangent(plain[k], ops);
+    Tape<D> tp;
+    std::vector<Var<D>> vars;
+    REQUIRE(c.params.size() == plain[k].params.size());
+    for (std::size_t p = 0; p < c.params.size(); ++p) {
+      const Tensor<double>& x = plain[k].params[p];
+      REQUIRE(c.params[p].size() == x.size());
+      std::vector<D> values(x.size());
+      for (std::size_t e = 0; e < x.size(); ++e) {
+        REQUIRE(std::memcmp(&c.params[p][e].value, &x[e], sizeof(double)) == 0);  // the same draws
+        values[e] = D(x[e], case_tangent(p, e));
+      }
+      vars.push_back(tp.param(Tensor<D>(x.shape(), std::move(values))));
+    }
+    for (const auto& t : c.constants) vars.push_back(tp.constant(t));
+    const Var<D> out = c.build(tp, vars);
+    const Var<D> loss = weighted_sum(out);
+    if (!missing.empty()) {
+      // An op without a tangent rule is refused by name when recorded.
+      CHECK_FALSE(tp.ok());
+      CHECK(tp.error().rfind("grad: " + missing.front() + ": cannot be recorded on a tape of dual numbers", 0) == 0);
+      refused.push_back(c.name + " (" + missing.front() + ")");
+      continue;
+    }
+    REQUIRE(tp.ok());
+    REQUIRE(tp.backward(loss));
+    const auto found = golden.find(key);
+    REQUIRE_MESSAGE(found != golden.end(), "no golden values: regenerate oracle/second_order_cases_golden.hpp");
+    const second_order_cases_golden::Case& g = *found->second;
+    std::size_t at = 0;
+    auto compare = [&](std::string_view part, std::size_t element, double got) {
+      REQUIRE(at < g.size);
+      const double want = g.values[at++];
+      if (!(std::abs(got - want) <= 1e-12 * std::max(1.0, std::abs(want))))
+        FAIL_CHECK(key << ": " << part << " element " << element << " is " << got << ", torch " << want);
+    };
+    const D value = tp.value(loss)[0];
+    compare("loss", 0, value.value);
+    const View<D> y = tp.value(out);
+    if (ties.count(c.name)) {
+      ++ties_seen;
+      at += 1 + y.size();  // the JVP at a tie is a convention: see above
+    } else {
+      compare("directional derivative", 0, value.tangent);
+      for (std::size_t e = 0; e < y.size(); ++e) compare("jvp of the output", e, y[e].tangent);
+    }
+    for (std::size_t p = 0; p < c.params.size(); ++p) {
+      const View<D> h = tp.grad(vars[p]);
+      const std::string part = "hvp of param " + std::to_string(p);
+      for (std::size_t e = 0; e < h.size(); ++e) compare(part, e, h[e].tangent);
+    }
+    CHECK(at == g.size);
+    checked.insert(ops.begin(), ops.end());
+    ++cases;
+  }
+  CHECK(ties_seen == ties.size());  // the cases left out by name are in the table
+  MESSAGE(cases << " cases checked; refused on a dual tape, as grad/dual.hpp says: " << [&] {
+    std::string s;
+    for (const std::string& r : refused) s += (s.empty() ? "" : "; ") + r;
+    return s;
+  }());
+  // Every op that carries a tangent is in a checked case.
+  boost::mp11::mp_for_each<OpList>([&](auto op) {
+    using Op = decltype(op);
+    if constexpr (Op::arity > 0 && carries_tangent<Op>) {
+      CAPTURE(Op::name);
+      CHECK(checked.count(op_code<Op>) == 1);
+    }
+  });
+}
+
 TEST_CASE("mixed: a WGAN-GP penalty's gradient with respect to the critic's weights") {
   // D(W, x) = sum(tanh(x W) * c); the penalty P(W) = |grad_x D|^2 has the
   // gradient 2 (d2D / dW dx) grad_x D, one mixed() call.
@@ -447,6 +592,260 @@ TEST_CASE("docs/second_order.md's physics-informed recipe: the gradient of a los
     down[k] -= h;
     CHECK(2.0 / double(n) * m.mixed[k] == doctest::Approx((loss(up) - loss(down)) / (2 * h)).epsilon(1e-7));
   }
+}
+
+namespace {
+
+// |got - want| <= tol * max(1, |want|), element by element, naming the element.
+void check_against(std::string_view what, const double* got, const double* want, std::size_t n, double tol) {
+  for (std::size_t i = 0; i < n; ++i)
+    if (!(std::abs(got[i] - want[i]) <= tol * std::max(1.0, std::abs(want[i]))))
+      FAIL_CHECK(what << " element " << i << " is " << got[i] << ", torch " << want[i]);
+}
+
+// The Cholesky factor L (lower, row-major) of a symmetric n x n matrix; false
+// when it is not positive definite.
+bool cholesky(const std::vector<double>& a, std::size_t n, std::vector<double>& l) {
+  l.assign(n * n, 0.0);
+  for (std::size_t j = 0; j < n; ++j) {
+    double d = a[j * n + j];
+    for (std::size_t k = 0; k < j; ++k) d -= l[j * n + k] * l[j * n + k];
+    if (!(d > 0)) return false;
+    l[j * n + j] = std::sqrt(d);
+    for (std::size_t i = j + 1; i < n; ++i) {
+      double s = a[i * n + j];
+      for (std::size_t k = 0; k < j; ++k) s -= l[i * n + k] * l[j * n + k];
+      l[i * n + j] = s / l[j * n + j];
+    }
+  }
+  return true;
+}
+
+// Solves L L^T x = b.
+std::vector<double> cholesky_solve(const std::vector<double>& l, std::vector<double> b) {
+  const std::size_t n = b.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t k = 0; k < i; ++k) b[i] -= l[i * n + k] * b[k];
+    b[i] /= l[i * n + i];
+  }
+  for (std::size_t i = n; i-- > 0;) {
+    for (std::size_t k = i + 1; k < n; ++k) b[i] -= l[k * n + i] * b[k];
+    b[i] /= l[i * n + i];
+  }
+  return b;
+}
+
+double dot(const Tensor<double>& a, const Tensor<double>& b) {
+  return std::inner_product(a.data().begin(), a.data().end(), b.data().begin(), 0.0);
+}
+
+// The Laplace example's problem (oracle/second_order.py's laplace()): a
+// 2-4-1 tanh MLP on 15 grid points, theta [17] = [W1 (2x4), b1, W2 (4x1), b2].
+struct LaplaceProblem {
+  static constexpr std::size_t d = 17, n = 15;
+  static constexpr double s2 = 1.0 / 16, alpha = 1.0;  // noise variance, prior precision
+  Tensor<double> X{Shape{n, 2}}, Y{Shape{n, 1}};
+  LaplaceProblem() {
+    for (std::size_t k = 0; k < n; ++k) {
+      const double a = (-4.0 + 2.0 * double(k % 5)) / 4, b = (-3.0 + 2.0 * double(k / 5)) / 4;
+      X[2 * k] = a;
+      X[2 * k + 1] = b;
+      Y[k] = a * b + a / 2 - b * b;  // exact in binary
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("docs/second_order.md's Laplace approximation: the Hessian of an MLP's posterior against torch") {
+  const LaplaceProblem problem;
+  const Tensor<double>& X = problem.X;
+  const Tensor<double>& Y = problem.Y;
+  constexpr std::size_t d = LaplaceProblem::d, n = LaplaceProblem::n;
+  constexpr double s2 = LaplaceProblem::s2, alpha = LaplaceProblem::alpha;
+  namespace golden = second_order_golden::laplace;
+  // The page's code.
+  auto mlp = [](auto theta, auto x) {  // a 2-4-1 tanh MLP; theta [17] sliced into its layers
+    const auto W1 = grad::reshape(grad::slice(theta, {0}, {8}), {2, 4}), b1 = grad::slice(theta, {8}, {12});
+    const auto W2 = grad::reshape(grad::slice(theta, {12}, {16}), {4, 1}), b2 = grad::slice(theta, {16}, {17});
+    return grad::matmul(grad::tanh(grad::matmul(x, W1) + b1), W2) + b2;
+  };
+  const double pi = std::acos(-1.0);
+  const double normalisers = double(n) / 2 * std::log(2 * pi * s2) - double(d) / 2 * std::log(alpha / (2 * pi));
+  auto nlp = [&](auto theta) {  // -log p(Y | X, theta) - log p(theta): Gaussian noise s2, prior N(0, 1 / alpha)
+    const auto r = mlp(theta, grad::func::constant(theta, X)) - grad::func::constant(theta, Y);
+    return grad::sum(r * r) * (1 / (2 * s2)) + grad::sum(theta * theta) * (alpha / 2) + normalisers;
+  };
+  // The mode by Levenberg-Marquardt: the posterior is not convex (Newton from
+  // theta0 diverges), so each step solves (H + lambda I) delta = g, taken
+  // unless the NLP rises (lambda / 4), else lambda * 4; Newton near the mode.
+  grad::Tensor<double> theta({d});
+  for (std::size_t k = 0; k < d; ++k) theta[k] = double(int((7 * k + 3) % 11) - 5) / 8;
+  const grad::Tensor<double> h0 = grad::func::hessian(nlp, theta);  // [17, 17]
+  check_against("the Hessian at theta0", h0.data().data(), golden::hessian_at_theta0, d * d, 1e-12);
+  double lambda = 1;
+  int steps = 0;
+  std::vector<double> l;
+  for (; steps < 60; ++steps) {
+    const auto g = grad::func::value_and_grad(nlp, theta);
+    if (std::sqrt(dot(g.grad, g.grad)) < 1e-11) break;
+    const grad::Tensor<double> h = grad::func::hessian(nlp, theta);
+    for (;; lambda *= 4) {
+      REQUIRE_MESSAGE(lambda < 1e12, "Levenberg-Marquardt found no step at step ", steps);  // a NaN H or g
+      std::vector<double> a(h.data().begin(), h.data().end());
+      for (std::size_t k = 0; k < d; ++k) a[k * d + k] += lambda;
+      if (!cholesky(a, d, l)) continue;  // not positive definite yet
+      const std::vector<double> delta = cholesky_solve(l, std::vector<double>(g.grad.data().begin(), g.grad.data().end()));
+      grad::Tensor<double> candidate = theta;
+      for (std::size_t k = 0; k < d; ++k) candidate[k] -= delta[k];
+      // <=: at the mode the NLP is flat to its rounding, and the last step
+      // (|g| ~ 3e-11) may not lower it by an ulp.
+      if (grad::func::value_and_grad(nlp, candidate).value <= g.value) {
+        theta = candidate;
+        lambda /= 4;
+        break;
+      }
+    }
+  }
+  // The Laplace approximation at the mode: posterior N(theta*, H^-1), and
+  // log p(Y | X) ~ -NLP(theta*) + (d / 2) log(2 pi) - (1 / 2) log det H.
+  const grad::Tensor<double> h = grad::func::hessian(nlp, theta);
+  REQUIRE(cholesky(std::vector<double>(h.data().begin(), h.data().end()), d, l));
+  double log_det = 0;
+  for (std::size_t k = 0; k < d; ++k) log_det += 2 * std::log(l[k * d + k]);
+  const double log_evidence = -grad::func::value_and_grad(nlp, theta).value + double(d) / 2 * std::log(2 * pi) - log_det / 2;
+  std::vector<double> variance(d);  // the posterior's marginal variances: diag(H^-1)
+  for (std::size_t k = 0; k < d; ++k) {
+    std::vector<double> e(d, 0.0);
+    e[k] = 1;
+    variance[k] = cholesky_solve(l, e)[k];
+  }
+  const grad::Tensor<double> xstar({1, 2}, {0.5, -0.25});  // a prediction's variance there: g^T H^-1 g
+  const auto u = grad::func::value_and_grad([&](auto th) { return grad::sum(mlp(th, grad::func::constant(th, xstar))); }, theta);
+  const std::vector<double> hu = cholesky_solve(l, std::vector<double>(u.grad.data().begin(), u.grad.data().end()));
+  const double predictive_variance = std::inner_product(hu.begin(), hu.end(), u.grad.data().begin(), 0.0);
+
+  CHECK(steps == golden::map_steps);  // the same path as torch's
+  check_against("the mode theta*", theta.data().data(), golden::theta_map, d, 1e-10);
+  // At torch's own mode (exact input): every second derivative within 1e-12.
+  const grad::Tensor<double> at_torch(Shape{d}, std::vector<double>(golden::theta_map, golden::theta_map + d));
+  check_against("the Hessian at torch's theta*", grad::func::hessian(nlp, at_torch).data().data(), golden::hessian_at_map,
+                d * d, 1e-12);
+  const double at_map = grad::func::value_and_grad(nlp, at_torch).value;
+  check_against("NLP(theta*)", &at_map, &golden::nlp_at_map, 1, 1e-12);
+  // From this side's mode: the Laplace quantities.
+  check_against("log det H", &log_det, &golden::log_det, 1, 1e-10);
+  check_against("the log evidence", &log_evidence, &golden::log_evidence, 1, 1e-10);
+  check_against("the posterior variances", variance.data(), golden::posterior_variance, d, 1e-10);
+  check_against("the predictive mean", &u.value, &golden::predictive_mean, 1, 1e-10);
+  check_against("the predictive variance", &predictive_variance, &golden::predictive_variance, 1, 1e-10);
+}
+
+TEST_CASE("docs/second_order.md's WGAN-GP: the penalty's gradient against torch's create_graph=True") {
+  // oracle/second_order.py's wgan_gp(): torch differentiates the gradient it
+  // took with create_graph=True; here one value_and_grad and one mixed.
+  auto grid = [](std::size_t rows, std::size_t cols, std::size_t offset) {
+    Tensor<double> t({rows, cols});
+    for (std::size_t i = 0; i < rows; ++i)
+      for (std::size_t j = 0; j < cols; ++j) t[i * cols + j] = (double((offset + 5 * i + 3 * j) % 13) - 6) / 16.0;
+    return t;
+  };
+  const grad::Tensor<double> x = grid(4, 3, 5);  // 4 samples of 3 features
+  grad::Tensor<double> theta({20});
+  for (std::size_t k = 0; k < 20; ++k) theta[k] = (double((5 * k + 4) % 13) - 6.5) / 8;
+  namespace golden = second_order_golden::wgan_gp;
+  // The page's code. The critic's scores, one per sample, summed: row i of
+  // its gradient in x is the gradient of D(theta, x_i).
+  auto critic = [](auto theta, auto x) {  // theta [20] = [W1 (3x4), b1 (4), w2 (4)]
+    const auto W1 = grad::reshape(grad::slice(theta, {0}, {12}), {3, 4}), b1 = grad::slice(theta, {12}, {16});
+    const auto w2 = grad::reshape(grad::slice(theta, {16}, {20}), {4, 1});
+    return grad::sum(grad::matmul(grad::tanh(grad::matmul(x, W1) + b1), w2));
+  };
+  const grad::Tensor<double> g =  // [4, 3]: grad_x D
+      grad::func::value_and_grad([&](auto input) { return critic(grad::func::constant(input, theta), input); }, x).grad;
+  // |grad_x D|^2 has the gradient 2 (d2D / dtheta dx) grad_x D:
+  const auto squared = grad::func::mixed(critic, theta, x, g);  // 2 * squared.mixed
+  // WGAN-GP's penalty mean_i (|g_i| - 1)^2 has the gradient (d2D / dtheta dx) u
+  // with row u_i = (2 / N) (|g_i| - 1) / |g_i| g_i:
+  const std::size_t samples = 4, features = 3;
+  grad::Tensor<double> weights({samples, features});
+  double penalty = 0;
+  for (std::size_t i = 0; i < samples; ++i) {
+    double norm = 0;
+    for (std::size_t j = 0; j < features; ++j) norm += g[i * features + j] * g[i * features + j];
+    norm = std::sqrt(norm);
+    penalty += (norm - 1) * (norm - 1) / double(samples);
+    for (std::size_t j = 0; j < features; ++j)
+      weights[i * features + j] = 2.0 / double(samples) * (norm - 1) / norm * g[i * features + j];
+  }
+  const auto gp = grad::func::mixed(critic, theta, x, weights);  // gp.mixed: d penalty / dtheta
+
+  check_against("grad_x D", g.data().data(), golden::grad_x, g.size(), 1e-12);
+  const double squared_norm = dot(g, g);
+  check_against("|grad_x D|^2", &squared_norm, &golden::squared_norm, 1, 1e-12);
+  grad::Tensor<double> twice = squared.mixed;
+  for (double& v : twice.data()) v *= 2;
+  check_against("2 mixed, the gradient of |grad_x D|^2", twice.data().data(), golden::d_squared_norm, 20, 1e-12);
+  check_against("the penalty", &penalty, &golden::penalty, 1, 1e-12);
+  check_against("the penalty's gradient", gp.mixed.data().data(), golden::d_penalty, 20, 1e-12);
+}
+
+TEST_CASE("docs/second_order.md's physics-informed fit: u' = cos t, u(0) = 0 by Adam on mixed's gradient") {
+  const std::size_t n = 16;
+  const double pi = std::acos(-1.0);
+  grad::Tensor<double> t({n, 1});  // collocation points on [0, pi]
+  for (std::size_t i = 0; i < n; ++i) t[i] = double(i) * (pi / 15);
+  grad::Tensor<double> theta({25});  // oracle/second_order.py's pinn() starts there too
+  for (std::size_t k = 0; k < 25; ++k) theta[k] = (double((3 * k + 1) % 7) - 3.5) / 4;
+  grad::Tensor<double> m1({25}), m2({25});
+  // The page's code: u(theta, t) = tanh(t w1 + b1) w2 + b2, theta [25] = [w1 (8), b1 (8), w2 (8), b2];
+  // L(theta) = mean((u'(t_i) - cos t_i)^2) + u(theta, 0)^2 and its gradient.
+  auto u_sum = [](auto theta, auto t) {  // U(theta, t) = sum_i u(theta, t_i), t [N, 1]
+    const auto w1 = grad::reshape(grad::slice(theta, {0}, {8}), {1, 8}), b1 = grad::slice(theta, {8}, {16});
+    const auto w2 = grad::reshape(grad::slice(theta, {16}, {24}), {8, 1}), b2 = grad::slice(theta, {24}, {25});
+    return grad::sum(grad::matmul(grad::tanh(grad::matmul(t, w1) + b1), w2) + b2);
+  };
+  auto loss_and_grad = [&](const grad::Tensor<double>& theta) {
+    grad::Tensor<double> r =
+        grad::func::value_and_grad([&](auto time) { return u_sum(grad::func::constant(time, theta), time); }, t).grad;
+    for (std::size_t i = 0; i < n; ++i) r[i] -= std::cos(t[i]);  // u'(t_i) - cos t_i
+    const auto m = grad::func::mixed(u_sum, theta, t, r);        // (d2U / dtheta dt) r
+    const auto u0 = grad::func::value_and_grad(
+        [&](auto th) { return u_sum(th, grad::func::constant(th, grad::Tensor<double>({1, 1}))); }, theta);  // u(0)
+    double loss = u0.value * u0.value;
+    for (std::size_t i = 0; i < n; ++i) loss += r[i] * r[i] / double(n);
+    grad::Tensor<double> g = m.mixed;
+    for (std::size_t k = 0; k < theta.size(); ++k) g[k] = 2.0 / double(n) * m.mixed[k] + 2 * u0.value * u0.grad[k];
+    return std::pair{loss, g};
+  };
+  // The loss's gradient at the start against torch's create_graph=True.
+  namespace golden = second_order_golden::pinn;
+  const auto [start, start_grad] = loss_and_grad(theta);
+  check_against("the loss", &start, &golden::loss, 1, 1e-12);
+  check_against("the loss's gradient", start_grad.data().data(), golden::d_loss, 25, 1e-12);
+  double last = start;
+  // Adam (torch's defaults but the rate 0.1), 600 steps:
+  for (int step = 1; step <= 600; ++step) {
+    const auto [loss, g] = loss_and_grad(theta);
+    for (std::size_t k = 0; k < 25; ++k) {
+      m1[k] = 0.9 * m1[k] + 0.1 * g[k];
+      m2[k] = 0.999 * m2[k] + 0.001 * g[k] * g[k];
+      theta[k] -= 0.1 * (m1[k] / (1 - std::pow(0.9, step))) / (std::sqrt(m2[k] / (1 - std::pow(0.999, step))) + 1e-8);
+    }
+    last = loss;
+  }
+  CAPTURE(start);
+  CAPTURE(last);
+  CHECK(last < 1e-4 * start);  // 1.85 -> 7.8e-5
+  double worst = 0;            // u against sin t on a fine grid, between the collocation points too
+  for (std::size_t i = 0; i <= 100; ++i) {
+    const grad::Tensor<double> at({1, 1}, {double(i) * (pi / 100)});
+    const double u =
+        grad::func::value_and_grad([&](auto th) { return u_sum(th, grad::func::constant(th, at)); }, theta).value;
+    worst = std::max(worst, std::abs(u - std::sin(at[0])));
+  }
+  CAPTURE(worst);
+  CHECK(worst < 1e-2);  // 4.5e-3
 }
 
 TEST_CASE("jacobian: forward and reverse agree, and with the jvp of each column") {

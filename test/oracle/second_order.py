@@ -7,6 +7,8 @@ JVP and Hessian in float64 from torch.autograd.functional (torch 1.13).
 The inputs are multiples of 1/16, exact in float and double, so the C++ side
 builds the same tensors. The suite reads the header; it never runs Python.
 """
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -49,4 +51,139 @@ print("inline constexpr double directional = %.17g;" % jv.item())
 print(arr("grad", grad))
 print(arr("hvp", hv))
 print(arr("hessian", hess))
+
+
+# ---- A Laplace approximation (docs/second_order.md): a 2-4-1 tanh MLP, theta [17] flat ----
+# theta = [W1 (2x4, row-major), b1 (4), W2 (4x1), b2 (1)]; 15 points on a grid, exact in binary;
+# the negative log posterior, normalising constants included:
+#   NLP = sum(r^2) / (2 s2) + (N/2) log(2 pi s2) + (alpha/2) |theta|^2 - (d/2) log(alpha / (2 pi)).
+LX = torch.tensor([[(-4 + 2 * (k % 5)) / 4.0, (-3 + 2 * (k // 5)) / 4.0] for k in range(15)])
+LY = (LX[:, 0] * LX[:, 1] + LX[:, 0] / 2 - LX[:, 1] ** 2).reshape(15, 1)
+L_S2, L_ALPHA, L_D, L_N = 1 / 16.0, 1.0, 17, 15
+L_THETA0 = torch.tensor([((7 * k + 3) % 11 - 5) / 8.0 for k in range(L_D)])
+L_XSTAR = torch.tensor([[0.5, -0.25]])  # where the predictive variance is asked
+
+
+def mlp(th, x):
+    W1, b1, W2, b2 = th[0:8].reshape(2, 4), th[8:12], th[12:16].reshape(4, 1), th[16:17]
+    return torch.tanh(x @ W1 + b1) @ W2 + b2
+
+
+def nlp(th):
+    r = mlp(th, LX) - LY
+    return ((r * r).sum() / (2 * L_S2) + L_N / 2 * math.log(2 * math.pi * L_S2) + (th * th).sum() * (L_ALPHA / 2) -
+            L_D / 2 * math.log(L_ALPHA / (2 * math.pi)))
+
+
+def value_and_grad(f, x):
+    x = x.clone().requires_grad_(True)
+    y = f(x)
+    g, = torch.autograd.grad(y, x)
+    return y.item(), g
+
+
+def laplace_map(max_steps=60):
+    """Levenberg-Marquardt on NLP: step -(H + lam I)^-1 g, taken unless NLP rises (lam / 4), else lam * 4
+    (also while H + lam I is not positive definite); stops once |g| < 1e-11."""
+    th, lam = L_THETA0.clone(), 1.0
+    for step in range(max_steps):
+        f, g = value_and_grad(nlp, th)
+        if g.norm().item() < 1e-11:
+            return th, step
+        H = torch.autograd.functional.hessian(nlp, th)
+        while True:
+            L, info = torch.linalg.cholesky_ex(H + lam * torch.eye(L_D))
+            if info == 0:
+                candidate = th - torch.cholesky_solve(g.reshape(L_D, 1), L).reshape(L_D)
+                if nlp(candidate).item() <= f:  # at the mode the NLP is flat to rounding: equal is taken
+                    th, lam = candidate, lam / 4
+                    break
+            lam *= 4
+    raise SystemExit("laplace: Levenberg-Marquardt did not converge")
+
+
+def laplace():
+    h0 = torch.autograd.functional.hessian(nlp, L_THETA0)
+    theta, steps = laplace_map()
+    h = torch.autograd.functional.hessian(nlp, theta)
+    chol = torch.linalg.cholesky(h)
+    logdet = 2 * torch.log(torch.diagonal(chol)).sum()
+    cov = torch.cholesky_inverse(chol)
+    evidence = -nlp(theta) + L_D / 2 * math.log(2 * math.pi) - logdet / 2
+    _, gstar = value_and_grad(lambda t: mlp(t, L_XSTAR).sum(), theta)
+    print("namespace laplace {")
+    print("// NLP of a 2-4-1 tanh MLP (theta [17]); test/oracle/second_order.py's laplace() has the data.")
+    print(arr("hessian_at_theta0", h0))
+    print("inline constexpr int map_steps = %d;  // Levenberg-Marquardt steps to |grad| < 1e-11" % steps)
+    print(arr("theta_map", theta))
+    print("inline constexpr double nlp_at_map = %.17g;" % nlp(theta).item())
+    print(arr("hessian_at_map", h))
+    print("inline constexpr double log_det = %.17g;" % logdet.item())
+    print("inline constexpr double log_evidence = %.17g;" % evidence.item())
+    print(arr("posterior_variance", torch.diagonal(cov)))
+    print("inline constexpr double predictive_mean = %.17g;" % mlp(theta, L_XSTAR).item())
+    print("inline constexpr double predictive_variance = %.17g;  // g^T H^-1 g, g = grad_theta u(x*)" %
+          (gstar @ cov @ gstar).item())
+    print("}  // namespace laplace")
+
+
+# ---- WGAN-GP: the gradient of a gradient penalty, torch's create_graph=True ----
+# A critic D(theta, x) = tanh(x W1 + b1) w2, theta [20] = [W1 (3x4), b1 (4), w2 (4)], on 4 samples x [4, 3].
+GX = grid(4, 3, 5)
+G_THETA = torch.tensor([((5 * k + 4) % 13 - 6.5) / 8.0 for k in range(20)])  # odd multiples of 1/16: none 0
+
+
+def critic(th, x):
+    W1, b1, w2 = th[0:12].reshape(3, 4), th[12:16], th[16:20].reshape(4, 1)
+    return torch.tanh(x @ W1 + b1) @ w2  # [4, 1], one score per sample
+
+
+def wgan_gp():
+    th = G_THETA.clone().requires_grad_(True)
+    x = GX.clone().requires_grad_(True)
+    g, = torch.autograd.grad(critic(th, x).sum(), x, create_graph=True)  # row i: grad of D(x_i)
+    squared = (g * g).sum()                                            # |grad_x sum_i D(x_i)|^2
+    d_squared, = torch.autograd.grad(squared, th, retain_graph=True)
+    penalty = ((g.norm(dim=1) - 1) ** 2).mean()                       # WGAN-GP's per-sample form
+    d_penalty, = torch.autograd.grad(penalty, th)
+    print("namespace wgan_gp {")
+    print("// D(theta, x) = tanh(x W1 + b1) w2; test/oracle/second_order.py's wgan_gp() has the inputs.")
+    print(arr("grad_x", g))
+    print("inline constexpr double squared_norm = %.17g;" % squared.item())
+    print(arr("d_squared_norm", d_squared))
+    print("inline constexpr double penalty = %.17g;  // mean((|g_i| - 1)^2)" % penalty.item())
+    print(arr("d_penalty", d_penalty))
+    print("}  // namespace wgan_gp")
+
+
+# ---- A 1-D physics-informed loss's gradient, create_graph=True ----
+# u(theta, t) = tanh(t w1 + b1) w2 + b2, theta [25] = [w1 (8), b1 (8), w2 (8), b2]; the loss
+# L = mean((u'(t_i) - cos t_i)^2) + u(0)^2 on t_i = i pi / 15, i = 0..15 (not exact: cos and the
+# points are computed the same way on both sides, t_i as the float64 product).
+P_H, P_N = 8, 16
+P_THETA = torch.tensor([((3 * k + 1) % 7 - 3.5) / 4.0 for k in range(3 * P_H + 1)])  # odd multiples of 1/8
+P_T = torch.tensor([[i * (math.pi / 15)] for i in range(P_N)])
+
+
+def u_net(th, t):
+    w1, b1, w2, b2 = th[0:P_H].reshape(1, P_H), th[P_H:2 * P_H], th[2 * P_H:3 * P_H].reshape(P_H, 1), th[3 * P_H:]
+    return torch.tanh(t @ w1 + b1) @ w2 + b2
+
+
+def pinn():
+    th = P_THETA.clone().requires_grad_(True)
+    t = P_T.clone().requires_grad_(True)
+    du, = torch.autograd.grad(u_net(th, t).sum(), t, create_graph=True)
+    loss = ((du - torch.cos(P_T)) ** 2).mean() + u_net(th, torch.zeros(1, 1)).sum() ** 2
+    d_loss, = torch.autograd.grad(loss, th)
+    print("namespace pinn {")
+    print("// u(theta, t) = tanh(t w1 + b1) w2 + b2; test/oracle/second_order.py's pinn() has the inputs.")
+    print("inline constexpr double loss = %.17g;" % loss.item())
+    print(arr("d_loss", d_loss))
+    print("}  // namespace pinn")
+
+
+laplace()
+wgan_gp()
+pinn()
 print("}  // namespace second_order_golden")
