@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <grad/func.hpp>
 #include <map>
 #include <numeric>
@@ -990,4 +992,53 @@ TEST_CASE("bad input: clear errors naming the function, the shapes and the eleme
   Tape<D> held;
   CHECK_FALSE(held.constant(Tensor<D>({2}, {D(1), D(2)}), Storage::bf16).valid());
   CHECK(held.error() == "grad: const: a tape of dual numbers holds its leaves native, not as bf16");
+}
+
+namespace {
+// FNV-1a over the bytes of every element: one number that changes if any bit does.
+template <class T>
+std::uint64_t bits_hash(std::uint64_t h, const Tensor<T>& t) {
+  for (const T& v : t.data()) {
+    unsigned char bytes[sizeof(T)];
+    std::memcpy(bytes, &v, sizeof(T));
+    for (unsigned char b : bytes) h = (h ^ b) * 0x100000001b3ull;
+  }
+  return h;
+}
+
+// An HVP (the weights carry tangents, the input none: the first product is
+// one gemm of twice the columns) and a jvp along the input (the weights
+// carry none: one gemm of twice the rows) through products, packs of dual
+// numbers with ragged tails and broadcasting; both widths' shuffles.
+template <class T>
+std::uint64_t second_order_bits() {
+  Rng rng(97);
+  const Tensor<T> x = random_tensor<T>({45, 29}, rng), w = random_tensor<T>({29, 37}, rng),
+                  bias = random_tensor<T>({37}, rng), c = random_tensor<T>({45, 37}, rng),
+                  v = random_tensor<T>({29, 37}, rng), u = random_tensor<T>({45, 29}, rng);
+  auto net = [&](auto input, auto weights) {
+    const auto y = tanh(matmul(input, weights) + func::constant(weights, bias));
+    const auto z = matmul_nt(sigmoid(y), weights);
+    return mean(gelu(z) * z) + sum(softmax(y, 1) * func::constant(weights, c));
+  };
+  const func::HvpResult<T> h = func::hvp([&](auto weights) { return net(func::constant(weights, x), weights); }, w, v);
+  const func::JvpResult<T> j = func::jvp([&](auto input) { return net(input, func::constant(input, w)); }, x, u);
+  std::uint64_t hash = 0xcbf29ce484222325ull;
+  for (const Tensor<T>* t : {&h.grad, &h.hvp, &j.value, &j.tangent}) hash = bits_hash(hash, *t);
+  return hash;
+}
+}  // namespace
+
+TEST_CASE("an HVP's and a jvp's bits are the same on every instruction set and thread count") {
+  // The constants are what this code gives; the suite's baseline and AVX2
+  // runs (meson test second_order_baseline, _avx2) must give them too (the
+  // same operations per lane, the gemm's fixed order), on 1 and 3 threads.
+  // A change that moves a bit on purpose updates them.
+  for (const std::size_t threads : {1, 3}) {
+    CAPTURE(threads);
+    set_num_threads(threads);
+    CHECK(second_order_bits<double>() == 16490070889661192802ull);
+    CHECK(second_order_bits<float>() == 1280691668547673409ull);
+  }
+  set_num_threads(1);
 }
