@@ -34,6 +34,15 @@ using D = Dual<double>;
 
 namespace {
 
+// The golden inputs test/oracle/second_order.py builds the same way: element
+// (i, j) is ((offset + 5 i + 3 j) % 13 - 6) / 16, exact in float and double.
+Tensor<double> grid(std::size_t rows, std::size_t cols, std::size_t offset) {
+  Tensor<double> t({rows, cols});
+  for (std::size_t i = 0; i < rows; ++i)
+    for (std::size_t j = 0; j < cols; ++j) t[i * cols + j] = (double((offset + 5 * i + 3 * j) % 13) - 6) / 16.0;
+  return t;
+}
+
 // f(x) on a plain tape: the values a dual tape's value parts must equal.
 template <class T, class F>
 Tensor<T> plain_forward(F f, const Tensor<T>& x) {
@@ -367,12 +376,6 @@ TEST_CASE("logistic regression's Hessian is X^T diag(p (1 - p)) X / N") {
 
 TEST_CASE("value, gradient, HVP, JVP and Hessian against torch.autograd.functional in float64") {
   // test/oracle/second_order.py made the golden values from the same inputs.
-  auto grid = [](std::size_t rows, std::size_t cols, std::size_t offset) {
-    Tensor<double> t({rows, cols});
-    for (std::size_t i = 0; i < rows; ++i)
-      for (std::size_t j = 0; j < cols; ++j) t[i * cols + j] = (double((offset + 5 * i + 3 * j) % 13) - 6) / 16.0;
-    return t;
-  };
   const Tensor<double> X = grid(2, 3, 1), C = grid(2, 4, 4), W = grid(3, 4, 7), V = grid(3, 4, 2);
   auto f = [&](auto w) {
     const auto probs = softmax(tanh(matmul(func::constant(w, X), w)), 1);
@@ -746,12 +749,6 @@ TEST_CASE("docs/second_order.md's Laplace approximation: the Hessian of an MLP's
 TEST_CASE("docs/second_order.md's WGAN-GP: the penalty's gradient against torch's create_graph=True") {
   // oracle/second_order.py's wgan_gp(): torch differentiates the gradient it
   // took with create_graph=True; here one value_and_grad and one mixed.
-  auto grid = [](std::size_t rows, std::size_t cols, std::size_t offset) {
-    Tensor<double> t({rows, cols});
-    for (std::size_t i = 0; i < rows; ++i)
-      for (std::size_t j = 0; j < cols; ++j) t[i * cols + j] = (double((offset + 5 * i + 3 * j) % 13) - 6) / 16.0;
-    return t;
-  };
   const grad::Tensor<double> x = grid(4, 3, 5);  // 4 samples of 3 features
   grad::Tensor<double> theta({20});
   for (std::size_t k = 0; k < 20; ++k) theta[k] = (double((5 * k + 4) % 13) - 6.5) / 8;
