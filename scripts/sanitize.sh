@@ -6,8 +6,8 @@
 #               slow bit-comparing tables that add no new code paths
 #   build-tsan  ThreadSanitizer over the suites that run the thread pool
 # Both build at -O1 (the kernel library too: meson.build keeps a sanitized
-# build's level; the suites' own units at -O0, test/meson.build: 24 -> 14 s
-# for test_tape under ASan + UBSan) without CUDA, benchmarks or examples, with line tables
+# build's level; under ASan + UBSan most suites' own units at -O0,
+# test/meson.build: 24 -> 14 s for test_tape) without CUDA, benchmarks or examples, with line tables
 # only (-g1: reports still name file and line; full -g's variable tracking
 # cost a quarter of the compile time of the gemm's units), and one copy of
 # each kernel, for this machine's widest instruction set (GRAD_ONLY_ISA,

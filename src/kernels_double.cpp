@@ -1,6 +1,6 @@
 // The compiled kernel library's double half: every hot loop that
 // grad/kernels_extern.hpp lists and the reverse walk (core.hpp),
-// instantiated once with the project's flags (-O3, -ffp-contract=off; one
+// instantiated once with the project's flags (meson.build, -ffp-contract=off; one
 // copy per instruction set inside each loop).
 #include <grad/core.hpp>
 

@@ -79,7 +79,7 @@
 // compiles in the consumer's units, on explicit vector code, so -O1/-O2 run
 // as fast as -O3), or linked against the compiled kernel library
 // (grad_kernels_dep / grad-kernels.pc define GRAD_COMPILED_KERNELS): the hot
-// loops and the reverse walk come precompiled at -O3 (kernels_extern.hpp,
+// loops and the reverse walk come precompiled (kernels_extern.hpp,
 // core.hpp) and the consumer's units compile much faster.
 //
 // The device engine (capture -> plan -> replay -> launch on the CPU or CUDA

@@ -3,7 +3,7 @@
 // and a consumer built with GRAD_COMPILED_KERNELS (set by grad_kernels_dep
 // and grad-kernels.pc) declares them `extern template`, so its translation
 // units compile only the recording layer and call the library's copies,
-// built with the project's flags (-O3, one copy per instruction set). The
+// built with the project's flags (meson.build; one copy per instruction set). The
 // results are the same bits in both modes: same source, and the contract
 // (no contraction, fixed orders) does not depend on the optimisation level.
 //

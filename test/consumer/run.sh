@@ -19,10 +19,57 @@
 set -eu
 src=$(cd "$1" && pwd)
 work=$2
+install_from=${3:-}
 rm -rf "$work"
 mkdir -p "$work/sub/subprojects"
 fail() { echo "consumer: $*"; exit 1; }
 strict="-Wall -Wextra -Wshadow -Wconversion -Werror"
+
+# The two parts are independent: the pkg-config builds (2.) run one after
+# another in the background while the subproject (1.) builds with two jobs:
+# three compilers at once keep CI's two cores busy, where the parts one
+# after the other left a core idle for a minute and more of each.
+pkg_config_part() {
+  # 2. installed, found by pkg-config, both modes: the build that runs this
+  # test, staged with --destdir (nothing compiled again), or a lean build of its
+  # own when no build directory is given
+  if [ -n "$install_from" ]; then
+    meson install -C "$install_from" --no-rebuild --destdir "$work/stage" >"$work/install.log" 2>&1 ||
+      { cat "$work/install.log"; exit 1; }
+    # The .pc files name the build's prefix: point copies of them at the stage.
+    pcdir=$("$src/scripts/stage-pc.sh" "$work/stage" "$work/pc")
+    export PKG_CONFIG_PATH="$work/pc"
+  else
+    meson setup "$work/grad-build" "$src" --prefix="$work/stage" --libdir=lib \
+      -Dtests=false -Dexamples=false -Dbenchmarks=disabled -Dcuda=disabled >"$work/install.log" 2>&1 ||
+      { cat "$work/install.log"; exit 1; }
+    meson install -C "$work/grad-build" >>"$work/install.log" 2>&1 || { cat "$work/install.log"; exit 1; }
+    pcdir="$work/stage/lib/pkgconfig"
+    export PKG_CONFIG_PATH="$pcdir"
+  fi
+  libdir=$(dirname "$pcdir")
+  [ -n "$(find "$work/stage" -path '*/include/grad/grad.hpp')" ] || fail "no include/grad/grad.hpp installed"
+  test -f "$libdir/libgrad_kernels.a" || fail "no libgrad_kernels.a in $libdir"
+  # The device library is installed when it is built, with its own .pc.
+  test -f "$libdir/libgrad_device.a" || fail "no libgrad_device.a in $libdir"
+  pkg-config --libs grad-device | grep -q -- '-lgrad_device' || fail "grad-device.pc does not link libgrad_device"
+  for pc in grad grad-kernels grad-device; do
+    case " $(pkg-config --cflags $pc) " in *" -std="*) fail "$pc.pc sets the consumer's -std: $(pkg-config --cflags $pc)" ;; esac
+    case " $(pkg-config --libs $pc) " in *" -pthread "*) ;; *) fail "$pc.pc Libs lack -pthread: $(pkg-config --libs $pc)" ;; esac
+  done
+  pc_build() { # pc, opt, name
+    ${CXX:-c++} -std=c++20 $2 $strict $(pkg-config --cflags $1) "$src/test/consumer/consumer.cpp" -o "$work/$3$2" \
+      $(pkg-config --libs $1) >"$work/$3$2.log" 2>&1 || { cat "$work/$3$2.log"; fail "the $1.pc build at $2 failed"; }
+    "$work/$3$2" >"$work/out-$3$2"
+  }
+  for opt in -O1 -O2; do
+    pc_build grad $opt pc-header-only
+    pc_build grad-kernels $opt pc-compiled
+  done
+}
+pkg_config_part >"$work/pkg-config-part.log" 2>&1 &
+pkg_config_pid=$!
+trap 'kill $pkg_config_pid 2>/dev/null || true' EXIT
 
 # 1. subproject, both modes
 cp "$src/test/consumer/consumer.cpp" "$work/sub/"
@@ -43,7 +90,7 @@ if grep -E '(^|/)(test_|bench_)|doctest|google-benchmark|examples/|grad_device|\
   fail "a grad subproject with default options defines the targets above"
 fi
 start=$(date +%s)
-ninja -C "$work/sub/build" >>"$work/sub.log" 2>&1 || { cat "$work/sub.log"; exit 1; }
+ninja -j 2 -C "$work/sub/build" >>"$work/sub.log" 2>&1 || { cat "$work/sub.log"; exit 1; }
 # ...and what was compiled is the consumer's two programs plus the kernel library they asked for.
 cut -f4 "$work/sub/build/.ninja_log" | grep -v '^#' | sort -u >"$work/sub-built"
 if grep -vE '^(consumer(-compiled)?(\.p/consumer\.cpp\.o)?|subprojects/grad/(libgrad_kernels\.a|libgrad_kernels\.a\.p/src_(kernels|extras)_(float|double)\.cpp\.o))$' \
@@ -70,48 +117,8 @@ nm -C "$work/sub/build/consumer-compiled.p/consumer.cpp.o" |
 "$work/sub/build/consumer" >"$work/out-sub-header-only"
 "$work/sub/build/consumer-compiled" >"$work/out-sub-compiled"
 
-# 2. installed, found by pkg-config, both modes: the build that runs this
-# test, staged with --destdir (nothing compiled again), or a lean build of its
-# own when no build directory is given
-if [ -n "${3:-}" ]; then
-  meson install -C "$3" --no-rebuild --destdir "$work/stage" >"$work/install.log" 2>&1 ||
-    { cat "$work/install.log"; exit 1; }
-  # The .pc files name the build's prefix: point copies of them at the stage.
-  pcdir=$("$src/scripts/stage-pc.sh" "$work/stage" "$work/pc")
-  export PKG_CONFIG_PATH="$work/pc"
-else
-  meson setup "$work/grad-build" "$src" --prefix="$work/stage" --libdir=lib \
-    -Dtests=false -Dexamples=false -Dbenchmarks=disabled -Dcuda=disabled >"$work/install.log" 2>&1 ||
-    { cat "$work/install.log"; exit 1; }
-  meson install -C "$work/grad-build" >>"$work/install.log" 2>&1 || { cat "$work/install.log"; exit 1; }
-  pcdir="$work/stage/lib/pkgconfig"
-  export PKG_CONFIG_PATH="$pcdir"
-fi
-libdir=$(dirname "$pcdir")
-[ -n "$(find "$work/stage" -path '*/include/grad/grad.hpp')" ] || fail "no include/grad/grad.hpp installed"
-test -f "$libdir/libgrad_kernels.a" || fail "no libgrad_kernels.a in $libdir"
-# The device library is installed when it is built, with its own .pc.
-test -f "$libdir/libgrad_device.a" || fail "no libgrad_device.a in $libdir"
-pkg-config --libs grad-device | grep -q -- '-lgrad_device' || fail "grad-device.pc does not link libgrad_device"
-for pc in grad grad-kernels grad-device; do
-  case " $(pkg-config --cflags $pc) " in *" -std="*) fail "$pc.pc sets the consumer's -std: $(pkg-config --cflags $pc)" ;; esac
-  case " $(pkg-config --libs $pc) " in *" -pthread "*) ;; *) fail "$pc.pc Libs lack -pthread: $(pkg-config --libs $pc)" ;; esac
-done
-# The four builds are independent: two at a time (the test holds the machine
-# alone, is_parallel: false, and CI has two cores).
-pc_build() { # pc, opt, name
-  ${CXX:-c++} -std=c++20 $2 $strict $(pkg-config --cflags $1) "$src/test/consumer/consumer.cpp" -o "$work/$3$2" \
-    $(pkg-config --libs $1) >"$work/$3$2.log" 2>&1 || { cat "$work/$3$2.log"; fail "the $1.pc build at $2 failed"; }
-  "$work/$3$2" >"$work/out-$3$2"
-}
-for opt in -O1 -O2; do
-  pc_build grad $opt pc-header-only &
-  header_only=$!
-  pc_build grad-kernels $opt pc-compiled &
-  compiled=$!
-  wait $header_only || exit 1
-  wait $compiled || exit 1
-done
+wait $pkg_config_pid || { cat "$work/pkg-config-part.log"; exit 1; }
+trap - EXIT
 
 # Every build trained the same bits.
 cat "$work/out-sub-header-only"

@@ -82,13 +82,21 @@ GRAD_HD inline T lane_sum(const T* x, std::size_t n, std::size_t lane, F f = {})
 // lanes32 over x[0, n), all lanes in one thread: full rows of 32 first (the
 // inner loop is 32 independent chains, which the compiler vectorises), then
 // the tail row. Each lane still adds its elements in ascending index, so this
-// equals lane_sum for every lane.
+// equals lane_sum for every lane. The inner loop is unrolled whole on the
+// host (GCC): the 32 sums then stay in registers at -O2 as at -O3; left
+// rolled, -O2 keeps acc[] in memory and sums 3x slower.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define GRAD_UNROLL_LANES _Pragma("GCC unroll 32")
+#else
+#define GRAD_UNROLL_LANES
+#endif
 template <class T, class F = Identity>
 GRAD_HD inline T lanes32(const T* x, std::size_t n, F f = {}) {
   T acc[lanes];
   for (std::size_t j = 0; j < lanes; ++j) acc[j] = T(0);
   std::size_t i = 0;
   for (; i + lanes <= n; i += lanes)
+    GRAD_UNROLL_LANES
     for (std::size_t j = 0; j < lanes; ++j) acc[j] = f(acc[j], x[i + j]);
   for (std::size_t j = 0; i + j < n; ++j) acc[j] = f(acc[j], x[i + j]);
   return combine_lanes(acc);
