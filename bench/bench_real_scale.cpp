@@ -4,9 +4,11 @@
 //
 //   bench_real_scale write    --out DIR [--small] [--hidden N --layers N --heads N --kv-heads N --head-width N
 //                             --ffn N --vocab N]               config.json, model.safetensors, model.gguf (F32)
-//   bench_real_scale finetune --model DIR --threads N --reps R [--recompute] [--base bf16|f16]
+//   bench_real_scale finetune --model DIR --threads N --reps R [--recompute | --memory-budget GIB] [--base bf16|f16]
 //                                                               L1: LoRA rank 16 on every projection, Adam
-//                                                               (--recompute: nn::Lm::set_recompute)
+//                                                               (--recompute: every layer, nn::Lm::set_recompute;
+//                                                               --memory-budget: as few as fit; by default as few
+//                                                               as fit the machine's available memory)
 //   bench_real_scale generate --model DIR --threads N --reps R [--base bf16|f16]
 //                                                               L2: prefill 512 tokens, 128 greedy tokens
 // (--base bf16 / f16: the frozen base held as bfloat16 / half, nn::Lm's
@@ -142,6 +144,7 @@ struct Options {
   std::string model;  // a Hugging Face directory, or a .gguf file
   std::size_t threads = 1, reps = 5, seq = 512, prompt = 512, new_tokens = 128, rank = 16;
   bool recompute = false;  // finetune: each layer in a recompute scope (nn::Lm::set_recompute)
+  double budget_gib = 0;   // finetune: the tape's memory budget (nn::Lm::set_memory_budget); 0: what the machine has
   grad::Storage base = grad::Storage::native;  // how the frozen base's matrices are held
   bool as_stored = false;  // a GGUF's matrices held as the file holds them (--base stored: its quantized blocks)
   std::string profile;  // finetune: print grad's profile of one step (by op and by scope) and write a Chrome trace here
@@ -183,7 +186,10 @@ class Finetune {
  public:
   explicit Finetune(const Options& o)
       : o_(o), model_(load_model(tp_, o, config(o), nn::Lm<T>::Train::lora)), opt_(T(1e-4)) {
-    model_.set_recompute(o.recompute);
+    if (o.recompute)
+      model_.set_recompute(true);
+    else
+      model_.set_memory_budget(static_cast<std::size_t>(o.budget_gib * 1073741824.0));
     for (const auto& p : model_.trainable()) opt_.add(p.var);
     const std::size_t vocab = model_.config().vocab;
     for (std::size_t i = 0; i < o.seq; ++i) {
@@ -192,8 +198,10 @@ class Finetune {
     }
     mark_ = tp_.mark();
     if (!step()) throw std::runtime_error(tp_.error());
-    std::printf("tape arenas after the warm-up step: %.1f MiB (recompute scopes' share %.1f MiB)\n",
-                static_cast<double>(tp_.arena_bytes()) / 1048576.0, static_cast<double>(tp_.recompute_bytes()) / 1048576.0);
+    std::printf("tape arenas after the warm-up step: %.1f MiB (recompute scopes' share %.1f MiB); %zu of %zu layers "
+                "in recompute scopes\n",
+                static_cast<double>(tp_.arena_bytes()) / 1048576.0, static_cast<double>(tp_.recompute_bytes()) / 1048576.0,
+                model_.recomputed_layers(), model_.config().layers);
   }
   // false when the tape refused the step (tp.error() says why).
   bool step(bool profiled = false) {
@@ -341,6 +349,12 @@ int main(int argc, char** argv) {
   finetune_cmd->add_flag("--recompute", o.recompute,
                          "activation recompute: each layer's inside computed again in backward instead of kept "
                          "(the same bits, less memory)");
+  finetune_cmd
+      ->add_option("--memory-budget", o.budget_gib,
+                   "GiB the tape may hold: as few layers as fit it are computed again in backward (default: as fit "
+                   "the memory the machine has available)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->excludes("--recompute");
   finetune_cmd->add_option("--profile", o.profile,
                            "after the timed steps, profile one more and write its Chrome trace to this file");
   generate_cmd->add_option("--prompt", o.prompt, "prompt tokens")->check(cli::range<std::size_t>(1, 32768));

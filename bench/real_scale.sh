@@ -1,14 +1,15 @@
 #!/bin/bash
 # Issue 27's real-scale workloads, grad against PyTorch eager and llama.cpp:
 #   L1: LoRA finetune (rank 16 on q,k,v,o,gate,up,down; batch 1, sequence 512, f32, Adam), tokens/s
-#       (grad with activation recompute, nn::Lm::set_recompute: each layer computed again in backward)
+#       (grad as a user gets it: activation recompute on as few layers as fit the machine's memory,
+#       none where the step fits; --recompute: every layer computed again in backward, nn::Lm::set_recompute)
 #   L2: prefill a 512-token prompt, then 128 greedy tokens with the KV cache (f32), tokens/s of each phase
 # on a Qwen2.5-0.5B-sized model (hidden 896, 24 layers, 14/2 heads of width 64,
 # MLP 4864, vocabulary 151,936, tied embeddings, q/k/v biases) with random
 # weights, written once by bench_real_scale into SCRATCH/model as a Hugging
 # Face directory (config.json + model.safetensors) and an F32 GGUF.
 #
-#   bench/real_scale.sh [--small] [--shape "WRITE-OPTIONS"] [--seq N] [--prompt N] [--new N] [--rounds R] [--reps N]
+#   bench/real_scale.sh [--small] [--recompute] [--shape "WRITE-OPTIONS"] [--seq N] [--prompt N] [--new N] [--rounds R] [--reps N]
 #                       [--l1-threads "1 2"] [--l2-threads "1 2"] [--build DIR] SCRATCH
 #
 # --small: a tiny model of the same kind (hidden 128, 2 layers, vocabulary
@@ -31,10 +32,11 @@
 # Run from the repository root; needs the build directory configured
 # (meson setup), python3 with torch, node 20 and npm.
 set -eu
-small=0 rounds=5 reps=1 build=build l1_threads="1 2" l2_threads="1 2" shape="" seq="" prompt="" new=""
+small=0 recompute=() rounds=5 reps=1 build=build l1_threads="1 2" l2_threads="1 2" shape="" seq="" prompt="" new=""
 while [ $# -gt 1 ]; do
   case $1 in
     --small) small=1; shift ;;
+    --recompute) recompute=(--recompute); shift ;;
     --shape) shape=$2; shift 2 ;;
     --seq) seq=$2; shift 2 ;;
     --prompt) prompt=$2; shift 2 ;;
@@ -47,7 +49,7 @@ while [ $# -gt 1 ]; do
     *) echo "real_scale.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
-[ $# -eq 1 ] || { echo "usage: bench/real_scale.sh [--small] [--shape OPTIONS] [--seq N] [--prompt N] [--new N] [--rounds R] [--reps N] [--l1-threads LIST] [--l2-threads LIST] [--build DIR] SCRATCH" >&2; exit 2; }
+[ $# -eq 1 ] || { echo "usage: bench/real_scale.sh [--small] [--recompute] [--shape OPTIONS] [--seq N] [--prompt N] [--new N] [--rounds R] [--reps N] [--l1-threads LIST] [--l2-threads LIST] [--build DIR] SCRATCH" >&2; exit 2; }
 scratch=$1
 src=$(cd "$(dirname "$0")" && pwd)
 if [ $small = 1 ]; then size=small preset="64 64 16"; else size=full preset="512 512 128"; fi
@@ -112,7 +114,7 @@ for r in $(seq 1 "$rounds"); do
     profile=()
     [ "$r" = "$rounds" ] && [ "$t" = 1 ] && profile=(--profile "$logs/L1-grad-profile.json")
     corespeed L1-grad-t$t
-    run L1-grad-t$t $bench finetune --model "$model" --threads $t --reps $reps --seq $seq --recompute "${profile[@]}" \
+    run L1-grad-t$t $bench finetune --model "$model" --threads $t --reps $reps --seq $seq "${recompute[@]}" "${profile[@]}" \
       --benchmark_out="$logs/L1-grad-t$t.r$r.json" --benchmark_out_format=json
     corespeed L1-grad-t$t
     run L1-torch-t$t "${torch[@]}" finetune --model "$model" --threads $t --reps $reps --seq $seq

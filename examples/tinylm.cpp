@@ -692,6 +692,9 @@ int finetune(const FinetuneOptions& o) {
   std::printf(
       "gradient buffers: adapters %zu bytes (the whole tape %zu), base weights 0 bytes (full finetuning: %zu)\n",
       adapter_elements * sizeof(T), grad_bytes, base_bytes);
+  if (model.recomputed_layers() != 0)
+    std::printf("activation recompute: %zu of %zu layers computed again in backward, to fit the memory available\n",
+                model.recomputed_layers(), model.config().layers);
 #ifdef GRAD_TINYLM_HF
   if (gguf) {  // llama.cpp's adapter file: llama-cli -m BASE.gguf --lora OUT
     if (const auto r = grad::hf::write_lora_gguf(o.out, model); !r.ok()) throw std::runtime_error(r.error);

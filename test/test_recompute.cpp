@@ -3,6 +3,9 @@
 // refusals of what a scope cannot do.
 #include <doctest/doctest.h>
 
+#include <bit>
+#include <cstdint>
+
 #include <grad/device/device.hpp>
 #include <grad/first_fit.hpp>
 #include <grad/emit.hpp>
@@ -161,6 +164,60 @@ TEST_CASE("recompute: the LM with recompute on trains to the same bits") {
   set_num_threads(2);
   check_lm<float>(nn::Lm<float>::Train::lora, true);
   set_num_threads(1);
+}
+
+TEST_CASE("recompute: a memory budget puts as few layers in scopes as it must, and the same bits") {
+  nn::LmConfig c = lm_config(4, false);
+  c.layers = 6;
+  struct Step {
+    std::vector<std::uint32_t> bits;  // the loss's and every trainable gradient's
+    std::size_t recomputed = 0, in_use = 0;
+  };
+  auto step = [&](auto configure) {
+    Tape<float> tp;
+    nn::Lm<float> m(tp, c, 11, nn::Lm<float>::Train::lora);
+    Rng rng(5);
+    for (const auto& p : m.adapters())
+      for (float& x : tp.leaf_value(p.var)) x = static_cast<float>(rng.uniform(-0.3, 0.3));
+    configure(m);
+    Step s;
+    for (int round = 0; round < 2; ++round) {  // the second forward knows the head's share
+      const auto mark = tp.mark();
+      const Var<float> loss = m.forward_loss(m.ids(tokens(24, 100), 2, 12), m.ids(tokens(24, 200), 24, 0));
+      REQUIRE(tp.backward(loss));
+      s = Step{};
+      auto add = [&](View<float> v) {
+        for (float x : v) s.bits.push_back(std::bit_cast<std::uint32_t>(x));
+      };
+      add(tp.value(loss));
+      for (const auto& p : m.trainable()) add(tp.grad(p.var));
+      s.recomputed = m.recomputed_layers();
+      s.in_use = tp.bytes_in_use();
+      tp.reset_to(mark);
+    }
+    return s;
+  };
+  const Step none = step([](nn::Lm<float>& m) { m.set_recompute(false); });
+  const Step every = step([](nn::Lm<float>& m) { m.set_recompute(true); });
+  const Step automatic = step([](nn::Lm<float>&) {});  // this machine has room for a toy model: no scope
+  const Step ample = step([](nn::Lm<float>& m) { m.set_memory_budget(std::size_t{1} << 40); });
+  const Step tiny = step([](nn::Lm<float>& m) { m.set_memory_budget(1); });
+  // A quarter of what scopes on every layer save: some layers in scopes, not all.
+  const std::size_t budget = none.in_use - (none.in_use - every.in_use) / 4;
+  const Step middle = step([&](nn::Lm<float>& m) { m.set_memory_budget(budget); });
+  CHECK(none.recomputed == 0);
+  CHECK(every.recomputed == c.layers);
+  CHECK(automatic.recomputed == 0);
+  CHECK(ample.recomputed == 0);
+  CHECK(tiny.recomputed == c.layers - 1);  // layer 0 is recorded whole: forward measures it
+  CHECK(middle.recomputed > 0);
+  CHECK(middle.recomputed < c.layers - 1);
+  CHECK(every.in_use < tiny.in_use);
+  CHECK(tiny.in_use < middle.in_use);
+  CHECK(middle.in_use <= budget);
+  CHECK(middle.in_use < none.in_use);
+  CHECK(ample.in_use == none.in_use);
+  for (const Step* s : {&every, &automatic, &ample, &tiny, &middle}) CHECK(s->bits == none.bits);
 }
 
 TEST_CASE("recompute: backward computes again only the values its steps read, and the same bits") {

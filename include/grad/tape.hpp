@@ -311,6 +311,12 @@ class Tape {
   // scope, its values (and in backward's replay, its gradients by lifetime);
   // every scope reuses the same memory.
   std::size_t recompute_bytes() const { return scope_memory_.reserved() * sizeof(T); }
+  // Bytes the value and gradient arenas hold for the nodes recorded so far
+  // (leaves included): what reset_to a mark taken before them would free
+  // (the chunks stay reserved), without the memory recompute scopes share.
+  std::size_t bytes_in_use() const {
+    return (values_.position().pass + grads_.position().pass) * sizeof(T);
+  }
   // Transient nodes of recompute scopes whose values the latest backward
   // computed again: those some backward step reads, and what they are
   // computed from (the rest, a LoRA layer's down projection for one, it

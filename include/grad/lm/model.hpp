@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "grad/available_memory.hpp"
 #include "grad/model_file.hpp"
 #include "grad/nn.hpp"
 #include "grad/random.hpp"
@@ -485,14 +486,29 @@ class Lm {
   Var<T> final_norm() const { return final_norm_; }
   Var<T> head() const { return head_; }  // invalid under tied_embeddings: the logits read embed()
   Var<T> config_var() const { return config_var_; }
-  // Activation recompute (grad/recompute.hpp), off by default: forward
-  // records each layer in a recompute scope, so a training step keeps one
-  // layer's activations at a time instead of every layer's, for one more
-  // forward of each layer in backward. Values and gradients are the same bits
-  // either way (test_recompute). The device engine and emitted code take
-  // episodes recorded without it.
-  void set_recompute(bool on) { recompute_ = on; }
-  bool recomputes() const { return recompute_; }
+  // Activation recompute (grad/recompute.hpp): a layer forward records in a
+  // recompute scope keeps only its output on the tape, for one more forward
+  // of the layer in backward. Values and gradients are the same bits either
+  // way (test_recompute); only time and memory differ. Which layers:
+  //  - by default, as few as keep the tape's memory within what the machine
+  //    has (set_memory_budget(0)): none where the step fits;
+  //  - set_memory_budget(bytes): as few as keep it within `bytes`;
+  //  - set_recompute(true): every layer; set_recompute(false): none.
+  // The budget counts the tape's value and gradient arenas (the model's
+  // weights, the step's activations and their gradients, and the memory the
+  // scopes share), not the optimizer's state or scratch. Forward records
+  // layer 0 without a scope, measures what it took and, from that, the
+  // layers after it (the last ones) it must put in scopes; the head's share
+  // is the previous forward's (a layer's for the first). The device engine
+  // and emitted code take episodes recorded without scopes.
+  void set_recompute(bool on) { recompute_ = on ? Recompute::every_layer : Recompute::none; }
+  void set_memory_budget(std::size_t bytes) {
+    recompute_ = Recompute::to_fit;
+    memory_budget_ = bytes;
+  }
+  bool recomputes() const { return recompute_ == Recompute::every_layer; }
+  // Layers the latest forward recorded in recompute scopes.
+  std::size_t recomputed_layers() const { return recomputed_layers_; }
   // How the frozen base's matrices are held (the constructor's
   // base_storage; held per matrix, the first projection's: each matrix's
   // own is tape().storage(tensor(name))).
@@ -564,6 +580,9 @@ class Lm {
     // With recompute on, each layer is one recompute scope: only its output
     // (and the parameters) stay on the tape; backward records nothing new and
     // computes the layer's inside again, the same bits.
+    // Layers [kept, layers) go in recompute scopes (decided after layer 0 when fitting a budget).
+    std::size_t kept = recompute_ == Recompute::every_layer ? 0 : c_.layers;
+    const std::size_t before_layers = tp.bytes_in_use();
     for (std::size_t l = 0; l < c_.layers && tp.ok(); ++l) {
       const LmLayer<T>& L = layers_[l];
       NameScope<T> layers(tp, "layers"), block(tp, std::to_string(l));
@@ -591,8 +610,12 @@ class Lm {
         y = y + mlp;
         return y;
       };
-      x = recompute_ ? grad::recompute(tp, layer) : layer();
+      x = l >= kept ? grad::recompute(tp, layer) : layer();
+      if (l == 0 && recompute_ == Recompute::to_fit)
+        kept = layers_to_keep(tp.bytes_in_use() - before_layers, B * t * c_.d_model * 2 * sizeof(T));
     }
+    recomputed_layers_ = c_.layers - std::min(kept, c_.layers);
+    const std::size_t before_head = tp.bytes_in_use();
     LmOutput<T> out;
     Var<T> normed;
     {
@@ -603,6 +626,7 @@ class Lm {
       NameScope<T> scope(tp, "loss");
       out.loss = c_.tied_embeddings ? linear_cross_entropy(normed, embed_, targets, ignore)
                                     : linear_cross_entropy(normed, head_, targets, ignore, ClassAxis::columns);
+      head_bytes_ = tp.bytes_in_use() - before_head;
       return out;
     }
     {
@@ -614,6 +638,7 @@ class Lm {
       NameScope<T> scope(tp, "loss");
       out.loss = grad::cross_entropy(out.logits, targets, ignore);
     }
+    head_bytes_ = tp.bytes_in_use() - before_head;
     return out;
   }
 
@@ -629,6 +654,27 @@ class Lm {
   }
 
  private:
+  enum class Recompute { none, every_layer, to_fit };
+  // How many layers (layer 0 first) forward records without a scope to fit
+  // the budget, once layer 0 took `layer` bytes and a layer in a scope keeps
+  // `output` (its output and that one's gradient): every layer where all
+  // fit; else as many as fit beside the other layers' outputs, the head and
+  // the memory the scopes share (at most a layer's); at least layer 0.
+  std::size_t layers_to_keep(std::size_t layer, std::size_t output) const {
+    std::size_t budget = memory_budget_;
+    if (budget == 0) {
+      const std::size_t free = available_memory();
+      if (free == 0) return c_.layers;  // nothing known: no scopes
+      budget = tp_->arena_bytes() + (free - free / 8);  // what the tape holds is reused; an eighth left for the rest
+    }
+    const std::size_t rest = c_.layers - 1, head = head_bytes_ != 0 ? head_bytes_ : layer;
+    const std::size_t used = tp_->bytes_in_use();
+    if (used + rest * layer + head <= budget) return c_.layers;
+    const std::size_t fixed = used + rest * output + head + layer;
+    if (layer <= output || fixed >= budget) return 1;
+    return 1 + std::min(rest, (budget - fixed) / (layer - output));
+  }
+
   struct Tables {
     RopeTables<T> rope;
   };
@@ -643,7 +689,10 @@ class Lm {
   LmConfig c_;
   Train train_;
   Storage base_storage_ = Storage::native;
-  bool recompute_ = false;
+  Recompute recompute_ = Recompute::to_fit;
+  std::size_t memory_budget_ = 0;      // 0: what the machine has (available_memory)
+  std::size_t recomputed_layers_ = 0;  // by the latest forward
+  std::size_t head_bytes_ = 0;         // what the latest forward recorded after the layers
   Var<T> embed_, final_norm_, head_, config_var_;
   std::vector<LmLayer<T>> layers_;
   std::vector<NamedParameter<T>> named_, base_names_, adapter_names_;
