@@ -186,7 +186,13 @@ void sum_heads(const Sizes& z, T* d, HeadTerm&& head_term) {
     T* const slice_d = d + s * z.t * z.width;
     for (std::size_t n = 0; n < z.group; ++n) {
       head_term(s * z.rows + head_in_sum_order(n, z.group) * z.t, head);
-      for (std::size_t e = 0; e < z.t * z.width; ++e) add_head(slice_d[e], head[e], n);
+      // add_head's choice made once per head, not per element: both loops
+      // then vectorise at -O2 too (which does not unswitch loops).
+      const std::size_t size = z.t * z.width;
+      if (n == 0)
+        for (std::size_t e = 0; e < size; ++e) add_head(slice_d[e], head[e], 0);
+      else
+        for (std::size_t e = 0; e < size; ++e) add_head(slice_d[e], head[e], 1);
     }
   });
 }
