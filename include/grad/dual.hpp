@@ -17,8 +17,8 @@
 // differences and, over the op case table, against torch.autograd.functional
 // in float64. Recording any other op on a dual tape poisons it, naming the
 // op and these. At a tie (maximum, minimum, max/min over an axis) the
-// tangent is the chosen input's, where torch's forward mode averages the
-// tied inputs' (docs/second_order.md); the HVPs agree.
+// tangent is the mean of the tied inputs', as torch's forward mode has it
+// (numerics/choice.hpp, docs/second_order.md).
 // Not yet: pow with a tensor exponent (its integral-exponent branch tests
 // the exponent's value and would drop the exponent's tangent), dropout (its
 // mask's key) and linear_cross_entropy (a fused loss whose host loops keep

@@ -25,6 +25,7 @@
 #include <utility>
 
 #include "grad/config.hpp"
+#include "grad/numerics/choice.hpp"
 #include "grad/numerics/exact_math.hpp"
 #include "grad/numerics/simd.hpp"
 
@@ -238,6 +239,56 @@ GRAD_HD GRAD_INLINE constexpr Dual<double> magnitude_of<Dual<double>>(Dual<doubl
   return dual_magnitude(x);
 }
 }  // namespace exact_math_detail
+
+// Picks (numerics/choice.hpp): the value part the plain pick's; the tangent
+// the picked input's, and at a tie the mean of the tied inputs' tangents
+// (torch's forward mode: maximum's (a' + b') / 2, amax's mean over the ties;
+// a NaN lane's is 0 / 0, as torch's).
+namespace choice {
+// The pick of a or b (the plain pick's value, so its bits), with a's tangent
+// when the plain pick is a.
+template <class T>
+GRAD_HD GRAD_INLINE constexpr Dual<T> dual_pick(Dual<T> a, Dual<T> b, bool picks_a) {
+  const T tangent = a.value == b.value ? (a.tangent + b.tangent) / T(2) : picks_a ? a.tangent : b.tangent;
+  return {picks_a ? a.value : b.value, tangent};
+}
+template <>
+GRAD_HD GRAD_INLINE constexpr Dual<float> larger<Dual<float>>(Dual<float> a, Dual<float> b) {
+  return dual_pick(a, b, a.value != a.value || a.value > b.value);
+}
+template <>
+GRAD_HD GRAD_INLINE constexpr Dual<double> larger<Dual<double>>(Dual<double> a, Dual<double> b) {
+  return dual_pick(a, b, a.value != a.value || a.value > b.value);
+}
+template <>
+GRAD_HD GRAD_INLINE constexpr Dual<float> smaller<Dual<float>>(Dual<float> a, Dual<float> b) {
+  return dual_pick(a, b, a.value != a.value || a.value < b.value);
+}
+template <>
+GRAD_HD GRAD_INLINE constexpr Dual<double> smaller<Dual<double>>(Dual<double> a, Dual<double> b) {
+  return dual_pick(a, b, a.value != a.value || a.value < b.value);
+}
+template <class T>
+GRAD_HD GRAD_INLINE constexpr Dual<T> dual_of_lane(Dual<T> best, const Dual<T>* x, std::size_t n, std::size_t stride) {
+  T sum = T(0), count = T(0);
+  for (std::size_t i = 0; i < n; ++i)
+    if (x[i * stride].value == best.value) {
+      sum = sum + x[i * stride].tangent;
+      count = count + T(1);
+    }
+  return {best.value, sum / count};
+}
+template <>
+GRAD_HD GRAD_INLINE constexpr Dual<float> of_lane<Dual<float>>(Dual<float> best, const Dual<float>* x, std::size_t n,
+                                                             std::size_t stride) {
+  return dual_of_lane(best, x, n, stride);
+}
+template <>
+GRAD_HD GRAD_INLINE constexpr Dual<double> of_lane<Dual<double>>(Dual<double> best, const Dual<double>* x,
+                                                               std::size_t n, std::size_t stride) {
+  return dual_of_lane(best, x, n, stride);
+}
+}  // namespace choice
 
 template <class T>
 inline constexpr bool is_dual_v = false;

@@ -11,6 +11,7 @@
 
 #include <string_view>
 
+#include "grad/numerics/choice.hpp"
 #include "grad/numerics/exact_math.hpp"
 #include "grad/tags/family.hpp"
 
@@ -80,7 +81,7 @@ struct Maximum : Binary<Maximum> {
   static constexpr std::string_view torch = "torch.maximum(a, b)";
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T a, T b) {
-    return a != a ? a : a > b ? a : b;
+    return choice::larger<T>(a, b);
   }
   template <class T>
   GRAD_HD GRAD_INLINE static T backward_a(T a, T b, T, T g) {
@@ -98,7 +99,7 @@ struct Minimum : Binary<Minimum> {
   static constexpr std::string_view torch = "torch.minimum(a, b)";
   template <class T>
   GRAD_HD GRAD_INLINE static T forward(T a, T b) {
-    return a != a ? a : a < b ? a : b;
+    return choice::smaller<T>(a, b);
   }
   template <class T>
   GRAD_HD GRAD_INLINE static T backward_a(T a, T b, T, T g) {

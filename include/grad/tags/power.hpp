@@ -65,7 +65,9 @@ GRAD_HD inline T power_of(T x, T s) {
   if (!integral) return exact_exp(s * exact_log(x));  // NaN for x < 0 and for s = NaN
   const bool negative = x < T(0) || (x == T(0) && T(1) / x < T(0));  // -0 too: (-0)^odd = -0
   const T size = negative ? -x : x;
-  const T r = size == T(1) ? T(1) : exact_exp(s * exact_log(size));
+  // |x| = 1: exp(s * 0) = 1 for a finite s (and, on a dual tape, the
+  // tangent s x'); an infinite s would make it exp(NaN), so 1 there.
+  const T r = size == T(1) && !(s - s == s - s) ? T(1) : exact_exp(s * exact_log(size));
   return odd && negative ? -r : r;
 }
 

@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 
+#include "grad/numerics/choice.hpp"
 #include "grad/tags/family.hpp"
 
 namespace grad {
@@ -63,7 +64,7 @@ struct AxisExtreme : ItemLoops<Derived> {
       const T v = a[i * l.stride];
       best = v != v || Derived::beats(v, best) ? v : best;
     }
-    y[w] = best;
+    y[w] = choice::of_lane<T>(best, a, l.n, l.stride);  // best itself; a dual number's tangent the ties' mean
   }
   template <int In, class T>
   GRAD_HD static void backward_item(const NodeArgs<T>& x, const T* y, const T* g, T* dx, std::size_t w) {
