@@ -15,16 +15,26 @@
 
 namespace grad::choice {
 
-// The larger of a and b, torch.maximum's value: a NaN a is kept, else a NaN b
-// (a > NaN is false).
+// Whether torch.maximum's value is a: a NaN a is kept, else a NaN b (a >
+// NaN is false). The one statement of the rule: the dual picks read it too.
+template <class T>
+GRAD_HD GRAD_INLINE constexpr bool larger_is_first(T a, T b) {
+  return a != a || a > b;
+}
+// torch.minimum's (the same NaN rule).
+template <class T>
+GRAD_HD GRAD_INLINE constexpr bool smaller_is_first(T a, T b) {
+  return a != a || a < b;
+}
+// The larger of a and b, torch.maximum's value.
 template <class T>
 GRAD_HD GRAD_INLINE constexpr T larger(T a, T b) {
-  return a != a ? a : a > b ? a : b;
+  return larger_is_first(a, b) ? a : b;
 }
-// The smaller, torch.minimum's value (the same NaN rule).
+// The smaller, torch.minimum's value.
 template <class T>
 GRAD_HD GRAD_INLINE constexpr T smaller(T a, T b) {
-  return a != a ? a : a < b ? a : b;
+  return smaller_is_first(a, b) ? a : b;
 }
 // `best`, the extreme a lane's forward picked among x[0], x[stride], ...,
 // x[(n - 1) stride]; a dual number's tangent becomes the mean of the

@@ -254,19 +254,19 @@ GRAD_HD GRAD_INLINE constexpr Dual<T> dual_pick(Dual<T> a, Dual<T> b, bool picks
 }
 template <>
 GRAD_HD GRAD_INLINE constexpr Dual<float> larger<Dual<float>>(Dual<float> a, Dual<float> b) {
-  return dual_pick(a, b, a.value != a.value || a.value > b.value);
+  return dual_pick(a, b, larger_is_first(a.value, b.value));
 }
 template <>
 GRAD_HD GRAD_INLINE constexpr Dual<double> larger<Dual<double>>(Dual<double> a, Dual<double> b) {
-  return dual_pick(a, b, a.value != a.value || a.value > b.value);
+  return dual_pick(a, b, larger_is_first(a.value, b.value));
 }
 template <>
 GRAD_HD GRAD_INLINE constexpr Dual<float> smaller<Dual<float>>(Dual<float> a, Dual<float> b) {
-  return dual_pick(a, b, a.value != a.value || a.value < b.value);
+  return dual_pick(a, b, smaller_is_first(a.value, b.value));
 }
 template <>
 GRAD_HD GRAD_INLINE constexpr Dual<double> smaller<Dual<double>>(Dual<double> a, Dual<double> b) {
-  return dual_pick(a, b, a.value != a.value || a.value < b.value);
+  return dual_pick(a, b, smaller_is_first(a.value, b.value));
 }
 template <class T>
 GRAD_HD GRAD_INLINE constexpr Dual<T> dual_of_lane(Dual<T> best, const Dual<T>* x, std::size_t n, std::size_t stride) {
